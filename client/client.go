@@ -1,0 +1,202 @@
+// Package client is the Go client of the ramify REST API (docs/api.md): sandboxes, code and command
+// execution (plain and streamed), files and archives, fork / merge_into / diff, and pause / resume.
+//
+// Every method takes a context first; cancelling it aborts the request, including a stream in progress.
+// Errors returned by the server are *APIError values that match the package's sentinels with errors.Is:
+//
+//	_, err := c.Get(ctx, id)
+//	if errors.Is(err, client.ErrNotFound) { ... }
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultURL is the server address used when RAMIFY_API_URL is not set.
+const DefaultURL = "http://127.0.0.1:7070"
+
+// Client talks to one ramify server. It is safe for concurrent use.
+type Client struct {
+	base   string
+	apiKey string
+	hc     *http.Client
+	ua     string
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient makes the client send its requests through hc (timeouts, transports, proxies). Note that a
+// client-wide hc.Timeout also bounds streams and file transfers; prefer contexts for per-call limits.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *Client) {
+		if hc != nil {
+			c.hc = hc
+		}
+	}
+}
+
+// WithUserAgent sets the User-Agent header of every request.
+func WithUserAgent(ua string) Option { return func(c *Client) { c.ua = ua } }
+
+// New returns a client of the server at baseURL (e.g. "http://127.0.0.1:7070") authenticating with apiKey.
+func New(baseURL, apiKey string, opts ...Option) *Client {
+	c := &Client{
+		base:   strings.TrimRight(baseURL, "/"),
+		apiKey: apiKey,
+		hc:     http.DefaultClient,
+		ua:     "ramify-go-client",
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// FromEnv returns a client configured from RAMIFY_API_URL (default DefaultURL) and RAMIFY_API_KEY.
+// It fails only when the URL is malformed; a missing key is reported by the server as 401.
+func FromEnv(opts ...Option) (*Client, error) {
+	base := os.Getenv("RAMIFY_API_URL")
+	if base == "" {
+		base = DefaultURL
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, fmt.Errorf("RAMIFY_API_URL %q: %w", base, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("RAMIFY_API_URL %q: want http(s)://host[:port]", base)
+	}
+	return New(base, os.Getenv("RAMIFY_API_KEY"), opts...), nil
+}
+
+// BaseURL returns the server address the client talks to.
+func (c *Client) BaseURL() string { return c.base }
+
+// HasAPIKey reports whether the client was given a non-empty API key.
+func (c *Client) HasAPIKey() bool { return c.apiKey != "" }
+
+// sandboxPath returns "/v1/sandboxes/{id}" followed by the given suffix (which starts with "/" or is empty).
+func sandboxPath(id, suffix string) string {
+	return "/v1/sandboxes/" + url.PathEscape(id) + suffix
+}
+
+// request is one HTTP call to the API.
+type request struct {
+	method string
+	path   string
+	query  url.Values
+	// Exactly one of json and body may be set.
+	json   any
+	body   io.Reader
+	ctype  string
+	accept string
+}
+
+// send performs r and returns the response when its status is 2xx; otherwise it reads the error body, closes
+// the response and returns an *APIError. The caller closes the returned body.
+func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
+	u := c.base + r.path
+	if len(r.query) > 0 {
+		u += "?" + r.query.Encode()
+	}
+	var body io.Reader
+	ctype := r.ctype
+	switch {
+	case r.json != nil:
+		b, err := json.Marshal(r.json)
+		if err != nil {
+			return nil, fmt.Errorf("encode request: %w", err)
+		}
+		body = bytes.NewReader(b)
+		ctype = "application/json"
+	case r.body != nil:
+		// Hide any Close method: the transport closes request bodies, and the reader belongs to the caller.
+		body = struct{ io.Reader }{r.body}
+	}
+	req, err := http.NewRequestWithContext(ctx, r.method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	if r.accept != "" {
+		req.Header.Set("Accept", r.accept)
+	} else {
+		req.Header.Set("Accept", "application/json")
+	}
+	if c.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	}
+	if c.ua != "" {
+		req.Header.Set("User-Agent", c.ua)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		defer resp.Body.Close()
+		return nil, readAPIError(resp)
+	}
+	return resp, nil
+}
+
+// do performs r and decodes a JSON response into out (when out is non-nil and the response has a body).
+// It returns the response headers.
+func (c *Client) do(ctx context.Context, r request, out any) (http.Header, error) {
+	resp, err := c.send(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if out != nil && resp.StatusCode != http.StatusNoContent {
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return resp.Header, fmt.Errorf("%s %s: read response: %w", r.method, r.path, err)
+		}
+		if len(bytes.TrimSpace(b)) > 0 {
+			if err := json.Unmarshal(b, out); err != nil {
+				return resp.Header, fmt.Errorf("%s %s: decode response: %w", r.method, r.path, err)
+			}
+		}
+	} else {
+		// Drain a little so the connection can be reused.
+		_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+	}
+	return resp.Header, nil
+}
+
+// pollAfter parses an X-Poll-After header: seconds as an integer or decimal ("2", "0.5"), or a Go duration
+// ("500ms"). It returns 0 when the header is absent or malformed.
+func pollAfter(h http.Header) time.Duration {
+	v := strings.TrimSpace(h.Get("X-Poll-After"))
+	if v == "" {
+		return 0
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if f < 0 {
+			return 0
+		}
+		return time.Duration(f * float64(time.Second))
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return d
+	}
+	return 0
+}
+
+// Int returns a pointer to n, for optional fields such as RunCodeRequest.TimeoutS (where 0 means "no limit"
+// and nil means "the server's default").
+func Int(n int) *int { return &n }

@@ -1,0 +1,150 @@
+package client
+
+import "time"
+
+// Sandbox statuses.
+const (
+	StatusCreating = "creating"
+	StatusRunning  = "running"
+	StatusPausing  = "pausing"
+	StatusPaused   = "paused"
+	StatusResuming = "resuming"
+	StatusFailed   = "error"
+)
+
+// Sandbox is the API's sandbox object.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Status    string            `json:"status"`
+	IP        string            `json:"ip"`
+	Hostname  string            `json:"hostname"`
+	VCPU      float64           `json:"vcpu"`
+	MemMiB    int               `json:"mem_mib"`
+	MaxProcs  int               `json:"max_procs"`
+	Shape     string            `json:"shape"`
+	TimeoutS  int               `json:"timeout_s"`
+	OnTimeout string            `json:"on_timeout"`
+	ExpiresAt *time.Time        `json:"expires_at"`
+	Cwd       string            `json:"cwd"`
+	Metadata  map[string]string `json:"metadata"`
+	CreatedAt time.Time         `json:"created_at"`
+	// FamilyID groups the sandboxes of one fork lineage.
+	FamilyID string `json:"family_id"`
+	// ParentID is the sandbox this one was forked from ("" when it was created, not forked).
+	ParentID string `json:"parent_id,omitempty"`
+	// ForkedFrom is set by the server for forked sandboxes (see docs/api.md).
+	ForkedFrom string `json:"forked_from,omitempty"`
+	// Error holds the reason when Status is "error".
+	Error string `json:"error"`
+}
+
+// CreateRequest is the body of POST /v1/sandboxes. Zero fields take the server's defaults.
+type CreateRequest struct {
+	VCPU      float64           `json:"vcpu,omitempty"`
+	MemMiB    int               `json:"mem_mib,omitempty"`
+	MaxProcs  int               `json:"max_procs,omitempty"`
+	TimeoutS  int               `json:"timeout_s,omitempty"`
+	OnTimeout string            `json:"on_timeout,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+}
+
+// ListOptions filters List. Every metadata pair must match.
+type ListOptions struct {
+	Status   string
+	Metadata map[string]string
+}
+
+// RunCodeRequest is the body of POST /v1/sandboxes/{id}/run_code.
+type RunCodeRequest struct {
+	Code string `json:"code"`
+	// TimeoutS limits the run: nil = server default (300 s), 0 = no limit.
+	TimeoutS *int `json:"timeout_s,omitempty"`
+}
+
+// ExecError is a Python exception raised by run_code.
+type ExecError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+func (e *ExecError) Error() string {
+	if e.Value == "" {
+		return e.Name
+	}
+	return e.Name + ": " + e.Value
+}
+
+// Execution is the result of run_code.
+type Execution struct {
+	Stdout string `json:"stdout"`
+	Stderr string `json:"stderr"`
+	// Value is repr() of a trailing expression, or nil.
+	Value *string `json:"value"`
+	// Error is the exception, or nil on success.
+	Error          *ExecError `json:"error"`
+	ExecutionCount int        `json:"execution_count"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Set Cmd (run by /bin/sh -c) or Argv.
+type ExecRequest struct {
+	Cmd  string            `json:"cmd,omitempty"`
+	Argv []string          `json:"argv,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	// TimeoutS limits the command: nil = server default (300 s), 0 = no limit.
+	TimeoutS *int   `json:"timeout_s,omitempty"`
+	Stdin    string `json:"stdin,omitempty"`
+}
+
+// ExecResult is the result of exec. In streamed calls Stdout and Stderr are empty: the output went to the
+// event callback.
+type ExecResult struct {
+	ExitCode int    `json:"exit_code"`
+	Stdout   string `json:"stdout,omitempty"`
+	Stderr   string `json:"stderr,omitempty"`
+	TimedOut bool   `json:"timed_out"`
+}
+
+// Event is one output event of a streamed run_code or exec: Type is "stdout" or "stderr" and Data the text.
+// Unknown event types are passed through with their raw line in Raw.
+type Event struct {
+	Type string `json:"type"`
+	Data string `json:"data"`
+	Raw  []byte `json:"-"`
+}
+
+// Entry describes a file in a sandbox.
+type Entry struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+	// Type is "file", "dir", "symlink" or "other".
+	Type string `json:"type"`
+	Size int64  `json:"size"`
+	// Mode is the octal permission string, e.g. "0644".
+	Mode       string    `json:"mode"`
+	Mtime      time.Time `json:"mtime"`
+	LinkTarget string    `json:"link_target,omitempty"`
+}
+
+// IsDir reports whether the entry is a directory.
+func (e *Entry) IsDir() bool { return e.Type == "dir" }
+
+// Diff is the file-system difference between two sandboxes a and b: Added are files only in b, Removed files
+// only in a, Modified files in both whose contents differ. Paths are sorted.
+type Diff struct {
+	Added    []string `json:"added"`
+	Removed  []string `json:"removed"`
+	Modified []string `json:"modified"`
+}
+
+// Empty reports whether the two sandboxes had no differences.
+func (d *Diff) Empty() bool { return len(d.Added)+len(d.Removed)+len(d.Modified) == 0 }
+
+// HealthStatus is the answer of GET /healthz.
+type HealthStatus struct {
+	Status  string `json:"status"`
+	Version string `json:"version"`
+}

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/api"
+	"github.com/ramify-dev/ramify/internal/cgroups"
+	"github.com/ramify-dev/ramify/internal/image"
+	"github.com/ramify-dev/ramify/internal/layer"
+	"github.com/ramify-dev/ramify/internal/network"
+	"github.com/ramify-dev/ramify/internal/runtime/namespaces"
+	"github.com/ramify-dev/ramify/internal/sandbox"
+	"github.com/ramify-dev/ramify/internal/store"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func init() {
+	register("serve", "run the ramify server", serveCmd)
+	register("image build", "(re)build the default sandbox image", imageBuildCmd)
+	registerHidden("__init", func(ctx context.Context, args []string) error { return namespaces.InitMain(args) })
+	registerHidden("__agent", func(ctx context.Context, args []string) error { return agent.Main(args) })
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+type serveFlags struct {
+	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel string
+}
+
+func parseServeFlags(name string, args []string) (*serveFlags, error) {
+	f := &serveFlags{}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.StringVar(&f.listen, "listen", envOr("RAMIFY_LISTEN", "127.0.0.1:7070"), "address to serve on (env RAMIFY_LISTEN)")
+	fs.StringVar(&f.dataDir, "data-dir", envOr("RAMIFY_DATA_DIR", "/var/lib/ramify"), "data directory (env RAMIFY_DATA_DIR)")
+	fs.StringVar(&f.apiKey, "api-key", os.Getenv("RAMIFY_API_KEY"), "API key; generated and saved in <data-dir>/api-key when unset (env RAMIFY_API_KEY)")
+	fs.StringVar(&f.imageDir, "image-dir", os.Getenv("RAMIFY_IMAGE_DIR"), "images directory (default <data-dir>/images; env RAMIFY_IMAGE_DIR)")
+	fs.StringVar(&f.bridge, "bridge", envOr("RAMIFY_BRIDGE", "ramify0"), "host bridge for sandbox networking (env RAMIFY_BRIDGE)")
+	fs.StringVar(&f.subnet, "subnet", envOr("RAMIFY_SUBNET", "10.213.0.0/16"), "sandbox address range (env RAMIFY_SUBNET)")
+	fs.StringVar(&f.layerDriver, "layer-driver", os.Getenv("RAMIFY_LAYER_DRIVER"), `writable layer driver: "btrfs", "copy" or empty for automatic (env RAMIFY_LAYER_DRIVER)`)
+	fs.StringVar(&f.logLevel, "log-level", envOr("RAMIFY_LOG_LEVEL", "info"), "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if f.imageDir == "" {
+		f.imageDir = filepath.Join(f.dataDir, "images")
+	}
+	return f, nil
+}
+
+func newLogger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// loadOrCreateKey returns the API key: the flag's, else the one saved in the data dir, else a new one (saved).
+func loadOrCreateKey(dataDir, given string) (string, bool, error) {
+	path := filepath.Join(dataDir, "api-key")
+	if given != "" {
+		return given, false, nil
+	}
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), false, nil
+	}
+	var raw [24]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", false, err
+	}
+	key := "rfy_" + hex.EncodeToString(raw[:])
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", false, fmt.Errorf("save api key: %w", err)
+	}
+	return key, true, nil
+}
+
+func serveCmd(ctx context.Context, args []string) error {
+	f, err := parseServeFlags("serve", args)
+	if err != nil {
+		return err
+	}
+	log := newLogger(f.logLevel)
+	if os.Geteuid() != 0 {
+		return errors.New("ramify serve runs as root (like dockerd): it creates namespaces, cgroups and mounts; sandboxes never run as host root")
+	}
+	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	key, generated, err := loadOrCreateKey(f.dataDir, f.apiKey)
+	if err != nil {
+		return err
+	}
+
+	img, err := image.Ensure(ctx, image.Options{Dir: f.imageDir, Progress: os.Stderr, Logger: log})
+	if err != nil {
+		return fmt.Errorf("default image: %w (rebuild with 'ramify image build')", err)
+	}
+	layers, err := layer.Open(ctx, filepath.Join(f.dataDir, "layers"), layer.Options{Driver: f.layerDriver, Logger: log})
+	if err != nil {
+		return fmt.Errorf("layers: %w", err)
+	}
+	defer layers.Close()
+	// One cgroup parent per data directory, so that two servers on one host never touch each other's sandboxes.
+	sum := sha256.Sum256([]byte(f.dataDir))
+	cg, err := cgroups.Detect("ramify/"+hex.EncodeToString(sum[:4]), log)
+	if err != nil {
+		return fmt.Errorf("cgroups: %w", err)
+	}
+	netw, err := network.New(ctx, network.Config{Bridge: f.bridge, CIDR: f.subnet}, log)
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	defer netw.Close()
+	st, err := store.Open(f.dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, ImageRootfs: img.Rootfs, Layers: layers,
+		Cgroups: cg, Network: netw, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	svc, err := sandbox.New(ctx, sandbox.Config{Store: st, Runtime: rt, IPs: netw, Logger: log,
+		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID})
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", f.listen, err)
+	}
+	srv := &http.Server{Handler: api.New(svc, key, version, log), ReadHeaderTimeout: 10 * time.Second}
+	url := "http://" + ln.Addr().String()
+	fmt.Fprintf(os.Stderr, "\nramify %s serving on %s (layers: %s, cgroups v%d, image %s)\n", version, url, layers.Name(), cg.Version(), img.Rootfs)
+	if generated {
+		fmt.Fprintf(os.Stderr, "generated an API key, saved in %s\n", filepath.Join(f.dataDir, "api-key"))
+	}
+	fmt.Fprintf(os.Stderr, "\n  export RAMIFY_API_URL=%s\n  export RAMIFY_API_KEY=%s\n\n  then: ramify sandbox create\n\n", url, key)
+	if p := os.Getenv("RAMIFY_READY_FILE"); p != "" {
+		os.WriteFile(p, []byte(url+"\n"), 0o600) //nolint:errcheck // test harness aid
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: finishing in-flight requests; sandboxes keep running and are recovered at the next start")
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+func imageBuildCmd(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("image build", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", envOr("RAMIFY_DATA_DIR", "/var/lib/ramify"), "data directory (env RAMIFY_DATA_DIR)")
+	imageDir := fs.String("image-dir", os.Getenv("RAMIFY_IMAGE_DIR"), "images directory (default <data-dir>/images)")
+	force := fs.Bool("force", true, "rebuild even if an image with the same package list exists")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *imageDir == "" {
+		*imageDir = filepath.Join(*dataDir, "images")
+	}
+	start := time.Now()
+	img, err := image.Ensure(ctx, image.Options{Dir: *imageDir, Progress: os.Stderr, Force: *force, Logger: newLogger("warn")})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("image ready: %s (built in %s)\nnew sandboxes use it; running sandboxes keep theirs until destroyed\n", img.Rootfs, time.Since(start).Round(time.Second))
+	return nil
+}

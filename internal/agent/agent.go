@@ -1,0 +1,248 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+)
+
+//go:embed repl.py
+var replSource string
+
+// Config is what the family init passes to a new agent (as JSON in argv[2]).
+type Config struct {
+	Hostname string `json:"hostname"`
+	// ReplToken, when set, means the interpreter will not be started fresh: a forked interpreter will attach
+	// with this token (fork children).
+	ReplToken string `json:"repl_token,omitempty"`
+}
+
+// fdRootMount is the descriptor of the detached overlay mount (the sandbox's root file system) a new agent
+// receives from the family init.
+const fdRootMount = 3
+
+// Main is the agent process's entry point (`ramify __agent <config-json>`). It runs as root in the family's
+// user namespace, in fresh mount, network, UTS and IPC namespaces created by the family init.
+func Main(args []string) error {
+	if len(args) < 1 {
+		return errors.New("agent: missing config")
+	}
+	var cfg Config
+	if err := json.Unmarshal([]byte(args[0]), &cfg); err != nil {
+		return fmt.Errorf("agent: config: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if err := setupRoot(cfg); err != nil {
+		return fmt.Errorf("agent: set up root: %w", err)
+	}
+	ln, err := net.Listen("unix", "@"+SocketName)
+	if err != nil {
+		return fmt.Errorf("agent: listen: %w", err)
+	}
+	a := &Agent{log: log, token: cfg.ReplToken, attached: make(chan struct{})}
+	a.repl = &repl{agent: a}
+	return a.serve(ln)
+}
+
+// Agent serves requests inside one sandbox.
+type Agent struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	env     map[string]string
+	cwd     string
+	started bool
+
+	repl *repl
+
+	token    string // expected token of an attaching forked interpreter ("" when none is expected)
+	attached chan struct{}
+}
+
+func (a *Agent) serve(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go a.handleConn(c)
+	}
+}
+
+func (a *Agent) handleConn(c net.Conn) {
+	r := bufio.NewReaderSize(c, 64<<10)
+	keep := false
+	defer func() {
+		if !keep {
+			c.Close()
+		}
+	}()
+	w := &eventWriter{w: bufio.NewWriterSize(c, 32<<10)}
+	for {
+		line, err := readLine(r, maxRequest)
+		if err != nil {
+			return
+		}
+		var req Request
+		if err := json.Unmarshal(line, &req); err != nil {
+			w.emit(Event{Type: "error", Message: "bad request: " + err.Error()})
+			return
+		}
+		if req.Op == "attach_repl" {
+			// The connection now belongs to the interpreter: hand it over and stop reading it here.
+			keep = a.attachRepl(c, r, req)
+			return
+		}
+		a.handle(context.Background(), req, w)
+		if w.err != nil {
+			return
+		}
+	}
+}
+
+const maxRequest = 64 << 20
+
+func readLine(r *bufio.Reader, limit int) ([]byte, error) {
+	var buf []byte
+	for {
+		part, isPrefix, err := r.ReadLine()
+		if err != nil {
+			return nil, err
+		}
+		buf = append(buf, part...)
+		if len(buf) > limit {
+			return nil, fmt.Errorf("line longer than %d bytes", limit)
+		}
+		if !isPrefix {
+			return buf, nil
+		}
+	}
+}
+
+// eventWriter writes events as JSON lines, flushing after each so output streams.
+type eventWriter struct {
+	mu  sync.Mutex
+	w   *bufio.Writer
+	err error
+}
+
+func (e *eventWriter) emit(ev Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.err != nil {
+		return
+	}
+	b, _ := json.Marshal(ev)
+	b = append(b, '\n')
+	if _, err := e.w.Write(b); err != nil {
+		e.err = err
+		return
+	}
+	e.err = e.w.Flush()
+}
+
+func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
+	switch req.Op {
+	case "ping":
+		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: a.repl.currentPid()})
+	case "start":
+		a.mu.Lock()
+		a.env, a.cwd, a.started = req.Env, req.Cwd, true
+		a.mu.Unlock()
+		if req.Hostname != "" {
+			if err := setHostname(req.Hostname); err != nil {
+				w.emit(Event{Type: "error", Message: err.Error()})
+				return
+			}
+		}
+		pid, err := a.repl.ensure()
+		if err != nil {
+			w.emit(Event{Type: "error", Message: "start interpreter: " + err.Error()})
+			return
+		}
+		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: pid})
+	case "run_code":
+		ev := a.repl.run(req.Code, req.TimeoutS, w.emit)
+		w.emit(ev)
+	case "exec":
+		w.emit(a.exec(ctx, req, w.emit))
+	case "fork_repl":
+		pids, err := a.repl.fork(req.Targets)
+		if err != nil {
+			w.emit(Event{Type: "error", Message: "fork interpreter: " + err.Error()})
+			return
+		}
+		w.emit(Event{Type: "ok", Pids: pids})
+	default:
+		w.emit(Event{Type: "error", Message: fmt.Sprintf("unknown op %q", req.Op)})
+	}
+}
+
+// environ builds a process environment from the sandbox's env and per-call overrides.
+func (a *Agent) environ(extra map[string]string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := map[string]string{
+		"PATH":             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME":             "/root",
+		"LANG":             "C.UTF-8",
+		"TERM":             "xterm",
+		"PYTHONUNBUFFERED": "1",
+	}
+	for k, v := range a.env {
+		m[k] = v
+	}
+	for k, v := range extra {
+		m[k] = v
+	}
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+func (a *Agent) workdir(override string) string {
+	if override != "" {
+		return override
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cwd != "" {
+		return a.cwd
+	}
+	return "/root"
+}
+
+// capped accumulates output up to a limit and notes truncation.
+type capped struct {
+	sb        strings.Builder
+	limit     int
+	truncated bool
+}
+
+const outputLimit = 32 << 20
+
+func (c *capped) add(s string) {
+	if c.truncated {
+		return
+	}
+	if c.sb.Len()+len(s) > c.limit {
+		c.sb.WriteString(s[:c.limit-c.sb.Len()])
+		c.sb.WriteString("\n[output truncated]\n")
+		c.truncated = true
+		return
+	}
+	c.sb.WriteString(s)
+}
+
+var _ io.Writer = (*bufio.Writer)(nil)

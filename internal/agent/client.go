@@ -1,0 +1,149 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+)
+
+// Client is the server's side of the agent protocol for one sandbox. It keeps a few idle connections for
+// reuse; each call uses one connection exclusively.
+type Client struct {
+	dial func(ctx context.Context) (net.Conn, error)
+
+	mu   sync.Mutex
+	idle []*clientConn
+}
+
+type clientConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+// NewClient returns a client that opens connections with dial.
+func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
+	return &Client{dial: dial}
+}
+
+// ErrAgentGone reports that the agent could not be reached or hung up mid-call.
+var ErrAgentGone = errors.New("sandbox agent is not reachable")
+
+func (c *Client) get(ctx context.Context) (*clientConn, error) {
+	c.mu.Lock()
+	if n := len(c.idle); n > 0 {
+		cc := c.idle[n-1]
+		c.idle = c.idle[:n-1]
+		c.mu.Unlock()
+		return cc, nil
+	}
+	c.mu.Unlock()
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrAgentGone, err)
+	}
+	return &clientConn{c: conn, r: bufio.NewReaderSize(conn, 64<<10)}, nil
+}
+
+func (c *Client) put(cc *clientConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.idle) >= 4 {
+		cc.c.Close()
+		return
+	}
+	c.idle = append(c.idle, cc)
+}
+
+// Close closes idle connections.
+func (c *Client) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cc := range c.idle {
+		cc.c.Close()
+	}
+	c.idle = nil
+}
+
+// Call sends req and calls onEvent for every non-terminal event; it returns the terminal event.
+// Cancelling ctx closes the connection (the agent then stops the work it was doing for it where it can).
+func (c *Client) Call(ctx context.Context, req Request, onEvent func(Event)) (Event, error) {
+	cc, err := c.get(ctx)
+	if err != nil {
+		return Event{}, err
+	}
+	ev, err := c.call(ctx, cc, req, onEvent)
+	if err != nil {
+		cc.c.Close()
+		// A pooled connection may have gone stale (agent restarted): retry once on a fresh one when nothing
+		// was received yet.
+		var se *staleErr
+		if errors.As(err, &se) {
+			conn, derr := c.dial(ctx)
+			if derr != nil {
+				return Event{}, fmt.Errorf("%w: %v", ErrAgentGone, derr)
+			}
+			cc = &clientConn{c: conn, r: bufio.NewReaderSize(conn, 64<<10)}
+			ev, err = c.call(ctx, cc, req, onEvent)
+			if err != nil {
+				cc.c.Close()
+				return Event{}, err
+			}
+		} else {
+			return Event{}, err
+		}
+	}
+	c.put(cc)
+	return ev, nil
+}
+
+type staleErr struct{ err error }
+
+func (s *staleErr) Error() string { return s.err.Error() }
+
+func (c *Client) call(ctx context.Context, cc *clientConn, req Request, onEvent func(Event)) (Event, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return Event{}, err
+	}
+	b = append(b, '\n')
+	stop := context.AfterFunc(ctx, func() { cc.c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := cc.c.Write(b); err != nil {
+		if ctx.Err() != nil {
+			return Event{}, ctx.Err()
+		}
+		return Event{}, &staleErr{err}
+	}
+	first := true
+	for {
+		line, err := readLine(cc.r, maxRequest)
+		if err != nil {
+			if ctx.Err() != nil {
+				return Event{}, ctx.Err()
+			}
+			if first {
+				return Event{}, &staleErr{fmt.Errorf("%w: %v", ErrAgentGone, err)}
+			}
+			return Event{}, fmt.Errorf("%w: %v", ErrAgentGone, err)
+		}
+		first = false
+		var ev Event
+		if err := json.Unmarshal(line, &ev); err != nil {
+			return Event{}, fmt.Errorf("agent sent a bad event: %w", err)
+		}
+		if ev.Terminal() {
+			if ev.Type == "error" {
+				return ev, fmt.Errorf("agent: %s", ev.Message)
+			}
+			return ev, nil
+		}
+		if onEvent != nil {
+			onEvent(ev)
+		}
+	}
+}

@@ -1,0 +1,100 @@
+// Package agent owns the code that runs inside a sandbox: the agent process that holds the sandbox's
+// namespaces, sets up its root file system, runs shell commands and drives the persistent Python interpreter
+// (repl.py, embedded), and the client the server uses to talk to it. Server and agent speak JSON lines over an
+// abstract unix socket in the sandbox's network namespace: one request line, then events, the last of which has
+// a terminal type ("result", "exit", "ok" or "error"). A connection may carry many requests in turn.
+package agent
+
+import "encoding/json"
+
+// SocketName is the abstract unix socket the agent listens on inside the sandbox's network namespace.
+const SocketName = "ramify-agent"
+
+// Request is one call to the agent.
+type Request struct {
+	Op string `json:"op"` // ping, start, run_code, exec, fork_repl, attach_repl
+
+	// start
+	Env      map[string]string `json:"env,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
+	Hostname string            `json:"hostname,omitempty"`
+
+	// run_code
+	Code string `json:"code,omitempty"`
+
+	// exec
+	Cmd   string   `json:"cmd,omitempty"`
+	Argv  []string `json:"argv,omitempty"`
+	Stdin string   `json:"stdin,omitempty"`
+
+	// run_code and exec: seconds, 0 = no limit
+	TimeoutS float64 `json:"timeout_s,omitempty"`
+
+	// fork_repl: one target per child sandbox
+	Targets []ForkTarget `json:"targets,omitempty"`
+
+	// attach_repl (sent by a forked interpreter) and expect_repl (sent by the server to a child's agent)
+	Token string `json:"token,omitempty"`
+	Pid   int    `json:"pid,omitempty"`
+}
+
+// ForkTarget tells a forked interpreter which sandbox to become.
+type ForkTarget struct {
+	AgentPid int    `json:"agent_pid"` // the child agent's pid in the family's PID namespace
+	Token    string `json:"token"`     // proves to the child agent that this interpreter is the one expected
+	Cwd      string `json:"cwd"`
+}
+
+// ExecError describes an exception raised by run_code.
+type ExecError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+// Event is one line the agent sends back.
+type Event struct {
+	Type string `json:"type"` // stdout, stderr, result, exit, ok, error, ready
+
+	Data string `json:"data,omitempty"`
+
+	// result (run_code)
+	Stdout         string     `json:"stdout,omitempty"`
+	Stderr         string     `json:"stderr,omitempty"`
+	Value          *string    `json:"value,omitempty"`
+	Error          *ExecError `json:"error,omitempty"`
+	ExecutionCount int        `json:"execution_count,omitempty"`
+
+	// exit (exec)
+	ExitCode int  `json:"exit_code"`
+	TimedOut bool `json:"timed_out,omitempty"`
+
+	// ok (ping, start, fork_repl) and error
+	Pid     int    `json:"pid,omitempty"`
+	ReplPid int    `json:"repl_pid,omitempty"`
+	Pids    []int  `json:"pids,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// Terminal reports whether e ends a response.
+func (e *Event) Terminal() bool {
+	switch e.Type {
+	case "result", "exit", "ok", "error":
+		return true
+	}
+	return false
+}
+
+// replMsg is what the agent and repl.py exchange.
+type replMsg struct {
+	Type           string          `json:"type"`
+	Data           string          `json:"data,omitempty"`
+	Value          *string         `json:"value,omitempty"`
+	Error          *ExecError      `json:"error,omitempty"`
+	ExecutionCount int             `json:"execution_count,omitempty"`
+	Pid            int             `json:"pid,omitempty"`
+	Pids           []int           `json:"pids,omitempty"`
+	Op             string          `json:"op,omitempty"`
+	Token          string          `json:"token,omitempty"`
+	Raw            json.RawMessage `json:"-"`
+}

@@ -1,0 +1,315 @@
+package agent
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// repl drives the sandbox's persistent Python interpreter. One call runs at a time.
+type repl struct {
+	agent *Agent
+
+	runMu sync.Mutex // serialises run and fork
+
+	mu      sync.Mutex // guards the fields below
+	conn    net.Conn
+	r       *bufio.Reader
+	pid     int
+	cmd     *exec.Cmd // nil for an attached (forked) interpreter
+	sink    func(Event)
+	running bool
+	dead    chan struct{} // closed when the current interpreter's connection fails
+}
+
+func (p *repl) currentPid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pid
+}
+
+// ensure starts an interpreter if none is alive (or waits for a forked one to attach) and returns its pid.
+func (p *repl) ensure() (int, error) {
+	p.mu.Lock()
+	if p.conn != nil {
+		pid := p.pid
+		p.mu.Unlock()
+		return pid, nil
+	}
+	p.mu.Unlock()
+	a := p.agent
+	a.mu.Lock()
+	waitAttach := a.token != ""
+	a.mu.Unlock()
+	if waitAttach {
+		select {
+		case <-a.attached:
+			return p.currentPid(), nil
+		case <-time.After(30 * time.Second):
+			return 0, errors.New("forked interpreter did not attach within 30s")
+		}
+	}
+	return p.spawn()
+}
+
+func (p *repl) spawn() (int, error) {
+	a := p.agent
+	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	mine := os.NewFile(uintptr(pair[0]), "repl")
+	theirs := os.NewFile(uintptr(pair[1]), "repl-peer")
+	defer theirs.Close()
+	conn, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.Command("python3", "-u", "-c", replSource)
+	cmd.Env = a.environ(nil)
+	cmd.Dir = a.workdir("")
+	if _, err := os.Stat(cmd.Dir); err != nil {
+		cmd.Dir = "/"
+	}
+	cmd.ExtraFiles = []*os.File{theirs} // fd 3
+	stdout, stderr := &streamWriter{p: p, typ: "stdout"}, &streamWriter{p: p, typ: "stderr"}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		conn.Close()
+		return 0, fmt.Errorf("start python3: %w", err)
+	}
+	go cmd.Wait() //nolint:errcheck // the exit is seen as EOF on conn
+	r := bufio.NewReaderSize(conn, 64<<10)
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	line, err := readLine(r, maxRequest)
+	conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		cmd.Process.Kill()
+		conn.Close()
+		return 0, fmt.Errorf("interpreter did not start: %w", err)
+	}
+	var ready replMsg
+	if json.Unmarshal(line, &ready) != nil || ready.Type != "ready" {
+		cmd.Process.Kill()
+		conn.Close()
+		return 0, fmt.Errorf("interpreter sent %q instead of ready", line)
+	}
+	p.install(conn, r, cmd.Process.Pid, cmd)
+	return cmd.Process.Pid, nil
+}
+
+func (p *repl) install(conn net.Conn, r *bufio.Reader, pid int, cmd *exec.Cmd) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conn, p.r, p.pid, p.cmd = conn, r, pid, cmd
+	p.dead = make(chan struct{})
+}
+
+// drop forgets the current interpreter, killing it.
+func (p *repl) drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil {
+		p.conn.Close()
+	}
+	if p.pid > 0 {
+		syscall.Kill(p.pid, syscall.SIGKILL)
+	}
+	p.conn, p.r, p.pid, p.cmd = nil, nil, 0, nil
+}
+
+// attachRepl adopts a forked interpreter that connected with the expected token.
+func (a *Agent) attachRepl(c net.Conn, r *bufio.Reader, req Request) bool {
+	a.mu.Lock()
+	ok := a.token != "" && req.Token == a.token
+	if ok {
+		a.token = ""
+	}
+	a.mu.Unlock()
+	w := &eventWriter{w: bufio.NewWriter(c)}
+	if !ok {
+		w.emit(Event{Type: "error", Message: "unexpected interpreter"})
+		return false
+	}
+	a.repl.install(c, r, req.Pid, nil)
+	w.emit(Event{Type: "ok"})
+	close(a.attached)
+	return true
+}
+
+// streamWriter forwards the interpreter's fd 1/2 output (subprocesses, C extensions) to the current run.
+type streamWriter struct {
+	p   *repl
+	typ string
+}
+
+func (s *streamWriter) Write(b []byte) (int, error) {
+	s.p.mu.Lock()
+	sink := s.p.sink
+	s.p.mu.Unlock()
+	if sink != nil {
+		sink(Event{Type: s.typ, Data: string(b)})
+	}
+	return len(b), nil
+}
+
+func (p *repl) send(v any) error {
+	b, _ := json.Marshal(v)
+	b = append(b, '\n')
+	p.mu.Lock()
+	conn := p.conn
+	p.mu.Unlock()
+	if conn == nil {
+		return errors.New("no interpreter")
+	}
+	_, err := conn.Write(b)
+	return err
+}
+
+func (p *repl) recv() (replMsg, error) {
+	var m replMsg
+	line, err := readLine(p.r, maxRequest)
+	if err != nil {
+		return m, err
+	}
+	err = json.Unmarshal(line, &m)
+	return m, err
+}
+
+// run executes code and returns the terminal "result" event; output events go to emit as they arrive.
+func (p *repl) run(code string, timeoutS float64, emit func(Event)) Event {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	if _, err := p.ensure(); err != nil {
+		return died(err.Error())
+	}
+	var out, errOut capped
+	out.limit, errOut.limit = outputLimit, outputLimit
+	var sinkMu sync.Mutex
+	sink := func(ev Event) {
+		sinkMu.Lock()
+		if ev.Type == "stdout" {
+			out.add(ev.Data)
+		} else {
+			errOut.add(ev.Data)
+		}
+		sinkMu.Unlock()
+		emit(ev)
+	}
+	p.mu.Lock()
+	p.sink, p.running = sink, true
+	pid := p.pid
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.sink, p.running = nil, false
+		p.mu.Unlock()
+	}()
+
+	var timedOut bool
+	var timer, killTimer *time.Timer
+	if timeoutS > 0 {
+		timer = time.AfterFunc(time.Duration(timeoutS*float64(time.Second)), func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.running && p.pid == pid {
+				timedOut = true
+				syscall.Kill(pid, syscall.SIGINT)
+				// Code stuck in C that ignores the interrupt: kill the interpreter after a grace period.
+				killTimer = time.AfterFunc(10*time.Second, func() { syscall.Kill(pid, syscall.SIGKILL) })
+			}
+		})
+	}
+	stop := func() {
+		p.mu.Lock()
+		p.running = false
+		if timer != nil {
+			timer.Stop()
+		}
+		if killTimer != nil {
+			killTimer.Stop()
+		}
+		p.mu.Unlock()
+	}
+
+	if err := p.send(map[string]string{"op": "run", "code": code}); err != nil {
+		stop()
+		p.drop()
+		return died("interpreter is gone: " + err.Error())
+	}
+	for {
+		m, err := p.recv()
+		if err != nil {
+			stop()
+			p.drop()
+			ev := died("the interpreter process died (killed, or out of memory); a fresh one starts on the next call")
+			p.mu.Lock()
+			to := timedOut
+			p.mu.Unlock()
+			if to {
+				ev.Error.Name = "TimeoutError"
+				ev.Error.Value = fmt.Sprintf("execution exceeded %gs and did not stop on interrupt; the interpreter was restarted", timeoutS)
+			}
+			ev.Stdout, ev.Stderr = out.sb.String(), errOut.sb.String()
+			return ev
+		}
+		switch m.Type {
+		case "stdout", "stderr":
+			sink(Event{Type: m.Type, Data: m.Data})
+		case "result":
+			stop()
+			p.mu.Lock()
+			to := timedOut
+			p.mu.Unlock()
+			if to && m.Error != nil && m.Error.Name == "KeyboardInterrupt" {
+				m.Error.Name = "TimeoutError"
+				m.Error.Value = fmt.Sprintf("execution exceeded %gs and was interrupted", timeoutS)
+			}
+			// Let fd-level output that raced with the result land before answering.
+			time.Sleep(0)
+			sinkMu.Lock()
+			ev := Event{Type: "result", Stdout: out.sb.String(), Stderr: errOut.sb.String(), Value: m.Value, Error: m.Error, ExecutionCount: m.ExecutionCount}
+			sinkMu.Unlock()
+			return ev
+		}
+	}
+}
+
+func died(msg string) Event {
+	return Event{Type: "result", Error: &ExecError{Name: "InterpreterDied", Value: msg}}
+}
+
+// fork asks the interpreter to fork once per target; it returns the children's pids (family PID namespace).
+func (p *repl) fork(targets []ForkTarget) ([]int, error) {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	if _, err := p.ensure(); err != nil {
+		return nil, err
+	}
+	if err := p.send(map[string]any{"op": "fork", "targets": targets}); err != nil {
+		p.drop()
+		return nil, err
+	}
+	for {
+		m, err := p.recv()
+		if err != nil {
+			p.drop()
+			return nil, fmt.Errorf("interpreter died during fork: %w", err)
+		}
+		if m.Type == "result" {
+			if m.Error != nil {
+				return nil, fmt.Errorf("%s: %s", m.Error.Name, m.Error.Value)
+			}
+			return m.Pids, nil
+		}
+	}
+}

@@ -1,0 +1,256 @@
+# ramify's in-sandbox Python interpreter loop (embedded in the ramify binary, run as `python3 -c`).
+# It talks JSON lines with the sandbox agent over the socket on fd 3 (or, in a forked child, over a socket it
+# connects itself): {"op": "run", "code": ...} -> stream events, then one {"type": "result", ...}.
+import ast, ctypes, json, os, signal, socket, sys, traceback
+
+_sock = None
+_rfile = None
+# User code runs in a fresh __main__ module, so that pickle/dill see its functions and classes as __main__'s.
+import types as _types
+_main_mod = _types.ModuleType("__main__")
+_main_mod.__dict__["__builtins__"] = __builtins__
+sys.modules["__main__"] = _main_mod
+_ns = _main_mod.__dict__
+_count = 0
+_forked = []  # pids of fork children this process made; reaped lazily
+
+
+def _send(obj):
+    _sock.sendall((json.dumps(obj) + "\n").encode("utf-8", "surrogatepass"))
+
+
+class _Stream:
+    """A text stream that forwards every write to the agent as an event."""
+
+    encoding = "utf-8"
+    errors = "replace"
+
+    def __init__(self, name):
+        self.name = name
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        if s:
+            _send({"type": self.name, "data": s})
+        return len(s)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def readable(self):
+        return False
+
+    def fileno(self):
+        return 1 if self.name == "stdout" else 2
+
+
+def _run(code):
+    global _count
+    _count += 1
+    value = None
+    error = None
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Stream("stdout"), _Stream("stderr")
+    try:
+        # SIGINT (the agent's timeout interrupt) is only let through while user code runs.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        tree = ast.parse(code, "<cell>", "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, "<cell>", "exec"), _ns)
+        if last is not None:
+            v = eval(compile(last, "<cell>", "eval"), _ns)
+            if v is not None:
+                _ns["_"] = v
+                value = repr(v)
+    except BaseException as e:  # SystemExit and KeyboardInterrupt included: the interpreter stays alive
+        tb = e.__traceback__
+        # Drop this function's own frame from the traceback.
+        if tb is not None and tb.tb_frame.f_code is _run.__code__:
+            tb = tb.tb_next
+        error = {
+            "name": type(e).__name__,
+            "value": str(e),
+            "traceback": "".join(traceback.format_exception(type(e), e, tb)),
+        }
+    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
+            pass
+        try:
+            sys.stdout.flush()
+        except Exception:
+            pass
+        sys.stdout, sys.stderr = out, err
+    return {"type": "result", "value": value, "error": error, "execution_count": _count}
+
+
+def _reap():
+    for pid in list(_forked):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _forked.remove(pid)
+
+
+_libc = None
+
+
+def _setns(path, nstype):
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.setns(fd, nstype) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, "setns %s: %s" % (path, os.strerror(e)))
+    finally:
+        os.close(fd)
+
+
+def _open_files():
+    """Regular files this process has open, by fd: (path, flags, offset)."""
+    files = {}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2 or fd == _sock.fileno():
+            continue
+        try:
+            path = os.readlink("/proc/self/fd/%d" % fd)
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        import stat as _stat
+        if not _stat.S_ISREG(st.st_mode) or not path.startswith("/") or path.endswith(" (deleted)"):
+            continue
+        try:
+            with open("/proc/self/fdinfo/%d" % fd) as f:
+                info = dict(line.split(":", 1) for line in f if ":" in line)
+            flags = int(info["flags"].strip(), 8)
+            pos = int(info["pos"].strip())
+        except (OSError, KeyError, ValueError):
+            continue
+        files[fd] = (path, flags, pos)
+    return files
+
+
+def _reopen(files):
+    """Re-open the parent's files in this (child) file system: same fd, path, mode and offset."""
+    keep = os.O_ACCMODE | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0)
+    for fd, (path, flags, pos) in files.items():
+        try:
+            nfd = os.open(path, flags & keep)
+        except OSError:
+            continue  # the file is gone in the child's file system; the old fd stays as it was
+        if nfd != fd:
+            os.dup2(nfd, fd, inheritable=not (flags & os.O_CLOEXEC))
+            os.close(nfd)
+        try:
+            os.lseek(fd, pos, os.SEEK_SET)
+        except OSError:
+            pass
+
+
+def _fork(req):
+    """Fork this interpreter once per target; each child moves into its target sandbox's namespaces."""
+    files = _open_files()
+    pids = []
+    for t in req["targets"]:
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _become_child(t, files)
+            except BaseException:
+                traceback.print_exc()
+            os._exit(70)
+        _forked.append(pid)
+        pids.append(pid)
+    return {"type": "result", "pids": pids}
+
+
+def _become_child(t, files):
+    global _sock, _rfile
+    old = _sock
+    holder = t["agent_pid"]
+    # Join the target's namespaces; the mount namespace last, since /proc/<pid> paths are read before it.
+    for ns, flag in (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000), ("mnt", 0x00020000)):
+        _setns("/proc/%d/ns/%s" % (holder, ns), flag)
+    try:
+        os.chdir(t.get("cwd") or "/")
+    except OSError:
+        os.chdir("/")
+    _reopen(files)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("\0ramify-agent")
+    old.close()
+    _sock = s
+    _rfile = s.makefile("rb")
+    del _forked[:]
+    _send({"op": "attach_repl", "token": t["token"], "pid": os.getpid()})
+    line = _rfile.readline()
+    if not line or json.loads(line).get("type") != "ok":
+        os._exit(71)
+    _serve()
+    os._exit(0)
+
+
+def _serve():
+    while True:
+        try:
+            line = _rfile.readline()
+        except KeyboardInterrupt:
+            continue
+        if not line:
+            return
+        req = json.loads(line)
+        _reap()
+        op = req.get("op")
+        try:
+            if op == "run":
+                resp = _run(req.get("code", ""))
+            elif op == "fork":
+                resp = _fork(req)
+            elif op == "ping":
+                resp = {"type": "result", "pid": os.getpid()}
+            else:
+                resp = {"type": "result", "error": {"name": "ProtocolError", "value": "unknown op %r" % op, "traceback": ""}}
+        except KeyboardInterrupt as e:  # an interrupt that landed just after user code ended
+            resp = {"type": "result", "value": None, "execution_count": _count,
+                    "error": {"name": "KeyboardInterrupt", "value": str(e), "traceback": ""}}
+        _send(resp)
+
+
+def main():
+    global _sock, _rfile
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("500")
+    except OSError:
+        pass
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    _sock = socket.socket(fileno=3)
+    _rfile = _sock.makefile("rb")
+    sys.stdin = open(os.devnull)
+    del sys.argv[:]
+    sys.argv.append("")
+    _send({"type": "ready", "pid": os.getpid()})
+    _serve()
+
+
+main()

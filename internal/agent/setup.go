@@ -1,0 +1,99 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// setupRoot builds the sandbox's root file system in the agent's fresh mount namespace and pivots into it:
+// an overlay of the image (lower) and the sandbox's writable layer (upper), with its own /proc (of the family's
+// PID namespace), a minimal /dev and /dev/pts, and nothing of the host.
+func setupRoot(cfg Config) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+	if err := unix.Mount("tmpfs", "/mnt", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=64k"); err != nil {
+		return fmt.Errorf("mount staging tmpfs: %w", err)
+	}
+	root := "/mnt/root"
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return err
+	}
+	if err := unix.MoveMount(fdRootMount, "", unix.AT_FDCWD, root, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach root file system: %w", err)
+	}
+	unix.Close(fdRootMount)
+	must := func(err error, what string) error {
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
+	for _, d := range []string{"proc", "sys", "dev", "tmp", "root", "run"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	if err := must(unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""), "mount /proc"); err != nil {
+		return err
+	}
+	// sysfs of the sandbox's own network namespace, read-only; not essential.
+	_ = unix.Mount("sysfs", filepath.Join(root, "sys"), "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	dev := filepath.Join(root, "dev")
+	if err := must(unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"), "mount /dev"); err != nil {
+		return err
+	}
+	for _, n := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		target := filepath.Join(dev, n)
+		f, err := os.Create(target)
+		if err != nil {
+			return err
+		}
+		f.Close()
+		if err := must(unix.Mount(filepath.Join("/dev", n), target, "", unix.MS_BIND, ""), "bind /dev/"+n); err != nil {
+			return err
+		}
+	}
+	os.Mkdir(filepath.Join(dev, "pts"), 0o755)
+	if err := must(unix.Mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"), "mount /dev/pts"); err != nil {
+		return err
+	}
+	os.Symlink("pts/ptmx", filepath.Join(dev, "ptmx"))
+	os.Mkdir(filepath.Join(dev, "shm"), 0o1777)
+	if err := must(unix.Mount("shm", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"), "mount /dev/shm"); err != nil {
+		return err
+	}
+	os.Symlink("/proc/self/fd", filepath.Join(dev, "fd"))
+	os.Symlink("/proc/self/fd/0", filepath.Join(dev, "stdin"))
+	os.Symlink("/proc/self/fd/1", filepath.Join(dev, "stdout"))
+	os.Symlink("/proc/self/fd/2", filepath.Join(dev, "stderr"))
+	os.Chmod(filepath.Join(root, "tmp"), 0o1777)
+
+	if cfg.Hostname != "" {
+		if err := setHostname(cfg.Hostname); err != nil {
+			return err
+		}
+		hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n", cfg.Hostname)
+		os.WriteFile(filepath.Join(root, "etc/hosts"), []byte(hosts), 0o644)
+		os.WriteFile(filepath.Join(root, "etc/hostname"), []byte(cfg.Hostname+"\n"), 0o644)
+	}
+
+	if err := os.Chdir(root); err != nil {
+		return err
+	}
+	if err := must(unix.PivotRoot(".", "."), "pivot_root"); err != nil {
+		return err
+	}
+	if err := must(unix.Unmount(".", unix.MNT_DETACH), "detach old root"); err != nil {
+		return err
+	}
+	return os.Chdir("/")
+}
+
+func setHostname(name string) error {
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		return fmt.Errorf("sethostname: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+// Package api is ramify's HTTP API: routing, bearer-key authentication, JSON decoding with size limits,
+// NDJSON streaming, and the one place where errors become HTTP statuses. Handlers are thin: decode, call the
+// sandbox service, encode.
+package api
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/sandbox"
+)
+
+// MaxJSONBody limits JSON request bodies.
+const MaxJSONBody = 8 << 20
+
+// Server serves the API.
+type Server struct {
+	svc     *sandbox.Service
+	key     string
+	log     *slog.Logger
+	version string
+	mux     *http.ServeMux
+}
+
+// New returns the API handler.
+func New(svc *sandbox.Service, apiKey, version string, log *slog.Logger) *Server {
+	s := &Server{svc: svc, key: apiKey, log: log, version: version, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("GET /healthz", s.health)
+	m.Handle("POST /v1/sandboxes", s.auth(s.create))
+	m.Handle("GET /v1/sandboxes", s.auth(s.list))
+	m.Handle("GET /v1/sandboxes/{id}", s.auth(s.get))
+	m.Handle("DELETE /v1/sandboxes/{id}", s.auth(s.delete))
+	m.Handle("POST /v1/sandboxes/{id}/run_code", s.auth(s.runCode))
+	m.Handle("POST /v1/sandboxes/{id}/exec", s.auth(s.exec))
+	m.Handle("GET /v1/sandboxes/{id}/files", s.auth(s.readFile))
+	m.Handle("PUT /v1/sandboxes/{id}/files", s.auth(s.writeFile))
+	m.Handle("DELETE /v1/sandboxes/{id}/files", s.auth(s.removeFile))
+	m.Handle("GET /v1/sandboxes/{id}/files/list", s.auth(s.listFiles))
+	m.Handle("GET /v1/sandboxes/{id}/files/stat", s.auth(s.statFile))
+	m.Handle("POST /v1/sandboxes/{id}/files/mkdir", s.auth(s.mkdir))
+	m.Handle("GET /v1/sandboxes/{id}/files/archive", s.auth(s.downloadArchive))
+	m.Handle("PUT /v1/sandboxes/{id}/files/archive", s.auth(s.uploadArchive))
+	s.extraRoutes(m)
+}
+
+// ServeHTTP implements http.Handler. Requests no route matches get a JSON 404 or 405 like every other error.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		for k, v := range rec.Header() {
+			if k == "Allow" {
+				w.Header()[k] = v
+			}
+		}
+		msg := "no such route: " + r.Method + " " + r.URL.Path
+		if rec.Code == http.StatusMethodNotAllowed {
+			msg = "method " + r.Method + " not allowed on " + r.URL.Path
+		}
+		writeJSON(w, rec.Code, map[string]string{"error": msg})
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w, code: 200}
+	s.mux.ServeHTTP(sw, r)
+	s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", sw.code, "ms", time.Since(start).Milliseconds())
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(c int) { w.code = c; w.ResponseWriter.WriteHeader(c) }
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) auth(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(s.key)) != 1 {
+			writeError(w, errdefs.New(errdefs.ErrUnauthorized, "invalid api key"))
+			return
+		}
+		if id := r.PathValue("id"); id != "" && !sandbox.ValidID(id) {
+			writeError(w, errdefs.New(errdefs.ErrNotFound, "sandbox not found"))
+			return
+		}
+		h(w, r)
+	})
+}
+
+// statusOf maps the error taxonomy to HTTP statuses: the one place this happens.
+func statusOf(err error) int {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.Is(err, errdefs.ErrUnauthorized):
+		return http.StatusUnauthorized
+	case errors.Is(err, errdefs.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, errdefs.ErrTooLarge), errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, errdefs.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, errdefs.ErrConflict):
+		return http.StatusConflict
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code := statusOf(err)
+	msg := errdefs.Message(err)
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		msg = "request body too large"
+	}
+	writeJSON(w, code, map[string]string{"error": msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.Encode(v) //nolint:errcheck // the client went away
+}
+
+// decode reads a JSON body into v: size-limited, unknown fields refused, an empty body allowed when optional.
+func decode(w http.ResponseWriter, r *http.Request, v any, optional bool) error {
+	body := http.MaxBytesReader(w, r.Body, MaxJSONBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) && optional {
+			return nil
+		}
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		if errors.Is(err, io.EOF) {
+			return errdefs.New(errdefs.ErrInvalid, "request body must be a JSON object")
+		}
+		return errdefs.New(errdefs.ErrInvalid, "malformed JSON: "+err.Error())
+	}
+	if dec.More() {
+		return errdefs.New(errdefs.ErrInvalid, "malformed JSON: trailing data after the object")
+	}
+	return nil
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, map[string]string{"status": "ok", "version": s.version})
+}

@@ -1,0 +1,150 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/ramify-dev/ramify/internal/sandbox"
+)
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req sandbox.CreateRequest
+	if err := decode(w, r, &req, true); err != nil {
+		writeError(w, err)
+		return
+	}
+	info, err := s.svc.Create(r.Context(), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, info)
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	o := sandbox.ListOptions{Status: sandbox.Status(r.URL.Query().Get("status")), Metadata: map[string]string{}}
+	for k, v := range r.URL.Query() {
+		if mk, ok := strings.CutPrefix(k, "metadata."); ok && len(v) > 0 {
+			o.Metadata[mk] = v[0]
+		}
+	}
+	writeJSON(w, 200, map[string]any{"sandboxes": s.svc.List(r.Context(), o)})
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	info, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, info)
+}
+
+func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
+	if err := s.svc.Delete(r.Context(), r.PathValue("id")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// wantsStream reports whether the client asked for NDJSON.
+func wantsStream(r *http.Request, flag bool) bool {
+	return flag || strings.Contains(r.Header.Get("Accept"), "application/x-ndjson")
+}
+
+// ndjson writes events as they come, flushing each.
+type ndjson struct {
+	mu      sync.Mutex
+	w       http.ResponseWriter
+	enc     *json.Encoder
+	started bool
+}
+
+func newNDJSON(w http.ResponseWriter) *ndjson {
+	return &ndjson{w: w, enc: json.NewEncoder(w)}
+}
+
+func (n *ndjson) start() {
+	if !n.started {
+		n.started = true
+		n.w.Header().Set("Content-Type", "application/x-ndjson")
+		n.w.Header().Set("X-Content-Type-Options", "nosniff")
+		n.w.WriteHeader(200)
+	}
+}
+
+func (n *ndjson) send(v any) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.start()
+	n.enc.Encode(v) //nolint:errcheck // the client went away; the call's context ends the work
+	http.NewResponseController(n.w).Flush()
+}
+
+// finish sends the terminal event, or an error: as a JSON error response if nothing was streamed yet, else as
+// an {"type":"error"} event.
+func (n *ndjson) finish(result any, err error) {
+	n.mu.Lock()
+	started := n.started
+	n.mu.Unlock()
+	if err != nil {
+		if !started {
+			writeError(n.w, err)
+			return
+		}
+		n.send(map[string]string{"type": "error", "error": err.Error()})
+		return
+	}
+	n.send(result)
+}
+
+func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
+	var req sandbox.RunCodeRequest
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("id")
+	if !wantsStream(r, req.Stream) {
+		res, err := s.svc.RunCode(r.Context(), id, req, nil)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, 200, res)
+		return
+	}
+	n := newNDJSON(w)
+	res, err := s.svc.RunCode(r.Context(), id, req, func(ev sandbox.OutputEvent) { n.send(ev) })
+	n.finish(struct {
+		Type string `json:"type"`
+		sandbox.Execution
+	}{"result", res}, err)
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	var req sandbox.ExecRequest
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("id")
+	if !wantsStream(r, req.Stream) {
+		res, err := s.svc.Exec(r.Context(), id, req, nil)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, 200, res)
+		return
+	}
+	n := newNDJSON(w)
+	res, err := s.svc.Exec(r.Context(), id, req, func(ev sandbox.OutputEvent) { n.send(ev) })
+	n.finish(struct {
+		Type string `json:"type"`
+		sandbox.ExecResult
+	}{"exit", res}, err)
+}

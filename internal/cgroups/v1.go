@@ -1,0 +1,361 @@
+package cgroups
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
+)
+
+// v1Controllers are the hierarchies a v1 cgroup lives in. cpuset is deliberately absent: a v1 cpuset cgroup is
+// unusable until cpuset.cpus and cpuset.mems are filled in.
+var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
+
+type v1Manager struct {
+	log    *slog.Logger
+	parent string
+	// ctrl maps each controller to its parent directory (<mountpoint>/<parent>). Co-mounted controllers
+	// (cpu,cpuacct) share a directory.
+	ctrl map[string]string
+	// dirs are the distinct parent directories.
+	dirs []string
+}
+
+// NewV1 returns a Manager for cgroup v1 with its cgroups under parent (e.g. "ramify") in the memory, cpu,
+// cpuacct, pids and freezer hierarchies, which must all be mounted. It creates the parent directories.
+func NewV1(parent string) (Manager, error) {
+	return newV1(DefaultMount, parent, nil)
+}
+
+func newV1(mount, parent string, log *slog.Logger) (*v1Manager, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p, err := cleanParent(parent)
+	if err != nil {
+		return nil, fmt.Errorf("cgroups v1: %w", err)
+	}
+	mounts, err := v1Mounts()
+	if err != nil {
+		log.Debug("reading mountinfo failed; assuming hierarchies under the default mount", "err", err)
+		mounts = map[string]string{}
+	}
+	m := &v1Manager{log: log, parent: p, ctrl: map[string]string{}}
+	seen := map[string]bool{}
+	for _, c := range v1Controllers {
+		mp, ok := mounts[c]
+		if !ok {
+			mp = filepath.Join(mount, c)
+		}
+		if _, err := os.Stat(filepath.Join(mp, "cgroup.procs")); err != nil {
+			return nil, fmt.Errorf("cgroups v1: controller %s not mounted: %w", c, errdefs.ErrNotFound)
+		}
+		if real, err := filepath.EvalSymlinks(mp); err == nil {
+			mp = real
+		}
+		dir := filepath.Join(mp, p)
+		m.ctrl[c] = dir
+		if !seen[dir] {
+			seen[dir] = true
+			m.dirs = append(m.dirs, dir)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, fmt.Errorf("cgroups v1: create parent %s: %w", dir, err)
+			}
+		}
+	}
+	return m, nil
+}
+
+// v1Mounts maps v1 controller names to their mount points, from /proc/self/mountinfo.
+func v1Mounts() (map[string]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	res := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// 36 35 0:30 / /sys/fs/cgroup/memory rw,relatime shared:7 - cgroup cgroup rw,memory
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(qf) < 3 || qf[0] != "cgroup" {
+			continue
+		}
+		for _, opt := range strings.Split(qf[2], ",") {
+			if _, dup := res[opt]; !dup {
+				res[opt] = pf[4]
+			}
+		}
+	}
+	return res, sc.Err()
+}
+
+func (m *v1Manager) Version() int { return 1 }
+
+func (m *v1Manager) cgroup(name string) *v1Cgroup {
+	c := &v1Cgroup{name: name, ctrl: map[string]string{}}
+	for ctrl, dir := range m.ctrl {
+		c.ctrl[ctrl] = filepath.Join(dir, name)
+	}
+	for _, dir := range m.dirs {
+		c.dirs = append(c.dirs, filepath.Join(dir, name))
+	}
+	return c
+}
+
+func (m *v1Manager) Create(name string, l Limits) (Cgroup, error) {
+	if err := validName(name); err != nil {
+		return nil, fmt.Errorf("create cgroup: %w", err)
+	}
+	if err := validLimits(l); err != nil {
+		return nil, fmt.Errorf("create cgroup %s: %w", name, err)
+	}
+	c := m.cgroup(name)
+	if exists(c.ctrl["freezer"]) {
+		return nil, fmt.Errorf("create cgroup %s: %w", name, errdefs.New(errdefs.ErrConflict, "cgroup already exists"))
+	}
+	for _, dir := range c.dirs {
+		if _, err := mkdir(dir); err != nil {
+			_ = c.Delete()
+			return nil, fmt.Errorf("create cgroup %s: %w", name, err)
+		}
+	}
+	if err := c.apply(l); err != nil {
+		_ = c.Delete()
+		return nil, fmt.Errorf("create cgroup %s: %w", name, err)
+	}
+	m.log.Debug("created cgroup", "name", name, "cpus", l.CPUs, "memory", l.MemoryBytes, "pids", l.Pids)
+	return c, nil
+}
+
+func (m *v1Manager) Load(name string) (Cgroup, error) {
+	if err := validName(name); err != nil {
+		return nil, fmt.Errorf("load cgroup: %w", err)
+	}
+	c := m.cgroup(name)
+	if !exists(c.ctrl["freezer"]) {
+		return nil, fmt.Errorf("load cgroup %s: %w", name, errdefs.ErrNotFound)
+	}
+	return c, nil
+}
+
+func (m *v1Manager) List() ([]string, error) {
+	names, err := listDirs(m.ctrl["freezer"])
+	if err != nil {
+		return nil, fmt.Errorf("list cgroups: %w", err)
+	}
+	return names, nil
+}
+
+type v1Cgroup struct {
+	name string
+	ctrl map[string]string // controller -> this cgroup's directory
+	dirs []string          // distinct directories
+}
+
+func (c *v1Cgroup) Name() string { return c.name }
+
+func (c *v1Cgroup) file(ctrl, name string) string { return filepath.Join(c.ctrl[ctrl], name) }
+
+// apply writes the limits.
+func (c *v1Cgroup) apply(l Limits) error {
+	if err := writeFile(c.file("cpu", "cpu.cfs_period_us"), strconv.Itoa(CPUPeriod)); err != nil {
+		return err
+	}
+	if err := writeFile(c.file("cpu", "cpu.cfs_quota_us"), strconv.FormatInt(cpuQuota(l.CPUs), 10)); err != nil {
+		return err
+	}
+
+	limit, memsw := c.file("memory", "memory.limit_in_bytes"), c.file("memory", "memory.memsw.limit_in_bytes")
+	hasMemsw := exists(memsw)
+	// memory.memsw.limit_in_bytes must stay >= memory.limit_in_bytes: lower the memory limit first, raise memsw
+	// first.
+	if l.MemoryBytes > 0 {
+		v := strconv.FormatInt(l.MemoryBytes, 10)
+		if err := writeFile(limit, v); err != nil {
+			return err
+		}
+		if hasMemsw {
+			if err := writeFile(memsw, v); err != nil {
+				return err
+			}
+		}
+	} else {
+		if hasMemsw {
+			if err := writeFile(memsw, "-1"); err != nil {
+				return err
+			}
+		}
+		if err := writeFile(limit, "-1"); err != nil {
+			return err
+		}
+	}
+	// OOM killer enabled (the default, written in case the parent was configured otherwise).
+	if err := writeFile(c.file("memory", "memory.oom_control"), "0"); err != nil {
+		return err
+	}
+
+	pids := "max"
+	if l.Pids > 0 {
+		pids = strconv.FormatInt(l.Pids, 10)
+	}
+	return writeFile(c.file("pids", "pids.max"), pids)
+}
+
+func (c *v1Cgroup) Add(pid int) error {
+	for _, dir := range c.dirs {
+		if err := addPid(dir, pid); err != nil {
+			return fmt.Errorf("cgroup %s: add: %w", c.name, err)
+		}
+	}
+	return nil
+}
+
+func (c *v1Cgroup) Procs() ([]int, error) {
+	pids, err := readProcs(c.file("freezer", "cgroup.procs"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("cgroup %s: %w", c.name, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cgroup %s: procs: %w", c.name, err)
+	}
+	return pids, nil
+}
+
+func (c *v1Cgroup) state() (string, error) {
+	b, err := os.ReadFile(c.file("freezer", "freezer.state"))
+	return strings.TrimSpace(string(b)), err
+}
+
+// setState writes want to freezer.state and waits until the kernel reports it, re-writing it now and then (a
+// freeze can stall in FREEZING while tasks are in uninterruptible sleep or being forked).
+func (c *v1Cgroup) setState(ctx context.Context, want string) error {
+	path := c.file("freezer", "freezer.state")
+	if err := writeFile(path, want); err != nil {
+		return err
+	}
+	i := 0
+	return poll(ctx, func() (bool, error) {
+		s, err := c.state()
+		if err != nil || s == want {
+			return s == want, err
+		}
+		if i++; i%10 == 0 {
+			return false, writeFile(path, want)
+		}
+		return false, nil
+	})
+}
+
+func (c *v1Cgroup) Freeze(ctx context.Context) error {
+	if err := c.setState(ctx, "FROZEN"); err != nil {
+		c.thawAfterFailure()
+		return fmt.Errorf("cgroup %s: freeze: %w", c.name, err)
+	}
+	return nil
+}
+
+// thawAfterFailure undoes a half-done freeze, whatever the caller's context says.
+func (c *v1Cgroup) thawAfterFailure() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = c.setState(ctx, "THAWED")
+}
+
+func (c *v1Cgroup) Thaw(ctx context.Context) error {
+	if err := c.setState(ctx, "THAWED"); err != nil {
+		return fmt.Errorf("cgroup %s: thaw: %w", c.name, err)
+	}
+	return nil
+}
+
+// Kill freezes the cgroup (so nothing can fork), SIGKILLs every process, thaws it (frozen processes only die
+// once thawed) and waits for the cgroup to empty; it repeats the round if something is left after a second.
+func (c *v1Cgroup) Kill(ctx context.Context) error {
+	for {
+		pids, err := c.Procs()
+		if err != nil {
+			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if err := c.setState(ctx, "FROZEN"); err != nil {
+			c.thawAfterFailure()
+			return fmt.Errorf("cgroup %s: kill: freeze: %w", c.name, err)
+		}
+		pids, err = c.Procs()
+		if err == nil {
+			err = killPids(pids)
+		}
+		c.thawAfterFailure() // always thaw, even if ctx has ended
+		if err != nil {
+			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
+		}
+		if err := waitEmpty(ctx, c.Procs, time.Second); err != nil {
+			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
+		}
+	}
+}
+
+// waitEmpty polls procs until it is empty or d has passed (then returns nil, letting the caller retry), or ctx
+// ends (then returns ctx's error).
+func waitEmpty(ctx context.Context, procs func() ([]int, error), d time.Duration) error {
+	round, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	err := poll(round, func() (bool, error) {
+		pids, err := procs()
+		return len(pids) == 0, err
+	})
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return nil
+	}
+	return err
+}
+
+func (c *v1Cgroup) Delete() error {
+	var errs []error
+	for _, dir := range c.dirs {
+		if err := rmdir(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cgroup %s: delete: %w", c.name, err)
+	}
+	return nil
+}
+
+func (c *v1Cgroup) Stats() (Stats, error) {
+	var s Stats
+	var err error
+	if s.MemoryBytes, err = readUint(c.file("memory", "memory.usage_in_bytes")); err != nil {
+		return Stats{}, c.statsErr(err)
+	}
+	if s.Pids, err = readUint(c.file("pids", "pids.current")); err != nil {
+		return Stats{}, c.statsErr(err)
+	}
+	if s.OOMKills, _, err = readKey(c.file("memory", "memory.oom_control"), "oom_kill"); err != nil {
+		return Stats{}, c.statsErr(err)
+	}
+	return s, nil
+}
+
+func (c *v1Cgroup) statsErr(err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("cgroup %s: stats: %w", c.name, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("cgroup %s: stats: %w", c.name, err)
+}

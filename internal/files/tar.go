@@ -1,0 +1,467 @@
+package files
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
+)
+
+// WriteTar streams a tar archive of the contents of the directory p to w. Names are relative to p (the
+// directory itself is not an entry). Regular files, directories and symlinks are archived with their mode bits
+// and modification times (whole seconds); symlink targets are stored as they are and never followed. Sockets,
+// fifos, devices and kernel pseudo file systems (a procfs mounted inside, say) are skipped. A symlink at p
+// itself is followed inside the root.
+func (f *FS) WriteTar(p string, w io.Writer) error {
+	p, err := CleanPath(p)
+	if err != nil {
+		return err
+	}
+	root, err := f.acquire()
+	if err != nil {
+		return err
+	}
+	defer f.release()
+	fd, err := openDir(root, p)
+	if err != nil {
+		return wrap("archive", p, err)
+	}
+	defer unix.Close(fd)
+	tw := tar.NewWriter(w)
+	if err := writeTarDir(tw, fd, "", p); err != nil {
+		return wrap("archive", p, err)
+	}
+	if err := tw.Close(); err != nil {
+		return wrap("archive", p, err)
+	}
+	return nil
+}
+
+func tarHeader(name string, st *unix.Stat_t) *tar.Header {
+	return &tar.Header{
+		Name:    name,
+		Mode:    int64(st.Mode & 07777),
+		Uid:     int(st.Uid),
+		Gid:     int(st.Gid),
+		ModTime: time.Unix(st.Mtim.Sec, 0),
+	}
+}
+
+// writeTarDir archives the entries of the directory open as fd, named with prefix.
+func writeTarDir(tw *tar.Writer, fd int, prefix, p string) error {
+	names, err := readNames(fd)
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if err == unix.ENOENT {
+				continue
+			}
+			return err
+		}
+		name := prefix + n
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			if err := writeTarSubdir(tw, fd, n, name, p); err != nil {
+				return err
+			}
+		case unix.S_IFLNK:
+			target, err := readlinkAt(fd, n)
+			if err != nil {
+				if err == unix.ENOENT || err == unix.EINVAL {
+					continue // removed or swapped meanwhile
+				}
+				return err
+			}
+			h := tarHeader(name, &st)
+			h.Typeflag = tar.TypeSymlink
+			h.Linkname = target
+			if err := tw.WriteHeader(h); err != nil {
+				return err
+			}
+		case unix.S_IFREG:
+			if err := writeTarFile(tw, fd, n, name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func writeTarSubdir(tw *tar.Writer, parent int, n, name, p string) error {
+	fd, err := openat2(parent, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0, beneath)
+	if err != nil {
+		if err == unix.ENOENT || err == unix.ENOTDIR || err == unix.ELOOP {
+			return nil // swapped meanwhile
+		}
+		return err
+	}
+	defer unix.Close(fd)
+	if pseudoFS(fd) {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	h := tarHeader(name+"/", &st)
+	h.Typeflag = tar.TypeDir
+	if err := tw.WriteHeader(h); err != nil {
+		return err
+	}
+	return writeTarDir(tw, fd, name+"/", p)
+}
+
+func writeTarFile(tw *tar.Writer, parent int, n, name string) error {
+	pfd, err := openat2(parent, n, unix.O_PATH|unix.O_NOFOLLOW, 0, beneath)
+	if err != nil {
+		if err == unix.ENOENT {
+			return nil
+		}
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		unix.Close(pfd)
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(pfd)
+		return nil // swapped meanwhile
+	}
+	fd, err := reopenRegular(pfd, &st, func() (int, error) {
+		return openat2(parent, n, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_NOFOLLOW, 0, beneath)
+	})
+	unix.Close(pfd)
+	if err != nil {
+		if err == unix.EAGAIN || errors.Is(err, errdefs.ErrInvalid) {
+			return nil // swapped meanwhile, or a pseudo file
+		}
+		return err
+	}
+	defer unix.Close(fd)
+	h := tarHeader(name, &st)
+	h.Typeflag = tar.TypeReg
+	h.Size = st.Size
+	if err := tw.WriteHeader(h); err != nil {
+		return err
+	}
+	// Copy exactly Size bytes: a file that shrinks meanwhile is padded with zeros, one that grows is cut.
+	written, err := io.Copy(tw, io.LimitReader(fdReader(fd), st.Size))
+	if err != nil {
+		return err
+	}
+	if written < st.Size {
+		_, err = io.CopyN(tw, zeroReader{}, st.Size-written)
+	}
+	return err
+}
+
+type fdReader int
+
+func (r fdReader) Read(b []byte) (int, error) {
+	for {
+		n, err := unix.Read(int(r), b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 && len(b) > 0 {
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(b []byte) (int, error) {
+	clear(b)
+	return len(b), nil
+}
+
+// ExtractTar extracts the tar stream r under the directory p (created with its parents if needed) and returns
+// the number of regular files written (hard links to regular files included).
+//
+// Entry names must stay below p: absolute names and names whose `..` would leave p are errdefs.ErrInvalid.
+// Every entry is resolved inside the sandbox root; existing symlinks in its parent path are followed within
+// the root, but an entry whose path goes through a symlink created by this same archive is errdefs.ErrInvalid,
+// so an archive can never write through its own links. Symlinks are created as they are (their targets are not
+// checked; they resolve inside the root when used). Hard links must name a target inside p. Regular files,
+// symlinks and hard links replace what is in their way (files atomically); directories are merged. Everything
+// created is owned by the FS's uid/gid and gets the entry's mode bits and modification time. Fifos, devices and
+// other entry types are skipped. Entries extracted before an error stay. Size limits are the caller's.
+func (f *FS) ExtractTar(p string, r io.Reader) (int, error) {
+	p, err := CleanPath(p)
+	if err != nil {
+		return 0, err
+	}
+	root, err := f.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer f.release()
+	dfd, err := f.mkdirAll(root, p)
+	if err != nil {
+		return 0, wrap("extract", p, err)
+	}
+	unix.Close(dfd)
+
+	x := extractor{f: f, root: root, dest: p, links: map[string]bool{}}
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			if errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) ||
+				errors.Is(err, tar.ErrFieldTooLong) || errors.Is(err, tar.ErrInsecurePath) {
+				err = errdefs.New(errdefs.ErrInvalid, "invalid tar archive: "+err.Error())
+			}
+			return x.files, wrap("extract", p, err)
+		}
+		if err := x.entry(h, tr); err != nil {
+			return x.files, err
+		}
+	}
+	if err := x.finishDirs(); err != nil {
+		return x.files, err
+	}
+	return x.files, nil
+}
+
+type extractor struct {
+	f     *FS
+	root  int
+	dest  string
+	links map[string]bool // names (relative to dest) of symlinks this archive created
+	dirs  []dirTime
+	files int
+}
+
+type dirTime struct {
+	path  string
+	mtime time.Time
+}
+
+// entryName validates a tar entry name and returns it cleaned and relative to the destination ("" for the
+// destination itself).
+func entryName(name string) (string, error) {
+	if name == "" || strings.IndexByte(name, 0) >= 0 {
+		return "", errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("invalid tar entry name %q", name))
+	}
+	if strings.HasPrefix(name, "/") {
+		return "", errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("tar entry %q has an absolute name", name))
+	}
+	c := path.Clean(name)
+	if c == ".." || strings.HasPrefix(c, "../") {
+		return "", errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("tar entry %q leaves the destination directory", name))
+	}
+	if c == "." {
+		return "", nil
+	}
+	return c, nil
+}
+
+// throughLink reports an error if a proper prefix of rel is a symlink created by this archive.
+func (x *extractor) throughLink(orig, rel string) error {
+	for i := 0; i < len(rel); i++ {
+		if rel[i] == '/' && x.links[rel[:i]] {
+			return errdefs.New(errdefs.ErrInvalid,
+				fmt.Sprintf("tar entry %q goes through symlink %q from the same archive", orig, rel[:i]))
+		}
+	}
+	return nil
+}
+
+func (x *extractor) entry(h *tar.Header, r io.Reader) error {
+	switch h.Typeflag {
+	case tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeLink:
+	default:
+		return nil // fifos, devices, global headers, ...: skipped
+	}
+	rel, err := entryName(h.Name)
+	if err != nil {
+		return wrap("extract", x.dest, err)
+	}
+	if err := x.throughLink(h.Name, rel); err != nil {
+		return wrap("extract", x.dest, err)
+	}
+	full := path.Join(x.dest, rel)
+	if rel == "" {
+		if h.Typeflag == tar.TypeDir {
+			return nil // the destination itself
+		}
+		return wrap("extract", full, userErr(errdefs.ErrInvalid, "tar entry names the destination directory", h.Name))
+	}
+	dirfd, err := x.f.mkdirAll(x.root, path.Dir(full))
+	if err != nil {
+		return wrap("extract", full, err)
+	}
+	defer unix.Close(dirfd)
+	name := path.Base(full)
+	mode := uint32(h.Mode) & 07777
+	switch h.Typeflag {
+	case tar.TypeDir:
+		err = x.dir(dirfd, name, mode)
+		if err == nil {
+			delete(x.links, rel)
+			x.dirs = append(x.dirs, dirTime{full, h.ModTime})
+		}
+	case tar.TypeReg:
+		mt := h.ModTime
+		_, err = x.f.writeAt(dirfd, name, r, mode, &mt)
+		if err == nil {
+			delete(x.links, rel)
+			x.files++
+		}
+	case tar.TypeSymlink:
+		err = x.symlink(dirfd, name, h.Linkname, h.ModTime)
+		if err == nil {
+			x.links[rel] = true
+		}
+	case tar.TypeLink:
+		var isLink bool
+		isLink, err = x.hardlink(dirfd, name, h)
+		if err == nil {
+			// A hard link to a symlink is a symlink too: later entries must not go through it either.
+			if isLink {
+				x.links[rel] = true
+			} else {
+				delete(x.links, rel)
+			}
+		}
+	}
+	if err != nil {
+		return wrap("extract", full, err)
+	}
+	return nil
+}
+
+func (x *extractor) dir(dirfd int, name string, mode uint32) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
+			return err
+		}
+	}
+	fd, _, err := x.f.mkdirIn(dirfd, name, mode)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fchmod(fd, mode)
+}
+
+// replace renames tmp over name in dirfd, removing tmp if that fails.
+func replace(dirfd int, tmp, name string) error {
+	if err := unix.Renameat(dirfd, tmp, dirfd, name); err != nil {
+		unix.Unlinkat(dirfd, tmp, 0)
+		if err == unix.EISDIR || err == unix.ENOTEMPTY || err == unix.EEXIST {
+			return errdefs.New(errdefs.ErrConflict, "a directory is in the way of tar entry "+name)
+		}
+		return err
+	}
+	return nil
+}
+
+func (x *extractor) symlink(dirfd int, name, target string, mt time.Time) error {
+	if target == "" || strings.IndexByte(target, 0) >= 0 {
+		return errdefs.New(errdefs.ErrInvalid, "invalid symlink target")
+	}
+	var tmp string
+	var err error
+	for i := 0; i < 16; i++ {
+		tmp = tmpName()
+		if err = unix.Symlinkat(target, dirfd, tmp); err != unix.EEXIST {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if err := unix.Fchownat(dirfd, tmp, x.f.uid, x.f.gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		unix.Unlinkat(dirfd, tmp, 0)
+		return err
+	}
+	ts := unix.NsecToTimespec(mt.UnixNano())
+	if err := unix.UtimesNanoAt(dirfd, tmp, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		unix.Unlinkat(dirfd, tmp, 0)
+		return err
+	}
+	return replace(dirfd, tmp, name)
+}
+
+// hardlink creates name in dirfd as a hard link to the entry's target and reports whether that is a symlink.
+func (x *extractor) hardlink(dirfd int, name string, h *tar.Header) (bool, error) {
+	trel, err := entryName(h.Linkname)
+	if err != nil || trel == "" {
+		return false, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("hard link target %q is outside the destination directory", h.Linkname))
+	}
+	if err := x.throughLink(h.Linkname, trel); err != nil {
+		return false, err
+	}
+	tfd, tname, err := openParent(x.root, path.Join(x.dest, trel))
+	if err != nil {
+		return false, fmt.Errorf("hard link target %s: %w", h.Linkname, err)
+	}
+	defer unix.Close(tfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(tfd, tname, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return false, fmt.Errorf("hard link target %s: %w", h.Linkname, err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return false, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("hard link target %q is a directory", h.Linkname))
+	}
+	var tmp string
+	for i := 0; i < 16; i++ {
+		tmp = tmpName()
+		// flags 0: a symlink target is linked itself, never followed.
+		if err = unix.Linkat(tfd, tname, dirfd, tmp, 0); err != unix.EEXIST {
+			break
+		}
+	}
+	if err != nil {
+		return false, fmt.Errorf("hard link to %s: %w", h.Linkname, err)
+	}
+	if err := replace(dirfd, tmp, name); err != nil {
+		return false, err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFREG {
+		x.files++
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFLNK, nil
+}
+
+// finishDirs sets the modification times of the extracted directories, deepest first (creating their
+// entries changed them).
+func (x *extractor) finishDirs() error {
+	for i := len(x.dirs) - 1; i >= 0; i-- {
+		d := x.dirs[i]
+		fd, err := resolve(x.root, d.path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW)
+		if err != nil {
+			continue // removed or replaced by a later entry or by the sandbox
+		}
+		tv := unix.NsecToTimeval(d.mtime.UnixNano())
+		err = unix.Futimes(fd, []unix.Timeval{tv, tv})
+		unix.Close(fd)
+		if err != nil {
+			return wrap("extract", d.path, err)
+		}
+	}
+	return nil
+}

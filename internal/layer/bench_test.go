@@ -1,0 +1,99 @@
+package layer
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	benchFiles    = 1000
+	benchFileSize = 50 << 10 // 1,000 x 50 KiB ≈ 50 MB
+)
+
+// populateBench fills dir with benchFiles incompressible files spread over 20 directories.
+func populateBench(b *testing.B, dir string) {
+	rng := rand.NewChaCha8([32]byte{1})
+	buf := make([]byte, benchFileSize)
+	for i := 0; i < benchFiles; i++ {
+		sub := filepath.Join(dir, fmt.Sprintf("d%02d", i%20))
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		_, _ = rng.Read(buf)
+		if err := os.WriteFile(filepath.Join(sub, fmt.Sprintf("f%04d", i)), buf, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	unix.Sync()
+}
+
+// BenchmarkClone clones a layer of 1,000 files (≈50 MB) and reports the p50 and p99 latency of Clone:
+// btrfs snapshots, the copy driver on a non-reflink file system (the test's temporary directory), and the copy
+// driver on btrfs, where files are reflinked.
+func BenchmarkClone(b *testing.B) {
+	requireRoot(b)
+	ctx := context.Background()
+	host, _ := openBtrfs(b)
+	drivers := []struct {
+		name string
+		d    Driver
+	}{
+		{"btrfs", host},
+		{"copy", openCopy(b, b.TempDir())},
+		{"copy-reflink", openCopy(b, mustCreateB(b, host, "copyhost"))},
+	}
+	for _, dr := range drivers {
+		src, err := dr.d.Create(ctx, "src")
+		if err != nil {
+			b.Fatal(err)
+		}
+		populateBench(b, src)
+		b.Run(dr.name, func(b *testing.B) {
+			var times []time.Duration
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				if _, err := dr.d.Clone(ctx, "src", "dst"); err != nil {
+					b.Fatal(err)
+				}
+				times = append(times, time.Since(start))
+				b.StopTimer()
+				if err := dr.d.Remove(ctx, "dst"); err != nil {
+					b.Fatal(err)
+				}
+				unix.Sync() // measure each clone from a clean state, not the previous one's writeback
+				b.StartTimer()
+			}
+			slices.Sort(times)
+			b.ReportMetric(float64(percentile(times, 50).Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(percentile(times, 99).Nanoseconds()), "p99-ns")
+		})
+	}
+}
+
+func mustCreateB(b *testing.B, d Driver, id string) string {
+	p, err := d.Create(context.Background(), id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// percentile returns the p-th percentile (nearest rank) of sorted durations.
+func percentile(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := (len(sorted)*p + 99) / 100
+	if i < 1 {
+		i = 1
+	}
+	return sorted[i-1]
+}

@@ -1,0 +1,425 @@
+// Package network owns the sandboxes' host-side networking: the host bridge (with the gateway address), IPv4
+// forwarding, the nftables table "ramify" that NATs the sandboxes' outbound traffic, the allocation of sandbox
+// addresses from the configured CIDR, and the veth pair that connects each sandbox's network namespace to the
+// bridge. It does not create or destroy network namespaces; callers hand it an open namespace file descriptor.
+package network
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Defaults used when Config fields are empty.
+const (
+	DefaultBridge = "ramify0"
+	DefaultCIDR   = "10.213.0.0/16"
+)
+
+// TableName is the nftables table (family ip) that New owns. New replaces its whole contents.
+const TableName = "ramify"
+
+// SandboxIfName is the name of the sandbox's interface inside its network namespace.
+const SandboxIfName = "eth0"
+
+const ipForwardPath = "/proc/sys/net/ipv4/ip_forward"
+
+// Config configures a Manager. Zero values take the defaults.
+type Config struct {
+	// Bridge is the host bridge the sandboxes' veths attach to (default "ramify0").
+	Bridge string
+	// CIDR is the IPv4 network sandboxes get addresses from (default "10.213.0.0/16"). Its first host address is
+	// the gateway, assigned to the bridge. The prefix must be /30 or shorter.
+	CIDR string
+
+	// table overrides TableName (tests only).
+	table string
+	// afterCreate, when set, runs in Attach right after the veth pair is created (tests only).
+	afterCreate func() error
+}
+
+// Manager owns the bridge, the NAT rules and address allocation. It is safe for concurrent use.
+type Manager struct {
+	log    *slog.Logger
+	bridge string
+	table  string
+	pool   *pool
+
+	afterCreate func() error
+
+	mu sync.Mutex // guards Allocate's cursor
+}
+
+// New makes sure the bridge exists, carries the gateway address and is up, that IPv4 forwarding is enabled and
+// that the nftables table "ramify" holds exactly the NAT and forward rules for cfg. It is idempotent: running it
+// again (for example after a restart) converges to the same state without duplicating addresses, tables, chains or
+// rules.
+func New(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Bridge == "" {
+		cfg.Bridge = DefaultBridge
+	}
+	if cfg.CIDR == "" {
+		cfg.CIDR = DefaultCIDR
+	}
+	if err := validIfName(cfg.Bridge); err != nil {
+		return nil, fmt.Errorf("network: bridge: %w", err)
+	}
+	p, err := newPool(cfg.CIDR)
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	if cfg.table == "" {
+		cfg.table = TableName
+	}
+	m := &Manager{log: log.With("component", "network"), bridge: cfg.Bridge, table: cfg.table, pool: p,
+		afterCreate: cfg.afterCreate}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := m.ensureBridge(); err != nil {
+		return nil, fmt.Errorf("network: bridge %s: %w", cfg.Bridge, err)
+	}
+	if err := enableForwarding(); err != nil {
+		return nil, fmt.Errorf("network: enable ip forwarding: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := ensureNFT(cfg.table, cfg.Bridge, p.network); err != nil {
+		return nil, fmt.Errorf("network: nftables table %s: %w", cfg.table, err)
+	}
+	m.log.Debug("network ready", "bridge", cfg.Bridge, "cidr", p.network.String(), "gateway", p.gateway().String())
+	return m, nil
+}
+
+// Gateway returns the gateway address (the first host address of the CIDR, assigned to the bridge).
+func (m *Manager) Gateway() net.IP { return m.pool.gateway() }
+
+// Prefix returns the CIDR's prefix length.
+func (m *Manager) Prefix() int { return m.pool.prefix }
+
+// Bridge returns the bridge's name.
+func (m *Manager) Bridge() string { return m.bridge }
+
+// Allocate returns a free address in the CIDR: never the network, gateway or broadcast address, and never one for
+// which inUse reports true (inUse may be nil). It hands addresses out round-robin, starting after the previously
+// returned one, so that a just-released address is not immediately reused. When no address is free it returns an
+// error matching errdefs.ErrConflict.
+func (m *Manager) Allocate(inUse func(net.IP) bool) (net.IP, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pool.allocate(inUse)
+}
+
+// Attach connects the network namespace open at nsFD (for example /proc/<pid>/ns/net) to the bridge: it creates
+// the veth pair hostVeth <-> eth0 with eth0 inside the namespace, gives eth0 ip with the CIDR's prefix, brings it
+// and the namespace's loopback up, adds a default route via the gateway, and attaches hostVeth to the bridge and
+// brings it up. On failure it deletes the veth pair it created. ip must be a host address of the CIDR other than
+// the gateway (errdefs.ErrInvalid otherwise); an existing hostVeth is errdefs.ErrConflict.
+func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth string) (err error) {
+	if err := validIfName(hostVeth); err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	ip4 := ip.To4()
+	if ip4 == nil || !m.pool.isHost(ip4) || ip4.Equal(m.pool.gateway()) {
+		return fmt.Errorf("attach %s: address %v: %w", hostVeth, ip,
+			errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("address %v is not a usable address of %s", ip, m.pool.network)))
+	}
+	if nsFD < 0 {
+		return fmt.Errorf("attach %s: namespace fd %d: %w", hostVeth, nsFD, errdefs.ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	br, err := netlink.LinkByName(m.bridge)
+	if err != nil {
+		return fmt.Errorf("attach %s: bridge %s: %w", hostVeth, m.bridge, err)
+	}
+
+	// The peer is created directly inside the namespace, already named eth0: there is no moment at which a
+	// temporary name could clash with another sandbox's in the host namespace.
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: hostVeth, MTU: br.Attrs().MTU},
+		PeerName:      SandboxIfName,
+		PeerNamespace: netlink.NsFd(nsFD),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("attach %s: create veth: %w", hostVeth, errdefs.ErrConflict)
+		}
+		return fmt.Errorf("attach %s: create veth: %w", hostVeth, err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := m.Detach(hostVeth); derr != nil {
+				m.log.Warn("attach cleanup failed", "veth", hostVeth, "err", derr)
+			}
+		}
+	}()
+
+	if m.afterCreate != nil {
+		if err := m.afterCreate(); err != nil {
+			return fmt.Errorf("attach %s: %w", hostVeth, err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	if err := configureInside(nsFD, ip4, m.pool.prefix, m.pool.gateway()); err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+
+	host, err := netlink.LinkByName(hostVeth)
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	if err := netlink.LinkSetMaster(host, br); err != nil {
+		return fmt.Errorf("attach %s: set master %s: %w", hostVeth, m.bridge, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("attach %s: set up: %w", hostVeth, err)
+	}
+	m.log.Debug("attached", "veth", hostVeth, "ip", ip4.String())
+	return nil
+}
+
+// configureInside sets up eth0 and lo inside the namespace open at nsFD.
+func configureInside(nsFD int, ip net.IP, prefix int, gw net.IP) error {
+	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD))
+	if err != nil {
+		return fmt.Errorf("netlink handle in namespace: %w", err)
+	}
+	defer h.Close()
+
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("namespace lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("namespace lo up: %w", err)
+	}
+	eth, err := h.LinkByName(SandboxIfName)
+	if err != nil {
+		return fmt.Errorf("namespace %s: %w", SandboxIfName, err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip, Mask: net.CIDRMask(prefix, 32)}}
+	if err := h.AddrAdd(eth, addr); err != nil {
+		return fmt.Errorf("namespace %s address %s: %w", SandboxIfName, addr.IPNet, err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("namespace %s up: %w", SandboxIfName, err)
+	}
+	route := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw, Family: netlink.FAMILY_V4}
+	if err := h.RouteReplace(route); err != nil {
+		return fmt.Errorf("namespace default route via %s: %w", gw, err)
+	}
+	return nil
+}
+
+// Detach deletes the host veth (and with it its peer inside the sandbox's namespace). A veth that does not exist
+// is not an error.
+func (m *Manager) Detach(hostVeth string) error {
+	if err := validIfName(hostVeth); err != nil {
+		return fmt.Errorf("detach %s: %w", hostVeth, err)
+	}
+	l, err := netlink.LinkByName(hostVeth)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("detach %s: %w", hostVeth, err)
+	}
+	if err := netlink.LinkDel(l); err != nil {
+		if errors.Is(err, unix.ENODEV) {
+			return nil
+		}
+		return fmt.Errorf("detach %s: %w", hostVeth, err)
+	}
+	return nil
+}
+
+// Close releases the Manager. It leaves the bridge, forwarding and NAT rules in place for the next start.
+func (m *Manager) Close() error { return nil }
+
+// VethName returns the host-side veth name for a sandbox: "rfy" followed by 12 hex characters. When the id's part
+// after its last '_' (the whole id if it has none) is at least 12 hex digits, they are its first 12 (so the name can
+// be recognised from the id); otherwise they come from a SHA-256 of the id. The result is deterministic and at most
+// 15 characters (the kernel's interface name limit).
+func VethName(sandboxID string) string {
+	s := strings.ToLower(sandboxID[strings.LastIndexByte(sandboxID, '_')+1:])
+	if len(s) >= 12 && isHex(s) {
+		return "rfy" + s[:12]
+	}
+	sum := sha256.Sum256([]byte(sandboxID))
+	return "rfy" + hex.EncodeToString(sum[:6])
+}
+
+func isHex(s string) bool {
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// validIfName checks a Linux interface name: 1-15 bytes, no '/', whitespace or ':', not "." or "..".
+func validIfName(name string) error {
+	if name == "" || len(name) > 15 || name == "." || name == ".." ||
+		strings.ContainsAny(name, "/: \t\n\x00") {
+		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("invalid interface name %q", name))
+	}
+	return nil
+}
+
+// ensureBridge creates the bridge if missing, assigns the gateway address unless present, and brings it up.
+func (m *Manager) ensureBridge() error {
+	link, err := netlink.LinkByName(m.bridge)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return err
+		}
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: m.bridge}}
+		if err := netlink.LinkAdd(br); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("create: %w", err)
+		}
+		if link, err = netlink.LinkByName(m.bridge); err != nil {
+			return err
+		}
+		m.log.Info("created bridge", "bridge", m.bridge)
+	}
+	if link.Type() != "bridge" {
+		return fmt.Errorf("%s exists and is a %s, not a bridge: %w", m.bridge, link.Type(), errdefs.ErrConflict)
+	}
+	want := &net.IPNet{IP: m.pool.gateway(), Mask: net.CIDRMask(m.pool.prefix, 32)}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	have := false
+	for _, a := range addrs {
+		if a.IPNet == nil {
+			continue
+		}
+		ones, _ := a.Mask.Size()
+		switch {
+		case a.IP.Equal(want.IP) && ones == m.pool.prefix:
+			have = true
+		case a.IP.Equal(want.IP):
+			// The gateway address with a stale prefix (the CIDR changed): replace it.
+			if err := netlink.AddrDel(link, &a); err != nil {
+				return fmt.Errorf("remove stale address %s: %w", a.IPNet, err)
+			}
+		default:
+			m.log.Warn("bridge has an unexpected address; leaving it", "bridge", m.bridge, "addr", a.IPNet.String())
+		}
+	}
+	if !have {
+		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: want}); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add address %s: %w", want, err)
+		}
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set up: %w", err)
+	}
+	return nil
+}
+
+func enableForwarding() error {
+	b, err := os.ReadFile(ipForwardPath)
+	if err == nil && strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	return os.WriteFile(ipForwardPath, []byte("1\n"), 0o644)
+}
+
+// pool is the address arithmetic for one IPv4 CIDR. Addresses are handled as uint32.
+type pool struct {
+	network *net.IPNet
+	prefix  int
+	base    uint32 // network address
+	size    uint64 // number of addresses in the CIDR, including network and broadcast
+	cursor  uint32 // last offset handed out by allocate (0 = none yet)
+}
+
+func newPool(cidr string) (*pool, error) {
+	_, n, err := net.ParseCIDR(cidr)
+	if err != nil {
+		return nil, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("invalid CIDR %q", cidr))
+	}
+	ones, bits := n.Mask.Size()
+	if bits != 32 || n.IP.To4() == nil {
+		return nil, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("CIDR %q is not IPv4", cidr))
+	}
+	if ones > 30 || ones < 1 {
+		return nil, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("CIDR %q: prefix must be between /1 and /30", cidr))
+	}
+	n.IP = n.IP.To4()
+	return &pool{network: n, prefix: ones, base: binary.BigEndian.Uint32(n.IP), size: 1 << (32 - ones)}, nil
+}
+
+func u32ToIP(v uint32) net.IP {
+	ip := make(net.IP, 4)
+	binary.BigEndian.PutUint32(ip, v)
+	return ip
+}
+
+// gateway is the first host address.
+func (p *pool) gateway() net.IP { return u32ToIP(p.base + 1) }
+
+// broadcast is the last address.
+func (p *pool) broadcast() net.IP { return u32ToIP(p.base + uint32(p.size-1)) }
+
+// isHost reports whether ip is inside the CIDR and neither its network nor its broadcast address.
+func (p *pool) isHost(ip net.IP) bool {
+	ip4 := ip.To4()
+	if ip4 == nil || !p.network.Contains(ip4) {
+		return false
+	}
+	off := uint64(binary.BigEndian.Uint32(ip4) - p.base)
+	return off != 0 && off != p.size-1
+}
+
+// allocate scans the assignable offsets 2..size-2 round-robin from just after the cursor.
+func (p *pool) allocate(inUse func(net.IP) bool) (net.IP, error) {
+	first, last := uint64(2), p.size-2 // offset 1 is the gateway
+	if last < first {
+		return nil, errdefs.New(errdefs.ErrConflict, "address pool exhausted")
+	}
+	n := last - first + 1
+	start := uint64(p.cursor) + 1
+	if start < first || start > last {
+		start = first
+	}
+	for i := uint64(0); i < n; i++ {
+		off := start + i
+		if off > last {
+			off -= n
+		}
+		ip := u32ToIP(p.base + uint32(off))
+		if inUse != nil && inUse(ip) {
+			continue
+		}
+		p.cursor = uint32(off)
+		return ip, nil
+	}
+	return nil, fmt.Errorf("allocate in %s: %w", p.network, errdefs.New(errdefs.ErrConflict, "address pool exhausted"))
+}

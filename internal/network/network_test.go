@@ -1,0 +1,634 @@
+package network
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+const (
+	testBridge = "rfytest0"
+	testCIDR   = "10.250.0.0/24"
+	testTable  = "ramifytest"
+)
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+}
+
+// newTestManager runs New with the test bridge, CIDR and table, and removes all three (and restores ip_forward)
+// when the test ends.
+func newTestManager(t *testing.T, mutate func(*Config)) *Manager {
+	t.Helper()
+	requireRoot(t)
+	cleanupHost(t)
+	cfg := Config{Bridge: testBridge, CIDR: testCIDR, table: testTable}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	m, err := New(context.Background(), cfg, testLogger(t))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// cleanupHost registers (once per test) removal of the test bridge and nft table and restoration of ip_forward.
+func cleanupHost(t *testing.T) {
+	fwd, _ := os.ReadFile(ipForwardPath)
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(testBridge); err == nil {
+			if err := netlink.LinkDel(l); err != nil {
+				t.Errorf("cleanup bridge: %v", err)
+			}
+		}
+		if c, err := nftables.New(); err == nil {
+			tb := &nftables.Table{Name: testTable, Family: nftables.TableFamilyIPv4}
+			c.AddTable(tb)
+			c.DelTable(tb)
+			if err := c.Flush(); err != nil {
+				t.Errorf("cleanup nft table: %v", err)
+			}
+		}
+		if len(fwd) > 0 {
+			_ = os.WriteFile(ipForwardPath, fwd, 0o644)
+		}
+	})
+}
+
+// newNetns creates a fresh network namespace (without a process in it) and returns a handle to it; the namespace
+// disappears when the handle is closed at the end of the test.
+func newNetns(t *testing.T) netns.NsHandle {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatalf("get netns: %v", err)
+	}
+	defer orig.Close()
+	ns, err := netns.New() // unshare(CLONE_NEWNET) on this thread
+	if err != nil {
+		t.Fatalf("new netns: %v", err)
+	}
+	if err := netns.Set(orig); err != nil {
+		// This thread is stuck in the wrong namespace: let it die with the goroutine.
+		runtime.LockOSThread()
+		t.Fatalf("restore netns: %v", err)
+	}
+	t.Cleanup(func() { _ = ns.Close() })
+	return ns
+}
+
+// inNetns runs f on a thread that is inside ns. If the thread cannot be returned to the original namespace it
+// stays locked and is discarded when the goroutine exits.
+func inNetns(ns netns.NsHandle, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- err
+			return
+		}
+		ferr := f()
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(ferr, err)
+			return // thread stays locked and is thrown away
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+func TestAttachDetach(t *testing.T) {
+	m := newTestManager(t, nil)
+	ns := newNetns(t)
+	gw := m.Gateway()
+	if got := gw.String(); got != "10.250.0.1" {
+		t.Fatalf("Gateway = %s", got)
+	}
+	if m.Prefix() != 24 {
+		t.Fatalf("Prefix = %d", m.Prefix())
+	}
+	ip, err := m.Allocate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	veth := VethName("sbx_0123456789abcdef0123456789abcdef")
+	t.Cleanup(func() { _ = m.Detach(veth) })
+	if err := m.Attach(context.Background(), int(ns), ip, veth); err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+
+	// Host side: veth on the bridge and up.
+	host, err := netlink.LinkByName(veth)
+	if err != nil {
+		t.Fatalf("host veth: %v", err)
+	}
+	br, _ := netlink.LinkByName(testBridge)
+	if host.Attrs().MasterIndex != br.Attrs().Index {
+		t.Errorf("veth master = %d, want bridge %d", host.Attrs().MasterIndex, br.Attrs().Index)
+	}
+	if host.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("host veth is not up")
+	}
+
+	// Inside: eth0 has the address, lo and eth0 are up, default route via the gateway.
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatalf("eth0 in netns: %v", err)
+	}
+	if eth.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("eth0 is not up")
+	}
+	addrs, err := h.AddrList(eth, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(addrs) != 1 || addrs[0].IPNet.String() != ip.String()+"/24" {
+		t.Errorf("eth0 addresses = %v, want %s/24", addrs, ip)
+	}
+	lo, err := h.LinkByName("lo")
+	if err != nil || lo.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("lo not up in netns (err %v)", err)
+	}
+	routes, err := h.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var def *netlink.Route
+	for i, r := range routes {
+		if r.Dst == nil || r.Dst.String() == "0.0.0.0/0" {
+			def = &routes[i]
+		}
+	}
+	if def == nil || !def.Gw.Equal(gw) || def.LinkIndex != eth.Attrs().Index {
+		t.Errorf("default route = %+v, want via %s dev eth0 (routes %v)", def, gw, routes)
+	}
+
+	// A TCP server on the gateway address is reachable from inside the namespace.
+	ln, err := net.Listen("tcp", net.JoinHostPort(gw.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peerc := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			peerc <- "accept: " + err.Error()
+			return
+		}
+		defer c.Close()
+		peerc <- c.RemoteAddr().(*net.TCPAddr).IP.String()
+		fmt.Fprintln(c, "hello from the host")
+	}()
+	var got string
+	err = inNetns(ns, func() error {
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		got, err = bufio.NewReader(c).ReadString('\n')
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dial gateway from netns: %v", err)
+	}
+	if got != "hello from the host\n" {
+		t.Errorf("read %q", got)
+	}
+	if peer := <-peerc; peer != ip.String() {
+		t.Errorf("server saw peer %s, want %s", peer, ip)
+	}
+
+	// Attaching the same host veth again is a conflict and leaves the existing one alone.
+	ns2 := newNetns(t)
+	ip2, _ := m.Allocate(nil)
+	if err := m.Attach(context.Background(), int(ns2), ip2, veth); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("second Attach with same veth: %v, want ErrConflict", err)
+	}
+	if _, err := netlink.LinkByName(veth); err != nil {
+		t.Errorf("existing veth gone after conflicting Attach: %v", err)
+	}
+
+	// Detach removes the host veth (and eth0 in the namespace); a second Detach is fine.
+	if err := m.Detach(veth); err != nil {
+		t.Fatalf("Detach: %v", err)
+	}
+	if _, err := netlink.LinkByName(veth); err == nil {
+		t.Errorf("host veth still present after Detach")
+	}
+	if _, err := h.LinkByName("eth0"); err == nil {
+		t.Errorf("eth0 still present in netns after Detach")
+	}
+	if err := m.Detach(veth); err != nil {
+		t.Errorf("second Detach: %v", err)
+	}
+}
+
+func TestAttachFailureCleansUp(t *testing.T) {
+	boom := errors.New("injected failure")
+	m := newTestManager(t, func(c *Config) { c.afterCreate = func() error { return boom } })
+	ns := newNetns(t)
+	const veth = "rfytestfail0"
+	t.Cleanup(func() { _ = m.Detach(veth) })
+	err := m.Attach(context.Background(), int(ns), net.ParseIP("10.250.0.9"), veth)
+	if !errors.Is(err, boom) {
+		t.Fatalf("Attach = %v, want injected failure", err)
+	}
+	if _, err := netlink.LinkByName(veth); err == nil {
+		t.Errorf("host veth left behind after failed Attach")
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if _, err := h.LinkByName("eth0"); err == nil {
+		t.Errorf("eth0 left behind in netns after failed Attach")
+	}
+
+	// A namespace fd that is not a namespace: nothing is created.
+	f, err := os.Open("/dev/null")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := m.Attach(context.Background(), int(f.Fd()), net.ParseIP("10.250.0.9"), veth); err == nil {
+		t.Errorf("Attach with /dev/null as namespace succeeded")
+	}
+	if _, err := netlink.LinkByName(veth); err == nil {
+		t.Errorf("host veth left behind after failed Attach")
+	}
+}
+
+func TestAttachInvalid(t *testing.T) {
+	m := newTestManager(t, nil)
+	ns := newNetns(t)
+	for _, tc := range []struct {
+		ip, veth string
+	}{
+		{"10.250.0.1", "rfytestinv"},   // gateway
+		{"10.250.0.0", "rfytestinv"},   // network
+		{"10.250.0.255", "rfytestinv"}, // broadcast
+		{"10.251.0.5", "rfytestinv"},   // outside
+		{"fd00::5", "rfytestinv"},      // not IPv4
+		{"10.250.0.5", ""},
+		{"10.250.0.5", "much-too-long-name"},
+		{"10.250.0.5", "a/b"},
+	} {
+		err := m.Attach(context.Background(), int(ns), net.ParseIP(tc.ip), tc.veth)
+		if !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("Attach(%s, %q) = %v, want ErrInvalid", tc.ip, tc.veth, err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := m.Attach(ctx, int(ns), net.ParseIP("10.250.0.5"), "rfytestinv"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Attach with canceled ctx = %v", err)
+	}
+	if _, err := netlink.LinkByName("rfytestinv"); err == nil {
+		t.Errorf("veth created by an invalid Attach")
+	}
+}
+
+func TestNewIdempotent(t *testing.T) {
+	for i := 0; i < 3; i++ {
+		newTestManager(t, nil)
+	}
+	// The bridge was already up and addressed; take it down to check New brings it back up.
+	br, err := netlink.LinkByName(testBridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetDown(br); err != nil {
+		t.Fatal(err)
+	}
+	newTestManager(t, nil)
+
+	br, err = netlink.LinkByName(testBridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if br.Type() != "bridge" || br.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("bridge type %s flags %v", br.Type(), br.Attrs().Flags)
+	}
+	addrs, err := netlink.AddrList(br, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(addrs) != 1 || addrs[0].IPNet.String() != "10.250.0.1/24" {
+		t.Errorf("bridge addresses = %v, want exactly 10.250.0.1/24", addrs)
+	}
+	if b, _ := os.ReadFile(ipForwardPath); strings.TrimSpace(string(b)) != "1" {
+		t.Errorf("ip_forward = %q", b)
+	}
+
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var tb *nftables.Table
+	for _, x := range tables {
+		if x.Name == testTable {
+			n++
+			tb = x
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d tables named %s, want 1", n, testTable)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRules := map[string]int{chainPostrouting: 1, chainForward: 2}
+	seen := map[string]int{}
+	for _, ch := range chains {
+		if ch.Table.Name != testTable {
+			continue
+		}
+		seen[ch.Name]++
+		rules, err := c.GetRules(tb, ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rules) != wantRules[ch.Name] {
+			t.Errorf("chain %s has %d rules, want %d", ch.Name, len(rules), wantRules[ch.Name])
+		}
+	}
+	if len(seen) != 2 || seen[chainPostrouting] != 1 || seen[chainForward] != 1 {
+		t.Errorf("chains = %v, want one postrouting and one forward", seen)
+	}
+
+	// What the kernel made of the rules, as nft prints them (informational and a sanity check of the encoding).
+	if out, err := exec.Command("nft", "list", "table", "ip", testTable).CombinedOutput(); err == nil {
+		s := string(out)
+		t.Logf("nft list table ip %s:\n%s", testTable, s)
+		for _, want := range []string{
+			`ip saddr 10.250.0.0/24 oifname != "rfytest0"`, "masquerade",
+			`iifname "rfytest0"`, `oifname "rfytest0" ct state established,related`,
+			"hook postrouting priority srcnat", "hook forward priority filter",
+		} {
+			if !strings.Contains(s, want) {
+				t.Errorf("nft listing lacks %q", want)
+			}
+		}
+	} else if !errors.Is(err, exec.ErrNotFound) {
+		t.Logf("nft list: %v: %s", err, out)
+	}
+}
+
+func TestNewRejectsNonBridge(t *testing.T) {
+	requireRoot(t)
+	cleanupHost(t)
+	// A veth (not a bridge) with the bridge's name.
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: testBridge}, PeerName: "rfytest0peer"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(context.Background(), Config{Bridge: testBridge, CIDR: testCIDR, table: testTable}, nil)
+	if !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("New over a veth = %v, want ErrConflict", err)
+	}
+}
+
+func TestNewInvalidConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{CIDR: "10.0.0.0/31"},
+		{CIDR: "10.0.0.1/32"},
+		{CIDR: "0.0.0.0/0"},
+		{CIDR: "fd00::/64"},
+		{CIDR: "nonsense"},
+		{Bridge: "this-name-is-too-long"},
+	} {
+		if _, err := New(context.Background(), cfg, nil); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("New(%+v) = %v, want ErrInvalid", cfg, err)
+		}
+	}
+}
+
+func TestVethName(t *testing.T) {
+	for _, tc := range []struct{ id, want string }{
+		{"sbx_0123456789abcdef0123456789abcdef", "rfy0123456789ab"},
+		{"sbx_ABCDEF0123456789", "rfyabcdef012345"},
+		{"0123456789abcdef", "rfy0123456789ab"},
+	} {
+		if got := VethName(tc.id); got != tc.want {
+			t.Errorf("VethName(%q) = %q, want %q", tc.id, got, tc.want)
+		}
+	}
+	// Non-hex or short ids are hashed; distinct ids give distinct names.
+	a, b := VethName("sbx_short"), VethName("sbx_shorter")
+	if a == b || len(a) != 15 || !strings.HasPrefix(a, "rfy") || !isHex(a[3:]) {
+		t.Errorf("hashed names %q %q", a, b)
+	}
+	if VethName("sbx_short") != a {
+		t.Errorf("VethName not deterministic")
+	}
+}
+
+func FuzzVethName(f *testing.F) {
+	for _, s := range []string{"", "_", "sbx_", "sbx_0123456789abcdef0123456789abcdef", "ünïcödé", "a/b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		n := VethName(id)
+		if len(n) != 15 || !strings.HasPrefix(n, "rfy") || !isHex(n[3:]) || validIfName(n) != nil {
+			t.Fatalf("VethName(%q) = %q", id, n)
+		}
+		if VethName(id) != n {
+			t.Fatalf("not deterministic")
+		}
+	})
+}
+
+func TestAllocateTable(t *testing.T) {
+	type step struct {
+		used []string // addresses in use for this call
+		want string   // "" = exhausted
+	}
+	for _, tc := range []struct {
+		cidr  string
+		steps []step
+	}{
+		{"10.0.0.0/30", []step{
+			{nil, "10.0.0.2"},
+			{nil, "10.0.0.2"}, // the only host address, reused once free
+			{[]string{"10.0.0.2"}, ""},
+		}},
+		{"10.0.0.4/30", []step{{nil, "10.0.0.6"}}},
+		{"192.168.7.77/29", []step{ // non-aligned address: the network is .72
+			{nil, "192.168.7.74"}, {nil, "192.168.7.75"}, {nil, "192.168.7.76"}, {nil, "192.168.7.77"},
+			{nil, "192.168.7.78"}, {nil, "192.168.7.74"}, // wraps, never .79 (broadcast) or .73 (gateway)
+			{[]string{"192.168.7.75", "192.168.7.76"}, "192.168.7.77"},
+		}},
+		{"10.250.0.0/24", []step{
+			{nil, "10.250.0.2"},
+			{[]string{"10.250.0.3", "10.250.0.4"}, "10.250.0.5"},
+			{nil, "10.250.0.6"},
+		}},
+		{"10.213.0.0/16", []step{
+			{nil, "10.213.0.2"},
+			{[]string{"10.213.0.3"}, "10.213.0.4"},
+		}},
+	} {
+		t.Run(tc.cidr, func(t *testing.T) {
+			p, err := newPool(tc.cidr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := &Manager{pool: p}
+			for i, s := range tc.steps {
+				used := map[string]bool{}
+				for _, u := range s.used {
+					used[u] = true
+				}
+				ip, err := m.Allocate(func(ip net.IP) bool { return used[ip.String()] })
+				switch {
+				case s.want == "" && !errors.Is(err, errdefs.ErrConflict):
+					t.Fatalf("step %d: got %v, %v; want exhausted", i, ip, err)
+				case s.want == "":
+					if !strings.Contains(err.Error(), "address pool exhausted") {
+						t.Errorf("error text %q", err)
+					}
+				case err != nil || ip.String() != s.want:
+					t.Fatalf("step %d: got %v, %v; want %s", i, ip, err, s.want)
+				}
+			}
+		})
+	}
+}
+
+func TestAllocateExhaust16(t *testing.T) {
+	p, err := newPool("10.213.0.0/16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Manager{pool: p}
+	used := map[string]bool{}
+	for i := 0; i < 65536-3; i++ {
+		ip, err := m.Allocate(func(ip net.IP) bool { return used[ip.String()] })
+		if err != nil {
+			t.Fatalf("allocation %d: %v", i, err)
+		}
+		if used[ip.String()] {
+			t.Fatalf("allocation %d: %s handed out twice", i, ip)
+		}
+		used[ip.String()] = true
+	}
+	for _, bad := range []string{"10.213.0.0", "10.213.0.1", "10.213.255.255"} {
+		if used[bad] {
+			t.Errorf("%s was allocated", bad)
+		}
+	}
+	if _, err := m.Allocate(func(ip net.IP) bool { return used[ip.String()] }); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("full /16: %v", err)
+	}
+}
+
+// FuzzAllocate checks Allocate's invariants over arbitrary IPv4 networks with prefixes /16 to /30 and arbitrary
+// in-use sets: the result is a host address of the network, not the gateway, not in use; exhaustion is reported
+// (as ErrConflict) exactly when every assignable address is in use.
+func FuzzAllocate(f *testing.F) {
+	f.Add(uint32(0x0afa0000), uint8(24), uint64(0), uint8(0), uint8(3))
+	f.Add(uint32(0x0a000000), uint8(30), uint64(1), uint8(255), uint8(2))
+	f.Add(uint32(0x0ad50000), uint8(16), uint64(7), uint8(128), uint8(5))
+	f.Add(uint32(0xc0a8074d), uint8(29), uint64(9), uint8(200), uint8(9))
+	f.Add(uint32(0xffffffff), uint8(30), uint64(3), uint8(0), uint8(4))
+	f.Fuzz(func(t *testing.T, addr uint32, prefix uint8, seed uint64, density uint8, calls uint8) {
+		prefix = 16 + prefix%15 // 16..30
+		cidr := fmt.Sprintf("%s/%d", u32ToIP(addr), prefix)
+		p, err := newPool(cidr)
+		if err != nil {
+			t.Fatalf("newPool(%s): %v", cidr, err)
+		}
+		m := &Manager{pool: p}
+		gw, bc := p.gateway(), p.broadcast()
+		if !p.network.Contains(gw) || !p.network.Contains(bc) || gw.Equal(bc) {
+			t.Fatalf("%s: gateway %s broadcast %s", cidr, gw, bc)
+		}
+		// density 255 means "everything in use".
+		inUse := func(ip net.IP) bool {
+			if density == 255 {
+				return true
+			}
+			h := (uint64(binaryIP(ip)) ^ seed) * 0x9e3779b97f4a7c15
+			return uint8(h>>56) < density
+		}
+		for i := 0; i < int(calls%8)+1; i++ {
+			ip, err := m.Allocate(inUse)
+			if err != nil {
+				if !errors.Is(err, errdefs.ErrConflict) {
+					t.Fatalf("%s: error %v is not ErrConflict", cidr, err)
+				}
+				// Verify exhaustion is real.
+				for off := uint64(2); off < p.size-1; off++ {
+					if cand := u32ToIP(p.base + uint32(off)); !inUse(cand) {
+						t.Fatalf("%s: exhausted but %s is free", cidr, cand)
+					}
+				}
+				return
+			}
+			if !p.network.Contains(ip) || !p.isHost(ip) || ip.Equal(gw) || ip.Equal(bc) || inUse(ip) {
+				t.Fatalf("%s: allocated %s (gateway %s, broadcast %s, in use %v)", cidr, ip, gw, bc, inUse(ip))
+			}
+			if len(ip) != 4 {
+				t.Fatalf("%s: allocated %d-byte IP", cidr, len(ip))
+			}
+		}
+	})
+}
+
+func binaryIP(ip net.IP) uint32 {
+	b := ip.To4()
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}

@@ -1,0 +1,232 @@
+package namespaces
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+)
+
+// The family init is PID 1 of a family's PID namespace. It lives in its own user, mount, network, UTS and IPC
+// namespaces with a tmpfs root holding only /proc and a few device nodes (nothing of the host), reaps every
+// orphan of the family, and spawns sandbox agents on the server's request: the server sends the agent's config
+// and the detached mount of its root file system over a SOCK_SEQPACKET abstract socket in the init's network namespace.
+
+const initSocket = "ramify-init"
+
+type initRequest struct {
+	Op     string        `json:"op"` // ping, spawn
+	Config *agent.Config `json:"config,omitempty"`
+}
+
+type initReply struct {
+	OK      bool   `json:"ok"`
+	Pid     int    `json:"pid,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// InitMain is the family init's entry point (`ramify __init`).
+func InitMain(args []string) error {
+	if os.Getpid() != 1 {
+		return errors.New("__init must run as PID 1 of a new PID namespace")
+	}
+	if err := initRoot(); err != nil {
+		return fmt.Errorf("init: %w", err)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + initSocket, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("init: listen: %w", err)
+	}
+	go reapForever()
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return err
+		}
+		go serveInit(c)
+	}
+}
+
+func initRoot() error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+	stage := "/mnt"
+	if _, err := os.Stat(stage); err != nil {
+		stage = "/tmp"
+	}
+	if err := unix.Mount("tmpfs", stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
+		return fmt.Errorf("mount tmpfs: %w", err)
+	}
+	for _, d := range []string{"dev", "proc", "mnt"} {
+		if err := os.Mkdir(filepath.Join(stage, d), 0o755); err != nil {
+			return err
+		}
+	}
+	for _, n := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		target := filepath.Join(stage, "dev", n)
+		f, err := os.Create(target)
+		if err != nil {
+			return err
+		}
+		f.Close()
+		if err := unix.Mount("/dev/"+n, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind /dev/%s: %w", n, err)
+		}
+	}
+	if err := unix.Mount("proc", filepath.Join(stage, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount proc: %w", err)
+	}
+	if err := os.Chdir(stage); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	return os.Chdir("/")
+}
+
+func reapForever() {
+	ch := make(chan os.Signal, 16)
+	signal.Notify(ch, syscall.SIGCHLD)
+	for {
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+		select {
+		case <-ch:
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func serveInit(c *net.UnixConn) {
+	defer c.Close()
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(8*4))
+	for {
+		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+		if err != nil || n == 0 {
+			return
+		}
+		var fds []int
+		if oobn > 0 {
+			msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+			for _, m := range msgs {
+				got, _ := unix.ParseUnixRights(&m)
+				fds = append(fds, got...)
+			}
+		}
+		reply := handleInit(buf[:n], fds)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		b, _ := json.Marshal(reply)
+		if _, err := c.Write(b); err != nil {
+			return
+		}
+	}
+}
+
+func handleInit(msg []byte, fds []int) initReply {
+	var req initRequest
+	if err := json.Unmarshal(msg, &req); err != nil {
+		return initReply{Message: "bad request: " + err.Error()}
+	}
+	switch req.Op {
+	case "ping":
+		return initReply{OK: true, Pid: os.Getpid()}
+	case "spawn":
+		if req.Config == nil || len(fds) != 1 {
+			return initReply{Message: "spawn needs a config and the root file system's mount fd"}
+		}
+		cfg, _ := json.Marshal(req.Config)
+		pid, err := syscall.ForkExec("/proc/self/exe", []string{"ramify", "__agent", string(cfg)}, &syscall.ProcAttr{
+			Dir:   "/",
+			Env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GOMAXPROCS=1", "GOGC=50"},
+			Files: []uintptr{devNull(), 2, 2, uintptr(fds[0])},
+			Sys: &syscall.SysProcAttr{
+				Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+				Setsid:     true,
+			},
+		})
+		if err != nil {
+			return initReply{Message: "spawn agent: " + err.Error()}
+		}
+		return initReply{OK: true, Pid: pid}
+	}
+	return initReply{Message: fmt.Sprintf("unknown op %q", req.Op)}
+}
+
+var devNullFD = -1
+
+func devNull() uintptr {
+	if devNullFD < 0 {
+		devNullFD, _ = unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	}
+	return uintptr(devNullFD)
+}
+
+// family is the server's view of one family: its init process and the sandboxes in it.
+type family struct {
+	id        string
+	initPid   int
+	initStart uint64
+	netFD     int // the init's network namespace, where its control socket is
+	members   map[string]bool
+	cmd       *exec.Cmd // nil for a family recovered after a restart
+}
+
+// call sends one request (with optional fds) to the family's init.
+func (f *family) call(ctx context.Context, req initRequest, fds []int) (initReply, error) {
+	c, err := dialAbstractType(f.netFD, initSocket, unix.SOCK_SEQPACKET)
+	if err != nil {
+		return initReply{}, fmt.Errorf("dial family init: %w", err)
+	}
+	defer c.Close()
+	uc := c.(*net.UnixConn)
+	if dl, ok := ctx.Deadline(); ok {
+		uc.SetDeadline(dl)
+	} else {
+		uc.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+	b, _ := json.Marshal(req)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := uc.WriteMsgUnix(b, oob, nil); err != nil {
+		return initReply{}, fmt.Errorf("send to family init: %w", err)
+	}
+	buf := make([]byte, 4096)
+	n, err := uc.Read(buf)
+	if err != nil {
+		return initReply{}, fmt.Errorf("read from family init: %w", err)
+	}
+	var rep initReply
+	if err := json.Unmarshal(buf[:n], &rep); err != nil {
+		return initReply{}, err
+	}
+	if !rep.OK {
+		return rep, errors.New(rep.Message)
+	}
+	return rep, nil
+}

@@ -1,0 +1,475 @@
+// Package namespaces is ramify's Linux-namespaces sandbox runtime. A family of sandboxes (a sandbox and
+// everything forked from it) shares one user namespace (container root = host uid 100000) and one PID namespace
+// whose init (init.go) only reaps and spawns agents. Each sandbox has its own mount, network, UTS and IPC
+// namespaces, held by its agent process, its own cgroup, a veth on the host bridge, and a root file system that
+// is an overlay of the shared read-only image and the sandbox's own writable layer.
+package namespaces
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/cgroups"
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/layer"
+	"github.com/ramify-dev/ramify/internal/network"
+	"github.com/ramify-dev/ramify/internal/runtime"
+)
+
+// HostUID and HostGID are the host ids that container root maps to.
+const (
+	HostUID = 100000
+	HostGID = 100000
+	idRange = 65536
+)
+
+// Config configures the runtime.
+type Config struct {
+	DataDir string // the server's data directory (logs go to DataDir/logs)
+	// Binary is the statically linked ramify executable run as family init and agent (default /proc/self/exe).
+	// It must be static: the family init runs it from an empty root file system.
+	Binary      string
+	ImageRootfs string // the read-only lower layer
+	Layers      layer.Driver
+	Cgroups     cgroups.Manager
+	Network     *network.Manager
+	Logger      *slog.Logger
+}
+
+// Runtime is the namespaces runtime.
+type Runtime struct {
+	cfg Config
+	log *slog.Logger
+
+	mu        sync.Mutex
+	families  map[string]*family
+	sandboxes map[string]*sandbox
+}
+
+type sandbox struct {
+	h      runtime.Handle
+	netFD  int
+	client *agent.Client
+	cg     cgroups.Cgroup
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New returns a runtime.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o700); err != nil {
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger, families: map[string]*family{}, sandboxes: map[string]*sandbox{}}, nil
+}
+
+// cleanup is a rollback stack: functions run in reverse order unless Release is called.
+type cleanup struct{ fns []func() }
+
+func (c *cleanup) add(f func()) { c.fns = append(c.fns, f) }
+func (c *cleanup) run() {
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		c.fns[i]()
+	}
+	c.fns = nil
+}
+func (c *cleanup) release() { c.fns = nil }
+
+// startFamily starts a family init in fresh user, PID, mount, network, UTS and IPC namespaces.
+func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
+	logf, err := os.OpenFile(filepath.Join(r.cfg.DataDir, "logs", "sandboxes.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	bin := r.cfg.Binary
+	if bin == "" {
+		bin = "/proc/self/exe"
+	}
+	cmd := exec.Command(bin, "__init")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = []string{"GOMAXPROCS=1", "GOGC=50"}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET |
+			syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostUID, Size: idRange}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostGID, Size: idRange}},
+		GidMappingsEnableSetgroups: true,
+		Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
+		Setsid:                     true,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start family init: %w", err)
+	}
+	go cmd.Wait() //nolint:errcheck // reaps the init when it exits
+	pid := cmd.Process.Pid
+	start, err := procStart(pid)
+	if err != nil {
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("family init exited at once (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, err)
+	}
+	netFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		cmd.Process.Kill()
+		return nil, err
+	}
+	f := &family{id: id, initPid: pid, initStart: start, netFD: netFD, members: map[string]bool{}, cmd: cmd}
+	// Wait for its control socket.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := f.call(ctx, initRequest{Op: "ping"}, nil); err == nil {
+			break
+		} else if time.Now().After(deadline) || ctx.Err() != nil || !alive(pid, start) {
+			f.kill()
+			return nil, fmt.Errorf("family init did not come up: %w", err)
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	return f, nil
+}
+
+func (f *family) kill() {
+	if alive(f.initPid, f.initStart) {
+		syscall.Kill(f.initPid, syscall.SIGKILL)
+	}
+	if f.netFD > 0 {
+		unix.Close(f.netFD)
+		f.netFD = -1
+	}
+}
+
+// mountOverlay creates, from the host side, a detached overlay mount of the image (lower) and layer dir's upper
+// and work directories, and returns its mount fd. The agent attaches it in its own mount namespace: an overlay
+// mounted by host root works whatever namespace it ends up in, where one mounted inside the user namespace
+// could not reach layers outside its mount namespace.
+func (r *Runtime) mountOverlay(dir string) (int, error) {
+	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen overlay: %w", err)
+	}
+	defer unix.Close(fsfd)
+	for _, kv := range [][2]string{
+		{"lowerdir", r.cfg.ImageRootfs},
+		{"upperdir", filepath.Join(dir, "upper")},
+		{"workdir", filepath.Join(dir, "work")},
+	} {
+		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
+			return -1, fmt.Errorf("overlay %s=%s: %w", kv[0], kv[1], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1, fmt.Errorf("create overlay on %s: %w", dir, err)
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("fsmount overlay: %w", err)
+	}
+	return mfd, nil
+}
+
+// prepareLayer makes the upper and work directories of a fresh layer, owned by container root.
+func prepareLayer(dir string) error {
+	for _, d := range []string{"upper", "work"} {
+		p := filepath.Join(dir, d)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+		if err := os.Lchown(p, HostUID, HostGID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func limitsOf(s runtime.Spec) cgroups.Limits {
+	return cgroups.Limits{CPUs: s.VCPU, MemoryBytes: int64(s.MemMiB) << 20, Pids: int64(s.MaxProcs)}
+}
+
+// spawn starts the agent of sandbox spec in family f, on layer dir, places it in its cgroup and network,
+// and returns the new sandbox. On error everything it made is undone.
+func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, replToken string) (_ *sandbox, err error) {
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	cg, err := r.cfg.Cgroups.Create(spec.ID, limitsOf(spec))
+	if err != nil {
+		return nil, fmt.Errorf("create cgroup: %w", err)
+	}
+	undo.add(func() { cg.Kill(context.Background()); cg.Delete() })
+
+	mfd, err := r.mountOverlay(dir)
+	if err != nil {
+		return nil, err
+	}
+	rep, err := f.call(ctx, initRequest{Op: "spawn", Config: &agent.Config{Hostname: spec.Hostname, ReplToken: replToken}}, []int{mfd})
+	unix.Close(mfd)
+	if err != nil {
+		return nil, fmt.Errorf("spawn agent: %w", err)
+	}
+	hostPid, err := hostPidOf(f.initPid, rep.Pid)
+	if err != nil {
+		return nil, fmt.Errorf("find agent: %w", err)
+	}
+	undo.add(func() { syscall.Kill(hostPid, syscall.SIGKILL) })
+	if err := cg.Add(hostPid); err != nil {
+		return nil, fmt.Errorf("place agent in cgroup: %w", err)
+	}
+	start, err := procStart(hostPid)
+	if err != nil {
+		return nil, fmt.Errorf("agent exited at once (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, err)
+	}
+	netFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", hostPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	undo.add(func() { unix.Close(netFD) })
+	veth := network.VethName(spec.ID)
+	if spec.IP != nil {
+		if err := r.cfg.Network.Attach(ctx, netFD, spec.IP, veth); err != nil {
+			return nil, fmt.Errorf("network: %w", err)
+		}
+		undo.add(func() { r.cfg.Network.Detach(veth) })
+	}
+	sb := &sandbox{
+		h: runtime.Handle{ID: spec.ID, FamilyID: f.id, AgentPid: hostPid, AgentStart: start,
+			InitPid: f.initPid, InitStart: f.initStart, AgentNsPid: rep.Pid},
+		netFD: netFD,
+		cg:    cg,
+	}
+	sb.client = agent.NewClient(r.dialer(netFD))
+	// Wait for the agent to listen.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, perr := sb.client.Call(ctx, agent.Request{Op: "ping"}, nil)
+		if perr == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil || !alive(hostPid, start) {
+			return nil, fmt.Errorf("agent did not come up (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, perr)
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	return sb, nil
+}
+
+func (r *Runtime) dialer(netFD int) func(ctx context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) { return dialAbstract(netFD, agent.SocketName) }
+}
+
+// Create implements runtime.Runtime.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Handle, err error) {
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	dir, err := r.cfg.Layers.Create(ctx, spec.ID)
+	if err != nil {
+		return runtime.Handle{}, fmt.Errorf("create layer: %w", err)
+	}
+	undo.add(func() { r.cfg.Layers.Remove(context.Background(), spec.ID) })
+	if err := prepareLayer(dir); err != nil {
+		return runtime.Handle{}, fmt.Errorf("prepare layer: %w", err)
+	}
+	f, err := r.startFamily(ctx, "fam_"+spec.ID[len("sbx_"):])
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	undo.add(f.kill)
+	sb, err := r.spawn(ctx, f, spec, dir, "")
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
+		r.teardown(sb)
+		return runtime.Handle{}, fmt.Errorf("start sandbox: %w", err)
+	}
+	r.mu.Lock()
+	f.members[spec.ID] = true
+	r.families[f.id] = f
+	r.sandboxes[spec.ID] = sb
+	r.mu.Unlock()
+	return sb.h, nil
+}
+
+// teardown kills a sandbox's processes and releases its cgroup and network (not its layer, not its family).
+func (r *Runtime) teardown(sb *sandbox) {
+	sb.client.Close()
+	if sb.cg != nil {
+		if err := sb.cg.Kill(context.Background()); err != nil {
+			r.log.Warn("kill sandbox cgroup", "sandbox", sb.h.ID, "err", err)
+		}
+		if err := sb.cg.Delete(); err != nil {
+			r.log.Warn("delete sandbox cgroup", "sandbox", sb.h.ID, "err", err)
+		}
+	}
+	r.cfg.Network.Detach(network.VethName(sb.h.ID))
+	if sb.netFD > 0 {
+		unix.Close(sb.netFD)
+		sb.netFD = -1
+	}
+}
+
+// Stop kills a sandbox's processes and releases its cgroup and network, keeping its layer (files survive).
+// It works from the handle alone.
+func (r *Runtime) Stop(ctx context.Context, h runtime.Handle) error {
+	f, sb := r.forget(h)
+	r.teardown(sb)
+	if f != nil {
+		f.kill()
+	}
+	return nil
+}
+
+// forget removes h from the runtime's maps and returns its family if h was the family's last member, and the
+// sandbox (reconstructed from the handle when the runtime did not know it).
+func (r *Runtime) forget(h runtime.Handle) (*family, *sandbox) {
+	r.mu.Lock()
+	sb := r.sandboxes[h.ID]
+	delete(r.sandboxes, h.ID)
+	f := r.families[h.FamilyID]
+	last := true
+	if f != nil {
+		delete(f.members, h.ID)
+		last = len(f.members) == 0
+		if last {
+			delete(r.families, h.FamilyID)
+		}
+	} else {
+		// Unknown family (lost in a restart): it is the last member unless another known sandbox names it.
+		for _, o := range r.sandboxes {
+			if o.h.FamilyID == h.FamilyID {
+				last = false
+			}
+		}
+	}
+	r.mu.Unlock()
+	if sb == nil {
+		sb = &sandbox{h: h, client: agent.NewClient(nil)}
+		if cg, err := r.cfg.Cgroups.Load(h.ID); err == nil {
+			sb.cg = cg
+		}
+	}
+	if !last {
+		return nil, sb
+	}
+	if f == nil {
+		f = &family{id: h.FamilyID, initPid: h.InitPid, initStart: h.InitStart}
+	}
+	return f, sb
+}
+
+// Destroy implements runtime.Runtime. It works from the handle alone, so it also cleans up after sandboxes
+// that were lost in a restart.
+func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
+	r.Stop(ctx, h) //nolint:errcheck // Stop reports nothing it could act on
+	if err := r.cfg.Layers.Remove(ctx, h.ID); err != nil {
+		return fmt.Errorf("remove layer: %w", err)
+	}
+	return nil
+}
+
+// Recover implements runtime.Runtime.
+func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
+	if !alive(h.InitPid, h.InitStart) {
+		return errors.New("its family init is gone")
+	}
+	if !alive(h.AgentPid, h.AgentStart) {
+		return errors.New("its agent process is gone")
+	}
+	cg, err := r.cfg.Cgroups.Load(h.ID)
+	if err != nil {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	netFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", h.AgentPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	sb := &sandbox{h: h, netFD: netFD, cg: cg}
+	sb.client = agent.NewClient(r.dialer(netFD))
+	if _, err := sb.client.Call(ctx, agent.Request{Op: "ping"}, nil); err != nil {
+		unix.Close(netFD)
+		return fmt.Errorf("agent does not answer: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f := r.families[h.FamilyID]
+	if f == nil {
+		nfd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", h.InitPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		f = &family{id: h.FamilyID, initPid: h.InitPid, initStart: h.InitStart, netFD: nfd, members: map[string]bool{}}
+		r.families[h.FamilyID] = f
+	}
+	f.members[h.ID] = true
+	r.sandboxes[h.ID] = sb
+	return nil
+}
+
+// KillOrphanFamily kills a family init that no recorded sandbox refers to.
+func (r *Runtime) KillOrphanFamily(pid int, start uint64) {
+	(&family{initPid: pid, initStart: start}).kill()
+}
+
+// Agent implements runtime.Runtime.
+func (r *Runtime) Agent(id string) (*agent.Client, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb := r.sandboxes[id]
+	if sb == nil {
+		return nil, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	return sb.client, nil
+}
+
+// RootPath implements runtime.Runtime.
+func (r *Runtime) RootPath(h runtime.Handle) string {
+	return "/proc/" + strconv.Itoa(h.AgentPid) + "/root"
+}
+
+// Usage implements runtime.Runtime.
+func (r *Runtime) Usage(h runtime.Handle) (runtime.Usage, error) {
+	r.mu.Lock()
+	sb := r.sandboxes[h.ID]
+	r.mu.Unlock()
+	if sb == nil || sb.cg == nil {
+		return runtime.Usage{}, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	st, err := sb.cg.Stats()
+	if err != nil {
+		return runtime.Usage{}, err
+	}
+	return runtime.Usage{MemoryBytes: st.MemoryBytes, Pids: st.Pids, OOMKills: st.OOMKills}, nil
+}
+
+// Close implements runtime.Runtime: sandboxes keep running and are recovered by the next server.
+func (r *Runtime) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, sb := range r.sandboxes {
+		sb.client.Close()
+	}
+	return nil
+}

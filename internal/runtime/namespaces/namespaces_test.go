@@ -1,0 +1,124 @@
+package namespaces
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	osexec "os/exec"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/cgroups"
+	"github.com/ramify-dev/ramify/internal/image"
+	"github.com/ramify-dev/ramify/internal/layer"
+	"github.com/ramify-dev/ramify/internal/network"
+	"github.com/ramify-dev/ramify/internal/runtime"
+)
+
+// testRootfs finds the image to run sandboxes on: RAMIFY_TEST_ROOTFS, or the default image in
+// RAMIFY_TEST_IMAGE_DIR (default /var/cache/ramify/images, where `make test` builds it).
+func testRootfs(t testing.TB) string {
+	if p := os.Getenv("RAMIFY_TEST_ROOTFS"); p != "" {
+		return p
+	}
+	dir := os.Getenv("RAMIFY_TEST_IMAGE_DIR")
+	if dir == "" {
+		dir = "/var/cache/ramify/images"
+	}
+	img, err := image.Load(dir)
+	if err != nil {
+		t.Skipf("no sandbox image (%v): run 'make image' or set RAMIFY_TEST_IMAGE_DIR", err)
+	}
+	return img.Rootfs
+}
+
+func requireRoot(t testing.TB) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates namespaces, cgroups, mounts and network devices")
+	}
+}
+
+type testEnv struct {
+	rt  *Runtime
+	net *network.Manager
+}
+
+var testSeq int
+
+func newTestRuntime(t testing.TB) *testEnv {
+	requireRoot(t)
+	rootfs := testRootfs(t)
+	dir := t.TempDir()
+	ctx := context.Background()
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(dir + "/logs/sandboxes.log")
+			t.Logf("sandboxes.log:\n%s", b)
+		}
+	})
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	layers, err := layer.Open(ctx, dir+"/layers", layer.Options{Driver: "copy", Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testSeq++
+	cg, err := cgroups.Detect(fmt.Sprintf("ramifytest/rt%d-%d", os.Getpid(), testSeq), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := fmt.Sprintf("rfyrt%d", os.Getpid()%100000)
+	nw, err := network.New(ctx, network.Config{Bridge: br, CIDR: "10.231.0.0/24"}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if l, err := net.InterfaceByName(br); err == nil {
+			_ = l
+			osexec.Command("ip", "link", "del", br).Run()
+		}
+	})
+	rt, err := New(Config{DataDir: dir, ImageRootfs: rootfs, Layers: layers, Cgroups: cg, Network: nw, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testEnv{rt: rt, net: nw}
+}
+
+func TestCreateRunDestroy(t *testing.T) {
+	env := newTestRuntime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ip, _ := env.net.Allocate(func(net.IP) bool { return false })
+	start := time.Now()
+	h, err := env.rt.Create(ctx, runtime.Spec{ID: "sbx_00000000000000000000000000000001", Hostname: "sbx-test", IP: ip,
+		VCPU: 1, MemMiB: 256, MaxProcs: 128, Cwd: "/root", Env: map[string]string{"GREETING": "hi"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("create took %s", time.Since(start))
+	defer env.rt.Destroy(context.Background(), h)
+	c, err := env.rt.Agent(h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := c.Call(ctx, agent.Request{Op: "run_code", Code: "x = 41\nimport os\nprint(os.environ['GREETING'])\nx + 1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Value == nil || *ev.Value != "42" || ev.Stdout != "hi\n" || ev.Error != nil {
+		t.Fatalf("run_code = %+v (err %+v)", ev, ev.Error)
+	}
+	ev, err = c.Call(ctx, agent.Request{Op: "exec", Cmd: "hostname; id -u; cat /proc/1/cmdline | tr '\\0' ' '; ip -4 -o addr show eth0"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("exec: %q %q", ev.Stdout, ev.Stderr)
+	if !strings.HasPrefix(ev.Stdout, "sbx-test\n0\n") || !strings.Contains(ev.Stdout, ip.String()) {
+		t.Fatalf("exec output %q", ev.Stdout)
+	}
+}

@@ -1,0 +1,146 @@
+package namespaces
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	hostNetOnce sync.Once
+	hostNetFD   int
+	hostNetErr  error
+)
+
+func hostNetNS() (int, error) {
+	hostNetOnce.Do(func() {
+		hostNetFD, hostNetErr = unix.Open("/proc/self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	})
+	return hostNetFD, hostNetErr
+}
+
+// dialAbstract connects to the abstract unix socket name inside the network namespace nsFD. The socket is
+// created on a thread that has entered that namespace; the thread returns to the host namespace before it is
+// released.
+func dialAbstract(nsFD int, name string) (net.Conn, error) {
+	return dialAbstractType(nsFD, name, unix.SOCK_STREAM)
+}
+
+func dialAbstractType(nsFD int, name string, typ int) (net.Conn, error) {
+	host, err := hostNetNS()
+	if err != nil {
+		return nil, err
+	}
+	goruntime.LockOSThread()
+	if err := unix.Setns(nsFD, unix.CLONE_NEWNET); err != nil {
+		goruntime.UnlockOSThread()
+		return nil, fmt.Errorf("enter netns: %w", err)
+	}
+	fd, serr := unix.Socket(unix.AF_UNIX, typ|unix.SOCK_CLOEXEC, 0)
+	if err := unix.Setns(host, unix.CLONE_NEWNET); err != nil {
+		// This thread cannot be trusted any more: keep it locked so the runtime discards it.
+		if serr == nil {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("return to host netns: %w", err)
+	}
+	goruntime.UnlockOSThread()
+	if serr != nil {
+		return nil, serr
+	}
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: "@" + name}); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	return net.FileConn(f)
+}
+
+// procStart returns the start time of pid (field 22 of /proc/pid/stat), or an error if it does not exist.
+func procStart(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("bad stat for %d", pid)
+	}
+	fields := strings.Fields(s[i+1:])
+	// fields[0] is state (field 3); starttime is field 22 -> index 19
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("short stat for %d", pid)
+	}
+	if fields[0] == "Z" || fields[0] == "X" {
+		return 0, fmt.Errorf("process %d is a zombie", pid)
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// alive reports whether pid is running and is the process that started at start.
+func alive(pid int, start uint64) bool {
+	if pid <= 0 {
+		return false
+	}
+	s, err := procStart(pid)
+	return err == nil && s == start
+}
+
+// hostPidOf finds the host pid of the child of parent whose pid in the family's PID namespace is nsPid.
+func hostPidOf(parent, nsPid int) (int, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", parent))
+	if err != nil {
+		return 0, err
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(f)
+			if pid > 0 && nsPidOf(pid) == nsPid {
+				return pid, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no child of %d has namespace pid %d", parent, nsPid)
+}
+
+// nsPidOf returns pid's pid in its innermost PID namespace (the last NSpid field), or 0.
+func nsPidOf(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "NSpid:") {
+			f := strings.Fields(line[len("NSpid:"):])
+			if len(f) == 0 {
+				return 0
+			}
+			n, _ := strconv.Atoi(f[len(f)-1])
+			return n
+		}
+	}
+	return 0
+}
+
+// findByNsPid finds, among pids, the one whose namespace pid is nsPid.
+func findByNsPid(pids []int, nsPid int) (int, error) {
+	for _, p := range pids {
+		if nsPidOf(p) == nsPid {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("namespace pid %d not found", nsPid)
+}

@@ -1,0 +1,514 @@
+// Package sandbox is ramify's sandbox service: sandbox ids, records and their lifecycle state machine, and every
+// operation the API offers (create, list, destroy, run code, exec, files, fork, merge, diff), each checked
+// against one transition table and serialised per sandbox. It owns no mechanism itself: processes and namespaces
+// are the runtime's, records the store's.
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/files"
+	"github.com/ramify-dev/ramify/internal/runtime"
+	"github.com/ramify-dev/ramify/internal/store"
+)
+
+// IPAllocator hands out sandbox addresses.
+type IPAllocator interface {
+	Allocate(inUse func(net.IP) bool) (net.IP, error)
+}
+
+// Config wires the service.
+type Config struct {
+	Store   *store.Store
+	Runtime runtime.Runtime
+	IPs     IPAllocator
+	Logger  *slog.Logger
+	// HostUID/HostGID own files written through the files API (container root).
+	HostUID, HostGID int
+}
+
+// Service is the sandbox service.
+type Service struct {
+	cfg Config
+	log *slog.Logger
+
+	mu    sync.Mutex // guards entries and IP allocation
+	items map[string]*entry
+
+	wg     sync.WaitGroup
+	closed chan struct{}
+}
+
+// entry is the in-memory state of one sandbox.
+type entry struct {
+	// op serialises lifecycle operations (exclusive) against uses (shared: run_code, exec, files).
+	op sync.RWMutex
+
+	// guarded by Service.mu
+	rec    store.Record
+	spec   CreateRequest
+	handle runtime.Handle
+	timer  *time.Timer
+	gone   bool // destroyed or merged away: lookups fail from now on
+}
+
+// New builds the service and reconciles the records with what is running: sandboxes that survived a restart
+// are re-attached, the others are marked error with the reason.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, closed: make(chan struct{})}
+	recs, err := cfg.Store.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load sandboxes: %w", err)
+	}
+	for _, rec := range recs {
+		e := &entry{rec: rec}
+		json.Unmarshal(rec.Spec, &e.spec)     //nolint:errcheck // written by us
+		json.Unmarshal(rec.Handle, &e.handle) //nolint:errcheck
+		switch Status(rec.Status) {
+		case StatusRunning:
+			if err := cfg.Runtime.Recover(ctx, e.handle); err != nil {
+				s.log.Warn("sandbox did not survive the restart", "sandbox", rec.ID, "err", err)
+				s.stopQuietly(e)
+				e.rec.Status, e.rec.Error = string(StatusError), "lost when the server restarted: "+err.Error()
+				cfg.Store.Put(ctx, e.rec) //nolint:errcheck // best effort; the in-memory state is right
+			} else {
+				s.log.Info("sandbox recovered", "sandbox", rec.ID)
+			}
+		case StatusCreating, StatusResuming, StatusPausing:
+			// Interrupted half-way by the restart: nothing usable is left.
+			s.stopQuietly(e)
+			e.rec.Status, e.rec.Error = string(StatusError), "interrupted by a server restart while "+rec.Status
+			cfg.Store.Put(ctx, e.rec) //nolint:errcheck
+		}
+		s.items[rec.ID] = e
+		s.armTimer(e)
+	}
+	return s, nil
+}
+
+// stopQuietly kills whatever may be left of a sandbox's processes, keeping its layer so its files are not lost.
+func (s *Service) stopQuietly(e *entry) {
+	if st, ok := s.cfg.Runtime.(interface {
+		Stop(context.Context, runtime.Handle) error
+	}); ok && e.handle.ID != "" {
+		if err := st.Stop(context.Background(), e.handle); err != nil {
+			s.log.Warn("stop leftovers", "sandbox", e.rec.ID, "err", err)
+		}
+	}
+}
+
+// Close stops timers; sandboxes keep running for the next server.
+func (s *Service) Close() {
+	close(s.closed)
+	s.mu.Lock()
+	for _, e := range s.items {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+var errNotFound = errdefs.New(errdefs.ErrNotFound, "sandbox not found")
+
+func (s *Service) lookup(id string) (*entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.items[id]
+	if e == nil || e.gone {
+		return nil, errNotFound
+	}
+	return e, nil
+}
+
+// status reads e's status.
+func (s *Service) status(e *entry) Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Status(e.rec.Status)
+}
+
+func (s *Service) info(e *entry) Info {
+	r, spec := e.rec, e.spec
+	in := Info{
+		ID: r.ID, Status: Status(r.Status), IP: r.IP, Hostname: r.Hostname,
+		VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs, Shape: shape(spec.VCPU, spec.MemMiB),
+		TimeoutS: spec.TimeoutS, OnTimeout: spec.OnTimeout, Cwd: spec.Cwd, Metadata: spec.Metadata,
+		CreatedAt: r.CreatedAt, FamilyID: r.FamilyID, Error: r.Error,
+	}
+	if in.Metadata == nil {
+		in.Metadata = map[string]string{}
+	}
+	if spec.TimeoutS > 0 {
+		t := r.CreatedAt.Add(time.Duration(spec.TimeoutS) * time.Second)
+		in.ExpiresAt = &t
+	}
+	if r.ParentID != "" {
+		p := r.ParentID
+		in.ParentID = &p
+	}
+	if r.ForkedFrom != "" {
+		p := r.ForkedFrom
+		in.ForkedFrom = &p
+	}
+	return in
+}
+
+// Get returns one sandbox.
+func (s *Service) Get(ctx context.Context, id string) (Info, error) {
+	e, err := s.lookup(id)
+	if err != nil {
+		return Info{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.info(e), nil
+}
+
+// ListOptions filters List.
+type ListOptions struct {
+	Status   Status
+	Metadata map[string]string
+}
+
+// List returns the sandboxes, oldest first.
+func (s *Service) List(ctx context.Context, o ListOptions) []Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []Info{}
+outer:
+	for _, e := range s.items {
+		if e.gone || (o.Status != "" && Status(e.rec.Status) != o.Status) {
+			continue
+		}
+		for k, v := range o.Metadata {
+			if e.spec.Metadata[k] != v {
+				continue outer
+			}
+		}
+		out = append(out, s.info(e))
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].ID < out[j].ID
+		}
+		return out[i].CreatedAt.Before(out[j].CreatedAt)
+	})
+	return out
+}
+
+// allocateIP picks an address no live sandbox has. Caller holds s.mu.
+func (s *Service) allocateIP() (net.IP, error) {
+	used := map[string]bool{}
+	for _, e := range s.items {
+		if !e.gone && e.rec.IP != "" {
+			used[e.rec.IP] = true
+		}
+	}
+	return s.cfg.IPs.Allocate(func(ip net.IP) bool { return used[ip.String()] })
+}
+
+// Create makes and starts a sandbox.
+func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	spec, err := req.normalize()
+	if err != nil {
+		return Info{}, err
+	}
+	id := NewID()
+	specJSON, _ := json.Marshal(spec)
+	s.mu.Lock()
+	ip, err := s.allocateIP()
+	if err != nil {
+		s.mu.Unlock()
+		return Info{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	e := &entry{spec: spec, rec: store.Record{
+		ID: id, Status: string(StatusCreating), FamilyID: "fam_" + id[4:], IP: ip.String(), Hostname: hostnameOf(id),
+		CreatedAt: time.Now().UTC(), Spec: specJSON,
+	}}
+	e.op.Lock()
+	defer e.op.Unlock()
+	s.items[id] = e
+	s.mu.Unlock()
+
+	fail := func(err error) (Info, error) {
+		s.mu.Lock()
+		delete(s.items, id)
+		s.mu.Unlock()
+		s.cfg.Store.Delete(context.Background(), id) //nolint:errcheck // the record may not exist yet
+		return Info{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	if err := s.cfg.Store.Put(ctx, e.rec); err != nil {
+		return fail(err)
+	}
+	start := time.Now()
+	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
+		ID: id, Hostname: e.rec.Hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
+		Env: spec.Env, Cwd: spec.Cwd,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	hj, _ := json.Marshal(h)
+	s.mu.Lock()
+	e.handle = h
+	e.rec.Handle = hj
+	e.rec.Status = string(StatusRunning)
+	e.rec.FamilyID = h.FamilyID
+	rec := e.rec
+	s.mu.Unlock()
+	if err := s.cfg.Store.Put(ctx, rec); err != nil {
+		s.cfg.Runtime.Destroy(context.Background(), h) //nolint:errcheck // undo: the record could not be saved
+		return fail(err)
+	}
+	s.armTimer(e)
+	s.log.Info("sandbox created", "sandbox", id, "ip", rec.IP, "ms", time.Since(start).Milliseconds())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.info(e), nil
+}
+
+// armTimer schedules the sandbox's timeout, if it has one.
+func (s *Service) armTimer(e *entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e.spec.TimeoutS <= 0 || e.gone || e.timer != nil {
+		return
+	}
+	id := e.rec.ID
+	d := time.Until(e.rec.CreatedAt.Add(time.Duration(e.spec.TimeoutS) * time.Second))
+	e.timer = time.AfterFunc(max(d, 0), func() {
+		select {
+		case <-s.closed:
+			return
+		default:
+		}
+		s.wg.Add(1)
+		defer s.wg.Done()
+		s.log.Info("sandbox timed out", "sandbox", id, "on_timeout", e.spec.OnTimeout)
+		var err error
+		if e.spec.OnTimeout == "pause" {
+			if p, ok := any(s).(interface {
+				pauseOnTimeout(context.Context, string) error
+			}); ok {
+				err = p.pauseOnTimeout(context.Background(), id)
+			} else {
+				err = s.Delete(context.Background(), id)
+			}
+		} else {
+			err = s.Delete(context.Background(), id)
+		}
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			s.log.Warn("timeout action failed", "sandbox", id, "err", err)
+		}
+	})
+}
+
+// Delete destroys a sandbox: its processes, file system and record.
+func (s *Service) Delete(ctx context.Context, id string) error {
+	e, err := s.lookup(id)
+	if err != nil {
+		return err
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	s.mu.Lock()
+	if e.gone {
+		s.mu.Unlock()
+		return errNotFound
+	}
+	if err := check(OpDestroy, Status(e.rec.Status)); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	h := e.handle
+	if h.ID == "" {
+		h = runtime.Handle{ID: id, FamilyID: e.rec.FamilyID}
+	}
+	s.mu.Unlock()
+	if err := s.cfg.Runtime.Destroy(ctx, h); err != nil {
+		s.log.Warn("destroy", "sandbox", id, "err", err)
+	}
+	if err := s.cfg.Store.Delete(ctx, id); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	e.gone = true
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	delete(s.items, id)
+	s.mu.Unlock()
+	s.log.Info("sandbox destroyed", "sandbox", id)
+	return nil
+}
+
+// use takes a shared hold on a running sandbox for run_code, exec and files.
+func (s *Service) use(id string) (*entry, func(), error) {
+	e, err := s.lookup(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.op.RLock()
+	s.mu.Lock()
+	gone, st := e.gone, Status(e.rec.Status)
+	s.mu.Unlock()
+	if gone {
+		e.op.RUnlock()
+		return nil, nil, errNotFound
+	}
+	if err := check(OpUse, st); err != nil {
+		e.op.RUnlock()
+		return nil, nil, err
+	}
+	return e, e.op.RUnlock, nil
+}
+
+// RunCodeRequest is the body of run_code.
+type RunCodeRequest struct {
+	Code     string   `json:"code"`
+	TimeoutS *float64 `json:"timeout_s,omitempty"`
+	Stream   bool     `json:"stream,omitempty"`
+}
+
+// Execution is run_code's result.
+type Execution struct {
+	Stdout         string           `json:"stdout"`
+	Stderr         string           `json:"stderr"`
+	Value          *string          `json:"value"`
+	Error          *agent.ExecError `json:"error"`
+	ExecutionCount int              `json:"execution_count"`
+}
+
+// DefaultTimeoutS bounds run_code and exec unless the caller says otherwise.
+const DefaultTimeoutS = 300
+
+func timeoutOf(t *float64) (float64, error) {
+	if t == nil {
+		return DefaultTimeoutS, nil
+	}
+	if *t < 0 || *t > 86400 {
+		return 0, invalid("timeout_s must be between 0 and 86400")
+	}
+	return *t, nil
+}
+
+// OutputEvent is a chunk of streamed output.
+type OutputEvent struct {
+	Type string `json:"type"` // stdout or stderr
+	Data string `json:"data"`
+}
+
+// RunCode runs Python in the sandbox's interpreter. onOutput, if set, gets output as it is produced.
+func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, onOutput func(OutputEvent)) (Execution, error) {
+	timeout, err := timeoutOf(req.TimeoutS)
+	if err != nil {
+		return Execution{}, err
+	}
+	e, done, err := s.use(id)
+	if err != nil {
+		return Execution{}, err
+	}
+	defer done()
+	c, err := s.cfg.Runtime.Agent(e.rec.ID)
+	if err != nil {
+		return Execution{}, err
+	}
+	ev, err := c.Call(ctx, agent.Request{Op: "run_code", Code: req.Code, TimeoutS: timeout}, forward(onOutput))
+	if err != nil {
+		return Execution{}, fmt.Errorf("run_code in %s: %w", id, err)
+	}
+	return Execution{Stdout: ev.Stdout, Stderr: ev.Stderr, Value: ev.Value, Error: ev.Error, ExecutionCount: ev.ExecutionCount}, nil
+}
+
+func forward(on func(OutputEvent)) func(agent.Event) {
+	if on == nil {
+		return nil
+	}
+	return func(ev agent.Event) {
+		if ev.Type == "stdout" || ev.Type == "stderr" {
+			on(OutputEvent{Type: ev.Type, Data: ev.Data})
+		}
+	}
+}
+
+// ExecRequest is the body of exec.
+type ExecRequest struct {
+	Cmd      string            `json:"cmd,omitempty"`
+	Argv     []string          `json:"argv,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
+	TimeoutS *float64          `json:"timeout_s,omitempty"`
+	Stdin    string            `json:"stdin,omitempty"`
+	Stream   bool              `json:"stream,omitempty"`
+}
+
+// ExecResult is exec's result.
+type ExecResult struct {
+	ExitCode int    `json:"exit_code"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	TimedOut bool   `json:"timed_out"`
+}
+
+// Exec runs a command in the sandbox.
+func (s *Service) Exec(ctx context.Context, id string, req ExecRequest, onOutput func(OutputEvent)) (ExecResult, error) {
+	if (req.Cmd == "") == (len(req.Argv) == 0) {
+		return ExecResult{}, invalid("exactly one of cmd and argv is required")
+	}
+	if req.Cwd != "" && req.Cwd[0] != '/' {
+		return ExecResult{}, invalid("cwd must be an absolute path")
+	}
+	for k, v := range req.Env {
+		if err := validEnv(k, v); err != nil {
+			return ExecResult{}, err
+		}
+	}
+	timeout, err := timeoutOf(req.TimeoutS)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	e, done, err := s.use(id)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	defer done()
+	c, err := s.cfg.Runtime.Agent(e.rec.ID)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	ev, err := c.Call(ctx, agent.Request{Op: "exec", Cmd: req.Cmd, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd,
+		TimeoutS: timeout, Stdin: req.Stdin}, forward(onOutput))
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	return ExecResult{ExitCode: ev.ExitCode, Stdout: ev.Stdout, Stderr: ev.Stderr, TimedOut: ev.TimedOut}, nil
+}
+
+// Files opens the sandbox's file system for the files API; call release when done.
+func (s *Service) Files(ctx context.Context, id string) (*files.FS, func(), error) {
+	e, done, err := s.use(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	fs, err := files.Open(s.cfg.Runtime.RootPath(e.handle), s.cfg.HostUID, s.cfg.HostGID)
+	if err != nil {
+		done()
+		return nil, nil, fmt.Errorf("open file system of %s: %w", id, err)
+	}
+	return fs, func() { fs.Close(); done() }, nil
+}

@@ -1,0 +1,142 @@
+package sandbox
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
+)
+
+// CreateRequest is the body of POST /v1/sandboxes. Zero values mean "default".
+type CreateRequest struct {
+	VCPU      float64           `json:"vcpu,omitempty"`
+	MemMiB    int               `json:"mem_mib,omitempty"`
+	MaxProcs  int               `json:"max_procs,omitempty"`
+	TimeoutS  int               `json:"timeout_s,omitempty"`
+	OnTimeout string            `json:"on_timeout,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+}
+
+// Defaults and bounds of a sandbox's shape.
+const (
+	DefaultVCPU     = 1.0
+	DefaultMemMiB   = 1024
+	DefaultMaxProcs = 512
+	DefaultCwd      = "/root"
+)
+
+func invalid(format string, a ...any) error {
+	return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf(format, a...))
+}
+
+// normalize fills defaults and validates; the result is what is stored and applied.
+func (r CreateRequest) normalize() (CreateRequest, error) {
+	if r.VCPU == 0 {
+		r.VCPU = DefaultVCPU
+	}
+	if r.MemMiB == 0 {
+		r.MemMiB = DefaultMemMiB
+	}
+	if r.MaxProcs == 0 {
+		r.MaxProcs = DefaultMaxProcs
+	}
+	if r.Cwd == "" {
+		r.Cwd = DefaultCwd
+	}
+	if r.OnTimeout == "" {
+		r.OnTimeout = "destroy"
+	}
+	switch {
+	case r.VCPU < 0.1 || r.VCPU > 64:
+		return r, invalid("vcpu must be between 0.1 and 64")
+	case r.MemMiB < 64 || r.MemMiB > 262144:
+		return r, invalid("mem_mib must be between 64 and 262144")
+	case r.MaxProcs < 16 || r.MaxProcs > 65536:
+		return r, invalid("max_procs must be between 16 and 65536")
+	case r.TimeoutS < 0 || r.TimeoutS > 30*24*3600:
+		return r, invalid("timeout_s must be between 0 and 2592000")
+	case r.OnTimeout != "destroy" && r.OnTimeout != "pause":
+		return r, invalid(`on_timeout must be "destroy" or "pause"`)
+	case !path.IsAbs(r.Cwd) || strings.ContainsRune(r.Cwd, 0) || len(r.Cwd) > 4096:
+		return r, invalid("cwd must be an absolute path")
+	case len(r.Env) > 1024:
+		return r, invalid("env has more than 1024 entries")
+	case len(r.Metadata) > 64:
+		return r, invalid("metadata has more than 64 entries")
+	}
+	r.Cwd = path.Clean(r.Cwd)
+	for k, v := range r.Env {
+		if err := validEnv(k, v); err != nil {
+			return r, err
+		}
+	}
+	for k, v := range r.Metadata {
+		if k == "" || len(k) > 256 || len(v) > 4096 {
+			return r, invalid("metadata keys must be 1..256 bytes and values at most 4096 bytes")
+		}
+	}
+	return r, nil
+}
+
+func validEnv(k, v string) error {
+	if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) || len(k)+len(v) > 128<<10 {
+		return invalid("invalid env entry %q: names are non-empty without '=' or NUL, values have no NUL", k)
+	}
+	return nil
+}
+
+// NewID returns a fresh sandbox id: "sbx_" and 32 hex digits.
+func NewID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return "sbx_" + hex.EncodeToString(b[:])
+}
+
+// ValidID reports whether id has the shape of a sandbox id.
+func ValidID(id string) bool {
+	if len(id) != 36 || !strings.HasPrefix(id, "sbx_") {
+		return false
+	}
+	for _, c := range id[4:] {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func hostnameOf(id string) string { return "sbx-" + id[4:12] }
+
+// Info is the API view of a sandbox.
+type Info struct {
+	ID         string            `json:"id"`
+	Status     Status            `json:"status"`
+	IP         string            `json:"ip"`
+	Hostname   string            `json:"hostname"`
+	VCPU       float64           `json:"vcpu"`
+	MemMiB     int               `json:"mem_mib"`
+	MaxProcs   int               `json:"max_procs"`
+	Shape      string            `json:"shape"`
+	TimeoutS   int               `json:"timeout_s"`
+	OnTimeout  string            `json:"on_timeout"`
+	ExpiresAt  *time.Time        `json:"expires_at"`
+	Cwd        string            `json:"cwd"`
+	Metadata   map[string]string `json:"metadata"`
+	CreatedAt  time.Time         `json:"created_at"`
+	FamilyID   string            `json:"family_id"`
+	ParentID   *string           `json:"parent_id"`
+	ForkedFrom *string           `json:"forked_from"`
+	Error      string            `json:"error"`
+}
+
+func shape(vcpu float64, mem int) string {
+	return fmt.Sprintf("%svcpu-%dmib", strings.TrimSuffix(strings.TrimRight(fmt.Sprintf("%.2f", vcpu), "0"), "."), mem)
+}

@@ -1,0 +1,308 @@
+"""``AsyncSandbox``: the :class:`Sandbox` surface as coroutines.
+
+Each call runs the synchronous client in a worker thread (a dedicated thread pool, like
+:func:`asyncio.to_thread` but not capped at the default executor's ``cpu + 4`` threads), so many
+sandboxes (e.g. fork children) can be driven concurrently with :func:`asyncio.gather`.
+Output callbacks of ``run_code`` / ``exec`` are called on the event loop thread; they may be plain
+functions or coroutine functions (awaited before the call returns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import inspect
+import os
+import threading
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ._http import DEFAULT_REQUEST_TIMEOUT
+from .files import DEFAULT_CHUNK_SIZE, Files
+from .models import CommandResult, Entry, Execution
+from .sandbox import DEFAULT_POLL_TIMEOUT, Sandbox
+
+__all__ = ["AsyncSandbox", "AsyncFiles"]
+
+AsyncOutputCallback = Callable[[str], Any]
+
+# Blocking SDK calls mostly wait on the network, so allow many at once (e.g. 32 fork children each
+# running code). Threads are only started when needed.
+MAX_WORKERS = 128
+_executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_executor_lock = threading.Lock()
+
+
+def _get_executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(max_workers=MAX_WORKERS,
+                                                              thread_name_prefix="ramify-async")
+        return _executor
+
+
+async def _run(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking call in the SDK's thread pool (contextvars propagated, like to_thread)."""
+    loop = asyncio.get_running_loop()
+    ctx = contextvars.copy_context()
+    return await loop.run_in_executor(_get_executor(), functools.partial(ctx.run, fn, *args))
+
+
+def _unwrap(x: Any) -> Any:
+    return x._sync if isinstance(x, AsyncSandbox) else x
+
+
+class _Callbacks:
+    """Marshal callbacks from the worker thread onto the event loop, preserving order."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.pending: List["asyncio.Future[Any]"] = []
+        self.errors: List[BaseException] = []
+
+    def wrap(self, cb: Optional[AsyncOutputCallback]) -> Optional[Callable[[str], None]]:
+        if cb is None:
+            return None
+
+        def invoke(data: str) -> None:
+            try:
+                r = cb(data)
+                if inspect.isawaitable(r):
+                    self.pending.append(asyncio.ensure_future(r))
+            except BaseException as e:  # surfaced after the call returns
+                self.errors.append(e)
+
+        def from_thread(data: str) -> None:
+            self.loop.call_soon_threadsafe(invoke, data)
+
+        return from_thread
+
+    async def finish(self) -> None:
+        # Every call_soon_threadsafe above was queued before the worker's completion callback,
+        # so all callbacks have run by now; await the coroutine ones.
+        if self.pending:
+            await asyncio.gather(*self.pending)
+        if self.errors:
+            raise self.errors[0]
+
+
+class AsyncFiles:
+    """``sb.files`` of an :class:`AsyncSandbox`."""
+
+    def __init__(self, files: Files):
+        self._files = files
+
+    async def read(self, path: str) -> bytes:
+        return await _run(self._files.read, path)
+
+    async def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return await _run(self._files.read_text, path, encoding, errors)
+
+    async def read_stream(self, path: str, chunk_size: int = DEFAULT_CHUNK_SIZE) -> AsyncIterator[bytes]:
+        """Async iterator of bytes chunks: ``async for chunk in await sb.files.read_stream(p)``."""
+        stream = await _run(self._files.read_stream, path, chunk_size)
+
+        async def gen() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    chunk = await _run(next, stream, None)
+                    if chunk is None:
+                        return
+                    yield chunk
+            finally:
+                stream.close()
+
+        return gen()
+
+    async def download_file(self, remote_path: str, local_path: Union[str, os.PathLike],
+                            chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
+        return await _run(self._files.download_file, remote_path, local_path, chunk_size)
+
+    async def write(self, path: str, data: Any, mode: Union[int, str, None] = None) -> Dict[str, Any]:
+        return await _run(self._files.write, path, data, mode)
+
+    async def upload_file(self, local_path: Union[str, os.PathLike], remote_path: str,
+                          mode: Union[int, str, None] = None) -> Dict[str, Any]:
+        return await _run(self._files.upload_file, local_path, remote_path, mode)
+
+    async def list(self, path: str) -> List[Entry]:
+        return await _run(self._files.list, path)
+
+    async def stat(self, path: str) -> Entry:
+        return await _run(self._files.stat, path)
+
+    async def exists(self, path: str) -> bool:
+        return await _run(self._files.exists, path)
+
+    async def mkdir(self, path: str, parents: bool = True) -> Entry:
+        return await _run(self._files.mkdir, path, parents)
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        return await _run(self._files.remove, path, recursive)
+
+    async def upload_dir(self, local_dir: Union[str, os.PathLike], remote_dir: str) -> Dict[str, Any]:
+        return await _run(self._files.upload_dir, local_dir, remote_dir)
+
+    async def download_dir(self, remote_dir: str, local_dir: Union[str, os.PathLike]) -> int:
+        return await _run(self._files.download_dir, remote_dir, local_dir)
+
+
+class _Creating:
+    """Returned by :meth:`AsyncSandbox.create`: await it, or use it directly with ``async with``."""
+
+    def __init__(self, kwargs: Dict[str, Any]):
+        self._kwargs = kwargs
+        self._sb: Optional[AsyncSandbox] = None
+
+    async def _create(self) -> "AsyncSandbox":
+        sync = await _run(lambda: Sandbox(**self._kwargs))
+        return AsyncSandbox(sync)
+
+    def __await__(self) -> Generator[Any, None, "AsyncSandbox"]:
+        return self._create().__await__()
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        self._sb = await self._create()
+        return self._sb
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._sb is not None:
+            await self._sb.close()
+
+
+class AsyncSandbox:
+    """Async version of :class:`Sandbox`.
+
+    ``sb = await AsyncSandbox.create(...)`` or ``async with AsyncSandbox.create(...) as sb:``
+    (``async with await AsyncSandbox.create() as sb`` works too).
+    """
+
+    def __init__(self, sandbox: Sandbox):
+        if not isinstance(sandbox, Sandbox):
+            raise TypeError("AsyncSandbox wraps a Sandbox; use `await AsyncSandbox.create(...)`")
+        self._sync = sandbox
+        self.files = AsyncFiles(sandbox.files)
+
+    # -- construction -------------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        vcpu: Optional[float] = None,
+        mem_mib: Optional[int] = None,
+        max_procs: Optional[int] = None,
+        timeout_s: Optional[int] = None,
+        on_timeout: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        api_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+    ) -> _Creating:
+        return _Creating(dict(vcpu=vcpu, mem_mib=mem_mib, max_procs=max_procs, timeout_s=timeout_s,
+                              on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
+                              api_url=api_url, api_key=api_key, request_timeout=request_timeout))
+
+    @classmethod
+    async def connect(cls, id: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
+                      request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "AsyncSandbox":
+        return cls(await _run(Sandbox.connect, id, api_url, api_key, request_timeout))
+
+    @classmethod
+    async def list(cls, metadata: Optional[Mapping[str, str]] = None, status: Optional[str] = None,
+                   api_url: Optional[str] = None, api_key: Optional[str] = None,
+                   request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "List[AsyncSandbox]":
+        sbs = await _run(Sandbox.list, metadata, status, api_url, api_key, request_timeout)
+        return [cls(s) for s in sbs]
+
+    # -- state -------------------------------------------------------------------------------------
+    @property
+    def sync(self) -> Sandbox:
+        """The underlying synchronous :class:`Sandbox`."""
+        return self._sync
+
+    @property
+    def id(self) -> str:
+        return self._sync.id
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        return self._sync.info
+
+    @property
+    def ip(self) -> Optional[str]:
+        """IP from the last known sandbox JSON (``await sb.refresh()`` to update)."""
+        return self._sync.info.get("ip")
+
+    @property
+    def defunct(self) -> bool:
+        return self._sync.defunct
+
+    @property
+    def closed(self) -> bool:
+        return self._sync.closed
+
+    async def refresh(self) -> Dict[str, Any]:
+        return await _run(self._sync.refresh)
+
+    async def get_status(self) -> str:
+        return await _run(self._sync.get_status)
+
+    # -- code ------------------------------------------------------------------------------------
+    async def run_code(self, code: str, timeout_s: Optional[float] = None,
+                       on_stdout: Optional[AsyncOutputCallback] = None,
+                       on_stderr: Optional[AsyncOutputCallback] = None) -> Execution:
+        cbs = _Callbacks()
+        result = await _run(self._sync.run_code, code, timeout_s,
+                                         cbs.wrap(on_stdout), cbs.wrap(on_stderr))
+        await cbs.finish()
+        return result
+
+    async def exec(self, cmd: Union[str, Sequence[str]], env: Optional[Mapping[str, str]] = None,
+                   cwd: Optional[str] = None, timeout_s: Optional[float] = None,
+                   stdin: Union[str, bytes, None] = None,
+                   on_stdout: Optional[AsyncOutputCallback] = None,
+                   on_stderr: Optional[AsyncOutputCallback] = None) -> CommandResult:
+        cbs = _Callbacks()
+        result = await _run(self._sync.exec, cmd, env, cwd, timeout_s, stdin,
+                                         cbs.wrap(on_stdout), cbs.wrap(on_stderr))
+        await cbs.finish()
+        return result
+
+    # -- fork / merge / diff ------------------------------------------------------------------------
+    async def fork(self, n: int = 1) -> "List[AsyncSandbox]":
+        children = await _run(self._sync.fork, n)
+        return [AsyncSandbox(c) for c in children]
+
+    async def merge_into(self, winner: Union["AsyncSandbox", Sandbox, str]) -> None:
+        await _run(self._sync.merge_into, _unwrap(winner))
+
+    async def diff(self, other: Union["AsyncSandbox", Sandbox, str],
+                   paths: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+        return await _run(self._sync.diff, _unwrap(other), paths)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
+        return await _run(self._sync.pause, wait, poll_timeout)
+
+    async def resume(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
+        return await _run(self._sync.resume, wait, poll_timeout)
+
+    async def wait_for_status(self, target: str, timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
+        return await _run(self._sync.wait_for_status, target, timeout)
+
+    async def close(self) -> None:
+        await _run(self._sync.close)
+
+    kill = close
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._sync).replace("<Sandbox", "<AsyncSandbox", 1)

@@ -1,0 +1,110 @@
+"""Exceptions raised by the ramify SDK.
+
+Every error the server returns is JSON ``{"error": "<message>"}``; the SDK maps the HTTP status
+to one of the classes below and keeps the message (``.message``), the status (``.status``) and the
+raw body (``.body``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+__all__ = [
+    "RamifyError",
+    "AuthError",
+    "InvalidRequest",
+    "NotFound",
+    "SandboxNotFound",
+    "FileNotFound",
+    "Conflict",
+    "ServerError",
+    "Timeout",
+    "ServerUnreachable",
+    "SandboxDefunct",
+    "SandboxErrorState",
+]
+
+
+class RamifyError(Exception):
+    """Base class of every error raised by the SDK."""
+
+    def __init__(self, message: str, status: Optional[int] = None, body: Any = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.body = body
+
+    def __str__(self) -> str:
+        if self.status is None:
+            return self.message
+        return f"{self.message} (HTTP {self.status})"
+
+
+class AuthError(RamifyError):
+    """401: missing or wrong API key."""
+
+
+class InvalidRequest(RamifyError):
+    """400 / 413: malformed request, bad value, or body too large."""
+
+
+class NotFound(RamifyError):
+    """404: something does not exist (see the two subclasses)."""
+
+
+class SandboxNotFound(NotFound):
+    """404: the sandbox does not exist (or was closed)."""
+
+
+class FileNotFound(NotFound, FileNotFoundError):
+    """404 from a file route: the path does not exist inside the sandbox.
+
+    Also a builtin :class:`FileNotFoundError`.
+    """
+
+
+class Conflict(RamifyError):
+    """409: the sandbox is not in a state that allows the call (e.g. ``sandbox is not running``)."""
+
+
+class ServerError(RamifyError):
+    """5xx: internal server error."""
+
+
+class Timeout(RamifyError, TimeoutError):
+    """A client-side timeout: the socket timed out, or a wait (pause/resume/create) took too long.
+
+    Also a builtin :class:`TimeoutError`.
+    """
+
+
+class ServerUnreachable(RamifyError, ConnectionError):
+    """The server could not be reached (connection refused/reset before a response).
+
+    Also a builtin :class:`ConnectionError`.
+    """
+
+
+class SandboxDefunct(RamifyError):
+    """The sandbox object was the winner of a ``merge_into`` and its id is retired."""
+
+
+class SandboxErrorState(RamifyError):
+    """The sandbox went to status ``error`` while waiting for it (``info["error"]`` holds the reason)."""
+
+
+def error_for_status(status: int, message: str, body: Any = None, file_route: bool = False) -> RamifyError:
+    """Map an HTTP error status (and message) to an exception instance."""
+    if status == 401 or status == 403:
+        return AuthError(message, status, body)
+    if status in (400, 413, 422):
+        return InvalidRequest(message, status, body)
+    if status == 404:
+        if file_route and "sandbox not found" not in message.lower():
+            return FileNotFound(message, status, body)
+        return SandboxNotFound(message, status, body)
+    if status == 409:
+        return Conflict(message, status, body)
+    if 500 <= status <= 599:
+        return ServerError(message, status, body)
+    return RamifyError(message, status, body)

@@ -1,0 +1,519 @@
+"""The synchronous :class:`Sandbox` client."""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.parse
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+from ._http import DEFAULT_REQUEST_TIMEOUT, HTTPClient, Response, StreamResponse, iter_ndjson
+from .exceptions import (
+    RamifyError,
+    SandboxDefunct,
+    SandboxErrorState,
+    SandboxNotFound,
+    ServerError,
+    Timeout,
+)
+from .files import Files
+from .models import CommandResult, Execution
+
+__all__ = ["Sandbox"]
+
+OutputCallback = Callable[[str], Any]
+
+# Server-side default for run_code / exec timeout_s (docs/api.md); the socket timeout is this plus
+# a margin so the server's own timeout fires first.
+_SERVER_DEFAULT_RUN_TIMEOUT = 300.0
+_RUN_TIMEOUT_MARGIN = 30.0
+DEFAULT_POLL_TIMEOUT = 300.0
+_DEFAULT_POLL_INTERVAL = 0.2
+_MAX_POLL_INTERVAL = 2.0
+_MAX_POLL_AFTER = 30.0
+
+
+def _q(s: str) -> str:
+    return urllib.parse.quote(str(s), safe="")
+
+
+def _sandbox_id(x: Any) -> str:
+    if isinstance(x, str):
+        return x
+    sid = getattr(x, "id", None)
+    if not isinstance(sid, str):
+        raise TypeError(f"expected a Sandbox or a sandbox id, got {type(x).__name__}")
+    return sid
+
+
+def _is_ndjson(resp: StreamResponse) -> bool:
+    # Anything but plain JSON is read as NDJSON (a server that does not set
+    # application/x-ndjson still streams one event per line).
+    return resp.content_type != "application/json"
+
+
+class Sandbox:
+    """A ramify sandbox.
+
+    ``Sandbox(...)`` creates a new sandbox on the server (``POST /v1/sandboxes``); use it as a
+    context manager to close it on exit::
+
+        with Sandbox() as sb:
+            print(sb.run_code("1 + 1").value)
+
+    Use :meth:`connect` to attach to an existing sandbox and :meth:`list` to enumerate them.
+    ``api_url`` / ``api_key`` default to the ``RAMIFY_API_URL`` / ``RAMIFY_API_KEY`` environment
+    variables (URL default ``http://127.0.0.1:7070``).
+    """
+
+    id: str
+    info: Dict[str, Any]
+    files: Files
+
+    def __init__(
+        self,
+        vcpu: Optional[float] = None,
+        mem_mib: Optional[int] = None,
+        max_procs: Optional[int] = None,
+        timeout_s: Optional[int] = None,
+        on_timeout: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        api_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+    ):
+        client = HTTPClient(api_url, api_key, request_timeout)
+        body: Dict[str, Any] = {}
+        for k, v in (
+            ("vcpu", vcpu),
+            ("mem_mib", mem_mib),
+            ("max_procs", max_procs),
+            ("timeout_s", timeout_s),
+            ("on_timeout", on_timeout),
+            ("cwd", cwd),
+        ):
+            if v is not None:
+                body[k] = v
+        if env is not None:
+            body["env"] = {str(k): str(v) for k, v in env.items()}
+        if metadata is not None:
+            body["metadata"] = {str(k): str(v) for k, v in metadata.items()}
+        resp = client.request("POST", "/v1/sandboxes", json_body=body,
+                              timeout=_longer(request_timeout, 120.0))
+        assert isinstance(resp, Response)
+        info = resp.json()
+        if not isinstance(info, dict) or "id" not in info:
+            raise RamifyError(f"unexpected create response: {info!r}", resp.status, info)
+        self._setup(client, info)
+        if self.info.get("status") in ("creating", "resuming"):
+            try:
+                self._wait_for("running", DEFAULT_POLL_TIMEOUT, resp.poll_after)
+            except BaseException:
+                try:
+                    self.close()
+                except Exception:
+                    pass
+                raise
+
+    # -- construction helpers --------------------------------------------------------------------
+    def _setup(self, client: HTTPClient, info: Dict[str, Any]) -> None:
+        self._client = client
+        self.info = dict(info)
+        self.id = str(info["id"])
+        self._closed = False
+        self._merged_into: Optional[str] = None
+        self.files = Files(self)
+
+    @classmethod
+    def _from_info(cls, client: HTTPClient, info: Dict[str, Any]) -> "Sandbox":
+        sb = cls.__new__(cls)
+        sb._setup(client, info)
+        return sb
+
+    @classmethod
+    def connect(
+        cls,
+        id: str,
+        api_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+    ) -> "Sandbox":
+        """Attach to an existing sandbox (``GET /v1/sandboxes/{id}``); raises :class:`SandboxNotFound`."""
+        client = HTTPClient(api_url, api_key, request_timeout)
+        info = client.json("GET", f"/v1/sandboxes/{_q(id)}")
+        return cls._from_info(client, info)
+
+    @classmethod
+    def list(
+        cls,
+        metadata: Optional[Mapping[str, str]] = None,
+        status: Optional[str] = None,
+        api_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+    ) -> "List[Sandbox]":
+        """List sandboxes, optionally filtered by metadata labels (all must match) and status."""
+        client = HTTPClient(api_url, api_key, request_timeout)
+        query: List[Any] = [(f"metadata.{k}", str(v)) for k, v in (metadata or {}).items()]
+        if status is not None:
+            query.append(("status", status))
+        data = client.json("GET", "/v1/sandboxes", query=query)
+        items = (data or {}).get("sandboxes") or []
+        return [cls._from_info(client, it) for it in items]
+
+    # -- state -------------------------------------------------------------------------------------
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{_q(self.id)}{suffix}"
+
+    def _check(self) -> None:
+        if self._merged_into is not None:
+            raise SandboxDefunct(
+                f"sandbox {self.id} was merged into {self._merged_into} and is defunct; "
+                f"use the parent sandbox ({self._merged_into}) instead"
+            )
+        if self._closed:
+            raise SandboxNotFound(f"sandbox {self.id} is closed")
+
+    @property
+    def defunct(self) -> bool:
+        """True once this sandbox was the winner of a ``merge_into`` (its id is retired)."""
+        return self._merged_into is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def refresh(self) -> Dict[str, Any]:
+        """Re-read the sandbox (``GET``), update :attr:`info` and return it."""
+        self._check()
+        info = self._client.json("GET", self._path())
+        if isinstance(info, dict):
+            self.info = info
+        return self.info
+
+    def get_status(self) -> str:
+        return str(self.refresh().get("status", ""))
+
+    @property
+    def status(self) -> str:
+        """Current status, fetched from the server (``creating``, ``running``, ``paused``, ...)."""
+        return self.get_status()
+
+    @property
+    def ip(self) -> Optional[str]:
+        if not self.info.get("ip") and not self._closed and self._merged_into is None:
+            self.refresh()
+        return self.info.get("ip")
+
+    @property
+    def metadata(self) -> Dict[str, str]:
+        return dict(self.info.get("metadata") or {})
+
+    def _run_timeout(self, timeout_s: Optional[float]) -> Optional[float]:
+        rt = self._client.request_timeout
+        if timeout_s == 0 or rt is None:
+            return None
+        server = _SERVER_DEFAULT_RUN_TIMEOUT if timeout_s is None else float(timeout_s)
+        return max(rt, server + _RUN_TIMEOUT_MARGIN)
+
+    # -- code ------------------------------------------------------------------------------------
+    def run_code(
+        self,
+        code: str,
+        timeout_s: Optional[float] = None,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+    ) -> Execution:
+        """Run Python code in the sandbox's persistent interpreter.
+
+        With ``on_stdout`` / ``on_stderr`` the output is streamed (NDJSON) and the callbacks are
+        called with each chunk as it arrives, before this method returns.
+        """
+        self._check()
+        body: Dict[str, Any] = {"code": code}
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        timeout = self._run_timeout(timeout_s)
+        if on_stdout is None and on_stderr is None:
+            data = self._client.json("POST", self._path("/run_code"), json_body=body, timeout=timeout)
+            return Execution.from_dict(data or {})
+        body["stream"] = True
+        resp = self._client.request(
+            "POST", self._path("/run_code"), json_body=body, timeout=timeout, stream=True,
+            headers={"Accept": "application/x-ndjson"},
+        )
+        assert isinstance(resp, StreamResponse)
+        with resp:
+            if not _is_ndjson(resp):
+                # The server ignored "stream": deliver the output in one go.
+                result = Execution.from_dict(_json_or_error(resp.read()))
+                if result.stdout and on_stdout:
+                    on_stdout(result.stdout)
+                if result.stderr and on_stderr:
+                    on_stderr(result.stderr)
+                return result
+            out: List[str] = []
+            err: List[str] = []
+            for ev in iter_ndjson(resp):
+                typ = ev.get("type")
+                if typ == "stdout":
+                    data = str(ev.get("data") or "")
+                    out.append(data)
+                    if on_stdout:
+                        on_stdout(data)
+                elif typ == "stderr":
+                    data = str(ev.get("data") or "")
+                    err.append(data)
+                    if on_stderr:
+                        on_stderr(data)
+                elif typ == "result":
+                    ev = dict(ev)
+                    ev.setdefault("stdout", "".join(out))
+                    ev.setdefault("stderr", "".join(err))
+                    return Execution.from_dict(ev)
+                elif typ == "error":
+                    raise ServerError(str(ev.get("error") or ev.get("data") or "stream error"), resp.status, ev)
+        raise RamifyError("run_code stream ended without a result event", resp.status)
+
+    def exec(
+        self,
+        cmd: Union[str, Sequence[str]],
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        timeout_s: Optional[float] = None,
+        stdin: Union[str, bytes, None] = None,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+    ) -> CommandResult:
+        """Run a command: a string goes through ``/bin/sh -c``, a list is an argv (no shell)."""
+        self._check()
+        body: Dict[str, Any] = {}
+        if isinstance(cmd, str):
+            body["cmd"] = cmd
+        elif isinstance(cmd, (bytes, bytearray)):
+            body["cmd"] = bytes(cmd).decode("utf-8")
+        else:
+            argv = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in cmd]
+            if not argv:
+                raise ValueError("argv must not be empty")
+            body["argv"] = argv
+        if env is not None:
+            body["env"] = {str(k): str(v) for k, v in env.items()}
+        if cwd is not None:
+            body["cwd"] = os.fspath(cwd)
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        if stdin is not None:
+            body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else str(stdin)
+        timeout = self._run_timeout(timeout_s)
+        if on_stdout is None and on_stderr is None:
+            data = self._client.json("POST", self._path("/exec"), json_body=body, timeout=timeout) or {}
+            return _command_result(data)
+        body["stream"] = True
+        resp = self._client.request(
+            "POST", self._path("/exec"), json_body=body, timeout=timeout, stream=True,
+            headers={"Accept": "application/x-ndjson"},
+        )
+        assert isinstance(resp, StreamResponse)
+        with resp:
+            if not _is_ndjson(resp):
+                result = _command_result(_json_or_error(resp.read()))
+                if result.stdout and on_stdout:
+                    on_stdout(result.stdout)
+                if result.stderr and on_stderr:
+                    on_stderr(result.stderr)
+                return result
+            out: List[str] = []
+            err: List[str] = []
+            for ev in iter_ndjson(resp):
+                typ = ev.get("type")
+                if typ == "stdout":
+                    data = str(ev.get("data") or "")
+                    out.append(data)
+                    if on_stdout:
+                        on_stdout(data)
+                elif typ == "stderr":
+                    data = str(ev.get("data") or "")
+                    err.append(data)
+                    if on_stderr:
+                        on_stderr(data)
+                elif typ in ("exit", "result"):
+                    ev = dict(ev)
+                    ev.setdefault("stdout", "".join(out))
+                    ev.setdefault("stderr", "".join(err))
+                    return _command_result(ev)
+                elif typ == "error":
+                    raise ServerError(str(ev.get("error") or ev.get("data") or "stream error"), resp.status, ev)
+        raise RamifyError("exec stream ended without an exit event", resp.status)
+
+    # -- fork / merge / diff ----------------------------------------------------------------------
+    def fork(self, n: int = 1) -> "List[Sandbox]":
+        """Fork this sandbox into ``n`` children (1..32) that inherit its memory and files."""
+        self._check()
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError("n must be an int")
+        data = self._client.json(
+            "POST", self._path("/fork"), json_body={"n": n},
+            timeout=_longer(self._client.request_timeout, 300.0),
+        ) or {}
+        children = data.get("children")
+        if not isinstance(children, list):
+            raise RamifyError(f"unexpected fork response: {data!r}", None, data)
+        out = []
+        for c in children:
+            info = {"id": c} if isinstance(c, str) else dict(c)
+            out.append(type(self)._from_info(self._client, info))
+        return out
+
+    def merge_into(self, winner: Union["Sandbox", str]) -> None:
+        """Replace this sandbox's state with ``winner``'s (a fork child).
+
+        This sandbox keeps its id and now drives the winner's VM; the winner's id is retired and the
+        winner object becomes defunct (``close()`` is a no-op, other calls raise
+        :class:`SandboxDefunct`). Other children are untouched: close them yourself.
+        """
+        self._check()
+        wid = _sandbox_id(winner)
+        if isinstance(winner, Sandbox):
+            winner._check()
+        self._client.request("POST", self._path(f"/merge_into/{_q(wid)}"),
+                             timeout=_longer(self._client.request_timeout, 300.0))
+        if isinstance(winner, Sandbox):
+            winner._merged_into = self.id
+        try:
+            self.refresh()
+        except RamifyError:
+            pass
+
+    def diff(self, other: Union["Sandbox", str], paths: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+        """Compare file-system state with another sandbox.
+
+        Returns the server's JSON, e.g. ``{"added": [...], "removed": [...], "modified": [...]}``
+        (``added`` = only in ``other``, ``removed`` = only in ``self``).
+        """
+        self._check()
+        oid = _sandbox_id(other)
+        query = [("paths", p) for p in (paths or [])]
+        if isinstance(paths, str):
+            query = [("paths", paths)]
+        return self._client.json(
+            "GET", self._path(f"/diff/{_q(oid)}"), query=query,
+            timeout=_longer(self._client.request_timeout, 300.0),
+        ) or {}
+
+    # -- pause / resume -----------------------------------------------------------------------------
+    def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
+        """Pause (snapshot) the sandbox; with ``wait`` poll until it is ``paused``."""
+        return self._transition("/pause", "paused", wait, poll_timeout)
+
+    def resume(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
+        """Resume a paused sandbox; with ``wait`` poll until it is ``running``."""
+        return self._transition("/resume", "running", wait, poll_timeout)
+
+    def _transition(self, suffix: str, target: str, wait: bool, poll_timeout: float) -> Dict[str, Any]:
+        self._check()
+        resp = self._client.request("POST", self._path(suffix),
+                                    timeout=_longer(self._client.request_timeout, 120.0))
+        assert isinstance(resp, Response)
+        try:
+            data = resp.json()
+        except RamifyError:
+            data = None
+        if isinstance(data, dict) and data.get("id") == self.id:
+            self.info = data
+        if wait:
+            if isinstance(data, dict) and data.get("status") == target:
+                return self.info
+            self._wait_for(target, poll_timeout, resp.poll_after)
+        return self.info
+
+    def wait_for_status(self, target: str, timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
+        """Poll until the sandbox reaches ``target`` status; raise on ``error`` or timeout."""
+        self._check()
+        return self._wait_for(target, timeout, None)
+
+    def _wait_for(self, target: str, timeout: float, first_delay: Optional[float]) -> Dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        delay = first_delay if first_delay is not None else _DEFAULT_POLL_INTERVAL
+        backoff = _DEFAULT_POLL_INTERVAL
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Timeout(
+                    f"sandbox {self.id} did not become {target!r} within {timeout}s "
+                    f"(last status {self.info.get('status')!r})"
+                )
+            time.sleep(max(0.0, min(delay, remaining, _MAX_POLL_AFTER)))
+            resp = self._client.request("GET", self._path())
+            assert isinstance(resp, Response)
+            info = resp.json()
+            if isinstance(info, dict):
+                self.info = info
+            status = self.info.get("status")
+            if status == target:
+                return self.info
+            if status == "error":
+                reason = self.info.get("error") or "unknown error"
+                raise SandboxErrorState(
+                    f"sandbox {self.id} went to status 'error' while waiting for {target!r}: {reason}",
+                    None, self.info,
+                )
+            hinted = resp.poll_after
+            if hinted is not None:
+                delay = hinted
+            else:
+                backoff = min(backoff * 1.5, _MAX_POLL_INTERVAL)
+                delay = backoff
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Destroy the sandbox (``DELETE``). Idempotent; a 404 is ignored; no-op when defunct."""
+        if self._closed or self._merged_into is not None:
+            return
+        try:
+            self._client.request("DELETE", self._path())
+        except SandboxNotFound:
+            pass
+        self._closed = True
+
+    kill = close
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = self.info.get("status")
+        if self._merged_into is not None:
+            state = f"defunct (merged into {self._merged_into})"
+        elif self._closed:
+            state = "closed"
+        return f"<{type(self).__name__} id={self.id!r} status={state!r}>"
+
+
+def _longer(a: Optional[float], b: float) -> Optional[float]:
+    return None if a is None else max(a, b)
+
+
+def _json_or_error(data: bytes) -> Dict[str, Any]:
+    import json
+
+    try:
+        d = json.loads(data) if data else {}
+    except ValueError as e:
+        raise RamifyError(f"invalid JSON from server: {data[:200]!r}") from e
+    return d if isinstance(d, dict) else {}
+
+
+def _command_result(d: Dict[str, Any]) -> CommandResult:
+    ec = d.get("exit_code")
+    return CommandResult(
+        exit_code=int(ec) if ec is not None else -1,
+        stdout=d.get("stdout") or "",
+        stderr=d.get("stderr") or "",
+        timed_out=bool(d.get("timed_out")),
+    )

@@ -1,0 +1,412 @@
+"""Integration tests against a real ramify server.
+
+Skipped unless RAMIFY_API_URL and RAMIFY_API_KEY are set. Fork/merge/diff tests also need
+RAMIFY_TEST_FORK=1, pause/resume tests RAMIFY_TEST_PAUSE=1.
+
+    RAMIFY_API_URL=http://127.0.0.1:7070 RAMIFY_API_KEY=... \\
+        /usr/bin/python3 -m unittest discover -s tests -v
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+from ramify import (  # noqa: E402
+    AsyncSandbox,
+    AuthError,
+    Conflict,
+    FileNotFound,
+    InvalidRequest,
+    RamifyError,
+    Sandbox,
+    SandboxDefunct,
+    SandboxNotFound,
+)
+
+API_URL = os.environ.get("RAMIFY_API_URL")
+API_KEY = os.environ.get("RAMIFY_API_KEY")
+HAVE_SERVER = bool(API_URL and API_KEY)
+SKIP_MSG = ("integration tests need a running ramify server: set RAMIFY_API_URL and RAMIFY_API_KEY "
+            "(e.g. RAMIFY_API_URL=http://127.0.0.1:7070)")
+FORK = os.environ.get("RAMIFY_TEST_FORK") == "1"
+PAUSE = os.environ.get("RAMIFY_TEST_PAUSE") == "1"
+RUN_ID = uuid.uuid4().hex[:12]
+META = {"suite": "ramify-python-sdk-tests", "run": RUN_ID}
+
+
+def _sha(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tree(root: str) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for d in dirnames:
+            out[os.path.normpath(os.path.join(rel, d))] = "dir"
+        for f in filenames:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                out[os.path.normpath(os.path.join(rel, f))] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+@unittest.skipUnless(HAVE_SERVER, SKIP_MSG)
+class TestIntegration(unittest.TestCase):
+    sb: Sandbox
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.sb = Sandbox(metadata=META)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.sb.close()
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def test_create_and_close(self):
+        sb = Sandbox(metadata=META, env={"FOO": "bar"})
+        try:
+            self.assertTrue(sb.id.startswith("sbx_"))
+            self.assertEqual(sb.status, "running")
+            self.assertEqual(sb.info["metadata"], META)
+            self.assertTrue(sb.ip)
+            self.assertEqual(sb.exec("echo $FOO").stdout.strip(), "bar")
+        finally:
+            sb.close()
+        sb.close()  # second close is fine
+        with self.assertRaises(SandboxNotFound):
+            Sandbox.connect(sb.id)
+
+    def test_context_manager(self):
+        with Sandbox(metadata=META) as sb:
+            sid = sb.id
+            self.assertEqual(sb.run_code("1 + 1").value, "2")
+        with self.assertRaises(SandboxNotFound):
+            Sandbox.connect(sid)
+
+    def test_list_and_connect(self):
+        ids = [s.id for s in Sandbox.list(metadata={"run": RUN_ID})]
+        self.assertIn(self.sb.id, ids)
+        ids = [s.id for s in Sandbox.list(metadata={"run": "no-such-run-" + RUN_ID})]
+        self.assertNotIn(self.sb.id, ids)
+        self.assertIn(self.sb.id, [s.id for s in Sandbox.list(status="running")])
+        self.sb.run_code("connect_marker = 'here'")
+        other = Sandbox.connect(self.sb.id)
+        self.assertEqual(other.id, self.sb.id)
+        self.assertEqual(other.run_code("connect_marker").value, "'here'")
+
+    def test_bad_key(self):
+        with self.assertRaises(AuthError):
+            Sandbox.list(api_key="definitely-wrong")
+        with self.assertRaises(AuthError):
+            Sandbox(api_key="definitely-wrong")
+
+    def test_unknown_id(self):
+        with self.assertRaises(SandboxNotFound):
+            Sandbox.connect("sbx_" + "0" * 32)
+
+    # -- run_code ----------------------------------------------------------------------------------
+    def test_run_code_persistence(self):
+        self.sb.run_code("x = 42")
+        ex = self.sb.run_code("x + 1")
+        self.assertEqual(ex.value, "43")
+        self.assertEqual(ex.text, "43")
+        self.assertIsNone(ex.error)
+
+    def test_stdout_capture(self):
+        ex = self.sb.run_code("print('hello'); import sys; print('oops', file=sys.stderr)")
+        self.assertEqual(ex.stdout, "hello\n")
+        self.assertEqual(ex.stderr, "oops\n")
+        self.assertIsNone(ex.value)
+
+    def test_exception(self):
+        ex = self.sb.run_code("1/0")
+        self.assertIsNotNone(ex.error)
+        self.assertEqual(ex.error.name, "ZeroDivisionError")
+        self.assertIn("division by zero", ex.error.value)
+        self.assertIn("Traceback", ex.error.traceback)
+
+    def test_run_code_timeout_keeps_state(self):
+        self.sb.run_code("survivor = 7")
+        ex = self.sb.run_code("import time\ntime.sleep(30)", timeout_s=1)
+        self.assertEqual(ex.error.name, "TimeoutError")
+        self.assertEqual(self.sb.run_code("survivor").value, "7")
+
+    def test_streaming_callbacks_before_result(self):
+        got = []
+
+        def on_out(s):
+            got.append((time.monotonic(), s))
+
+        code = "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second', flush=True)\n'done'"
+        ex = self.sb.run_code(code, on_stdout=on_out)
+        done = time.monotonic()
+        self.assertEqual(ex.value, "'done'")
+        self.assertEqual("".join(s for _, s in got), "first\nsecond\n")
+        self.assertEqual(ex.stdout, "first\nsecond\n")
+        first_at = next(t for t, s in got if "first" in s)
+        self.assertGreater(done - first_at, 1.0, "stdout was not delivered before the result")
+
+    def test_exec_streaming(self):
+        out = []
+        res = self.sb.exec("echo one; sleep 0.5; echo two >&2; exit 4", on_stdout=out.append)
+        self.assertEqual(res.exit_code, 4)
+        self.assertEqual("".join(out), "one\n")
+        self.assertEqual(res.stderr, "two\n")
+
+    # -- exec --------------------------------------------------------------------------------------
+    def test_exec_str_and_argv(self):
+        r = self.sb.exec("echo hi && echo err >&2")
+        self.assertEqual((r.exit_code, r.stdout, r.stderr, r.timed_out), (0, "hi\n", "err\n", False))
+        r = self.sb.exec(["printf", "%s|", "a b", "$HOME"])
+        self.assertEqual(r.stdout, "a b|$HOME|")  # no shell: no splitting, no expansion
+
+    def test_exec_exit_codes_env_cwd_stdin(self):
+        self.assertEqual(self.sb.exec("exit 3").exit_code, 3)
+        self.assertEqual(self.sb.exec(["false"]).exit_code, 1)
+        self.assertEqual(self.sb.exec("kill -9 $$").exit_code, 137)
+        self.assertEqual(self.sb.exec("echo $A", env={"A": "x"}).stdout, "x\n")
+        self.assertEqual(self.sb.exec("pwd", cwd="/tmp").stdout, "/tmp\n")
+        self.assertEqual(self.sb.exec("cat", stdin="piped").stdout, "piped")
+
+    def test_exec_timeout(self):
+        r = self.sb.exec("sleep 30", timeout_s=1)
+        self.assertTrue(r.timed_out)
+
+    # -- files -------------------------------------------------------------------------------------
+    def test_files_binary_round_trip(self):
+        data = bytes(range(256)) * 64
+        res = self.sb.files.write("/root/it/bin.dat", data)
+        self.assertEqual(res["size"], len(data))
+        self.assertEqual(self.sb.files.read("/root/it/bin.dat"), data)
+        self.sb.files.write("/root/it/t.txt", "héllo ✓")
+        self.assertEqual(self.sb.files.read_text("/root/it/t.txt"), "héllo ✓")
+        self.assertEqual(self.sb.run_code("open('/root/it/t.txt', encoding='utf-8').read()").value, repr("héllo ✓"))
+
+    def test_files_20mb(self):
+        size = 20 * 1024 * 1024
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "big.bin")
+            with open(src, "wb") as f:
+                for _ in range(20):
+                    f.write(os.urandom(1024 * 1024))
+            with open(src, "rb") as f:
+                res = self.sb.files.write("/root/big.bin", f)
+            self.assertEqual(res["size"], size)
+            self.assertEqual(self.sb.files.stat("/root/big.bin").size, size)
+            r = self.sb.exec("sha256sum /root/big.bin")
+            self.assertEqual(r.stdout.split()[0], _sha(src))
+            dst = os.path.join(d, "back.bin")
+            self.assertEqual(self.sb.files.download_file("/root/big.bin", dst), size)
+            self.assertEqual(_sha(dst), _sha(src))
+            h = hashlib.sha256()
+            for chunk in self.sb.files.read_stream("/root/big.bin", chunk_size=256 * 1024):
+                h.update(chunk)
+            self.assertEqual(h.hexdigest(), _sha(src))
+            self.assertEqual(hashlib.sha256(self.sb.files.read("/root/big.bin")).hexdigest(), _sha(src))
+        self.sb.files.remove("/root/big.bin")
+
+    def test_files_list_stat_mkdir_remove(self):
+        fs = self.sb.files
+        d = "/root/lsm"
+        entry = fs.mkdir(d + "/a/b/c")
+        self.assertEqual(entry.type, "dir")
+        fs.write(d + "/f.txt", b"12345", mode=0o600)
+        fs.write(d + "/g.sh", "#!/bin/sh\necho ok\n", mode=0o755)
+        names = [e.name for e in fs.list(d)]
+        self.assertEqual(names, sorted(names))
+        self.assertEqual(set(names), {"a", "f.txt", "g.sh"})
+        st = fs.stat(d + "/f.txt")
+        self.assertEqual((st.type, st.size, st.mode, st.name, st.path), ("file", 5, "0600", "f.txt", d + "/f.txt"))
+        self.assertEqual(fs.stat(d + "/g.sh").mode, "0755")
+        self.assertEqual(self.sb.exec(d + "/g.sh").stdout, "ok\n")
+        self.assertTrue(fs.exists(d + "/a/b/c"))
+        with self.assertRaises(InvalidRequest):
+            fs.read(d + "/a")  # a directory
+        with self.assertRaises(RamifyError):
+            fs.mkdir(d + "/x/y", parents=False)
+        fs.remove(d + "/f.txt")
+        self.assertFalse(fs.exists(d + "/f.txt"))
+        with self.assertRaises(RamifyError):
+            fs.remove(d + "/a")  # non-empty directory without recursive
+        fs.remove(d, recursive=True)
+        self.assertFalse(fs.exists(d))
+        with self.assertRaises(FileNotFound):
+            fs.read(d + "/nope")
+        with self.assertRaises(FileNotFound):
+            fs.stat("/root/definitely/not/here")
+
+    def test_upload_download_dir(self):
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "src")
+            os.makedirs(os.path.join(src, "pkg", "sub"))
+            os.makedirs(os.path.join(src, "empty"))
+            with open(os.path.join(src, "README"), "w") as f:
+                f.write("hello\n")
+            with open(os.path.join(src, "pkg", "sub", "data.bin"), "wb") as f:
+                f.write(os.urandom(300_000))
+            with open(os.path.join(src, "pkg", "__init__.py"), "w") as f:
+                f.write("VALUE = 5\n")
+            res = self.sb.files.upload_dir(src, "/root/proj")
+            self.assertEqual(res.get("path"), "/root/proj")
+            self.assertEqual(self.sb.files.read_text("/root/proj/README"), "hello\n")
+            self.assertEqual(self.sb.run_code("import sys; sys.path.insert(0, '/root/proj')\n"
+                                              "import pkg; pkg.VALUE").value, "5")
+            self.assertTrue(self.sb.files.stat("/root/proj/empty").is_dir)
+            dst = os.path.join(d, "dst")
+            self.sb.exec("rm -rf /root/proj/pkg/__pycache__")
+            self.sb.files.download_dir("/root/proj", dst)
+            self.assertEqual(_tree(dst), _tree(src))
+
+    def test_async(self):
+        async def main():
+            async with AsyncSandbox.create(metadata=META) as sb:
+                await sb.run_code("y = 2")
+                r1, r2 = await asyncio.gather(sb.exec("echo a"), sb.files.write("/root/async.txt", b"z"))
+                self.assertEqual(r1.stdout, "a\n")
+                self.assertEqual(await sb.files.read("/root/async.txt"), b"z")
+                return (await sb.run_code("y * 21")).value
+
+        self.assertEqual(asyncio.run(main()), "42")
+
+
+@unittest.skipUnless(HAVE_SERVER, SKIP_MSG)
+@unittest.skipUnless(FORK, "fork/merge/diff tests: set RAMIFY_TEST_FORK=1 once the server supports fork")
+class TestForkIntegration(unittest.TestCase):
+    def test_fork_inherits_and_isolates(self):
+        with Sandbox(metadata=META) as parent:
+            parent.run_code("x = 42; import json")
+            parent.files.write("/root/base.txt", b"base")
+            children = parent.fork(n=3)
+            try:
+                self.assertEqual(len(children), 3)
+                self.assertEqual(len({c.id for c in children} | {parent.id}), 4)
+                for i, c in enumerate(children):
+                    self.assertEqual(c.run_code("x + 1").value, "43")
+                    self.assertEqual(c.run_code("json.dumps([1])").value, "'[1]'")
+                    self.assertEqual(c.files.read("/root/base.txt"), b"base")
+                    c.run_code(f"x = {i}")
+                    c.files.write("/root/base.txt", f"child {i}")
+                self.assertEqual(parent.run_code("x").value, "42")
+                self.assertEqual(parent.files.read("/root/base.txt"), b"base")
+                self.assertEqual([c.run_code("x").value for c in children], ["0", "1", "2"])
+                self.assertEqual(children[0].info.get("parent_id") or children[0].refresh().get("parent_id"),
+                                 parent.id)
+            finally:
+                for c in children:
+                    c.close()
+
+    def test_fork_limits(self):
+        with Sandbox(metadata=META) as parent:
+            with self.assertRaises(InvalidRequest):
+                parent.fork(n=33)
+            with self.assertRaises(InvalidRequest):
+                parent.fork(n=0)
+
+    def test_diff(self):
+        with Sandbox(metadata=META) as parent:
+            parent.files.write("/root/same.txt", b"same")
+            parent.files.write("/root/mod.txt", b"v1")
+            a, b = parent.fork(n=2)
+            try:
+                a.run_code("open('/root/a.txt','w').write('from a')")
+                b.run_code("open('/root/b.txt','w').write('from b')")
+                b.files.write("/root/mod.txt", b"v2")
+                d = a.diff(b)
+                self.assertIn("/root/b.txt", d["added"])
+                self.assertIn("/root/a.txt", d["removed"])
+                self.assertIn("/root/mod.txt", d["modified"])
+                self.assertNotIn("/root/same.txt", d["added"] + d["removed"] + d["modified"])
+                b.files.write("/srv/x.txt", b"x")
+                d2 = a.diff(b, paths=["/srv"])
+                self.assertEqual(d2["added"], ["/srv/x.txt"])
+            finally:
+                a.close()
+                b.close()
+
+    def test_merge_into(self):
+        with Sandbox(metadata=META) as parent:
+            parent.run_code("v = 'parent'")
+            children = parent.fork(n=3)
+            winner = children[1]
+            try:
+                winner.run_code("v = 'winner'")
+                winner.files.write("/root/won.txt", b"yes")
+                parent.merge_into(winner)
+                self.assertEqual(parent.run_code("v").value, "'winner'")
+                self.assertEqual(parent.files.read("/root/won.txt"), b"yes")
+                self.assertTrue(winner.defunct)
+                with self.assertRaises(SandboxDefunct):
+                    winner.run_code("1")
+                with self.assertRaises(SandboxNotFound):
+                    Sandbox.connect(winner.id)
+                with self.assertRaises(SandboxNotFound):
+                    parent.merge_into(winner.id)  # second merge of the same winner: 404
+                with self.assertRaises(InvalidRequest):
+                    parent.merge_into(parent)
+                self.assertEqual(children[0].run_code("v").value, "'parent'")  # siblings untouched
+            finally:
+                for c in children:
+                    c.close()  # no-op for the defunct winner
+
+    def test_async_children_concurrently(self):
+        async def main():
+            async with AsyncSandbox.create(metadata=META) as parent:
+                await parent.run_code("import time; base = 10")
+                kids = await parent.fork(n=4)
+                try:
+                    t0 = time.monotonic()
+                    res = await asyncio.gather(*(k.run_code(f"time.sleep(1); base + {i}") for i, k in enumerate(kids)))
+                    elapsed = time.monotonic() - t0
+                    return [r.value for r in res], elapsed
+                finally:
+                    await asyncio.gather(*(k.close() for k in kids))
+
+        values, elapsed = asyncio.run(main())
+        self.assertEqual(values, ["10", "11", "12", "13"])
+        self.assertLess(elapsed, 3.5)
+
+
+@unittest.skipUnless(HAVE_SERVER, SKIP_MSG)
+@unittest.skipUnless(PAUSE, "pause/resume tests: set RAMIFY_TEST_PAUSE=1 once the server supports pause")
+class TestPauseIntegration(unittest.TestCase):
+    def test_pause_resume(self):
+        with Sandbox(metadata=META) as sb:
+            sb.run_code("kept = [1, 2, 3]")
+            sb.files.write("/root/kept.txt", b"kept")
+            info = sb.pause()
+            self.assertEqual(info["status"], "paused")
+            self.assertEqual(sb.status, "paused")
+            self.assertEqual(sb.pause()["status"], "paused")  # idempotent
+            with self.assertRaises(Conflict):
+                sb.run_code("1")
+            info = sb.resume()
+            self.assertEqual(info["status"], "running")
+            self.assertEqual(sb.resume()["status"], "running")  # idempotent
+            self.assertEqual(sb.run_code("sum(kept)").value, "6")
+            self.assertEqual(sb.files.read("/root/kept.txt"), b"kept")
+
+    def test_pause_no_wait(self):
+        with Sandbox(metadata=META) as sb:
+            info = sb.pause(wait=False)
+            self.assertIn(info["status"], ("pausing", "paused"))
+            sb.wait_for_status("paused", timeout=120)
+            sb.resume()
+            self.assertEqual(sb.run_code("1 + 1").value, "2")
+
+
+if __name__ == "__main__":
+    unittest.main()
