@@ -110,7 +110,7 @@ func TestCreateGetListDelete(t *testing.T) {
 		w.WriteHeader(204)
 	})
 
-	sb, err := c.Create(ctx, &CreateRequest{VCPU: 0.5, MemMiB: 512, Env: map[string]string{"A": "1"}, Metadata: map[string]string{"k": "v"}})
+	sb, err := c.Create(ctx, CreateRequest{VCPU: 0.5, MemMiB: 512, Env: map[string]string{"A": "1"}, Metadata: map[string]string{"k": "v"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,11 +6,8 @@ import (
 	"net/url"
 )
 
-// Create creates a sandbox. req may be nil for all defaults.
-func (c *Client) Create(ctx context.Context, req *CreateRequest) (*Sandbox, error) {
-	if req == nil {
-		req = &CreateRequest{}
-	}
+// Create creates a sandbox; the zero CreateRequest takes every default.
+func (c *Client) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
 	var sb Sandbox
 	if _, err := c.do(ctx, request{method: http.MethodPost, path: "/v1/sandboxes", json: req}, &sb); err != nil {
 		return nil, err

@@ -48,7 +48,7 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	if len(pos) != 0 {
 		return usageError(fs, "sandbox create takes no positional arguments (got %q)", pos)
 	}
-	req := &client.CreateRequest{
+	req := client.CreateRequest{
 		VCPU: *vcpu, MemMiB: int(mem), MaxProcs: *maxProcs, TimeoutS: timeout.n, OnTimeout: *onTimeout,
 		Cwd: *cwd,
 	}

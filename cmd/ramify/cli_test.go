@@ -87,7 +87,7 @@ func TestLsTable(t *testing.T) {
 sbx_x  error    -         1vcpu-1024mib  3d   -
 sbx_a  running  10.0.0.2  1vcpu-1024mib  3h   -
 sbx_b  running  10.0.0.3  1vcpu-1024mib  2m   sbx_a
-sbx_c  paused   10.0.0.4  1vcpu-1024mib  60s  sbx_a
+sbx_c  paused   10.0.0.4  1vcpu-1024mib  1m   sbx_a
 sbx_d  running  10.0.0.5  2vcpu-4096mib  0s   sbx_b
 `
 	if got := tc.out.String(); got != want {
@@ -716,5 +716,26 @@ func TestRm(t *testing.T) {
 	err := tc.rm(context.Background(), []string{"sbx_1", "sbx_gone", "sbx_2"})
 	if err != exitStatus(1) || tc.out.String() != "sbx_1\nsbx_2\n" || !strings.Contains(tc.errOut.String(), "sbx_gone: sandbox not found") {
 		t.Errorf("%v out %q err %q", err, tc.out, tc.errOut)
+	}
+}
+
+func TestGetVerb(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
+		sb := sandboxes()[2]
+		sb.VCPU, sb.MemMiB, sb.MaxProcs, sb.Cwd, sb.Hostname = 1, 1024, 512, "/root", "sbx-b"
+		sb.Metadata = map[string]string{"team": "a", "run": "7"}
+		writeJSON(w, 200, sb)
+	})
+	tc := newTestCLI(t, mux)
+	if err := tc.get(context.Background(), []string{"sbx_b"}); err != nil {
+		t.Fatal(err)
+	}
+	out := tc.out.String()
+	for _, want := range []string{"id:       sbx_b\n", "status:   running\n", "shape:    1vcpu-1024mib (1 vcpu, 1024 MiB, 512 procs)\n",
+		"parent:   sbx_a\n", "family:   fam_a\n", "metadata: run=7 team=a\n", "timeout:  none\n", "(2m ago)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
 	}
 }

@@ -283,6 +283,9 @@ func build(ctx context.Context, o Options) (img Image, err error) {
 	if err := ctx.Err(); err != nil {
 		return Image{}, fmt.Errorf("build image: %w", err)
 	}
+	if err := syncFS(rootfs); err != nil {
+		return Image{}, fmt.Errorf("build image: sync: %w", err)
+	}
 	size, err := treeSize(rootfs)
 	if err != nil {
 		return Image{}, fmt.Errorf("build image: %w", err)
@@ -492,6 +495,16 @@ func writeFileSync(path string, data []byte) error {
 		return err
 	}
 	return f.Close()
+}
+
+// syncFS flushes the whole file system holding dir (one syncfs instead of an fsync per file).
+func syncFS(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
 }
 
 func syncDir(dir string) error {

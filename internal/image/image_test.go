@@ -491,3 +491,31 @@ func TestPruneCache(t *testing.T) {
 		}
 	}
 }
+
+func TestRemoveDeviceNodes(t *testing.T) {
+	needRoot(t)
+	dev := filepath.Join(t.TempDir(), "dev")
+	if err := os.MkdirAll(filepath.Join(dev, "pts"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(filepath.Join(dev, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		t.Skipf("mknod: %v", err)
+	}
+	if err := os.Symlink("/proc/self/fd", filepath.Join(dev, "fd")); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeDeviceNodes(dev); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(dev)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, ",") != "fd,pts" {
+		t.Errorf("/dev holds %v, want fd and pts", names)
+	}
+	if err := removeDeviceNodes(filepath.Join(t.TempDir(), "none")); err != nil {
+		t.Errorf("missing /dev: %v", err)
+	}
+}

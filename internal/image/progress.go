@@ -169,6 +169,7 @@ type reporter struct {
 	p        *parser
 	now      func() time.Time
 	lastStep time.Time
+	lastMsg  string
 	tail     []string
 	source   string // tool name, for the log
 }
@@ -198,6 +199,9 @@ func (r *reporter) raw(line string) {
 	if !ok {
 		return
 	}
+	if ev.msg == r.lastMsg { // apt repeats some lines (mmdebstrap runs it twice in the chroot)
+		return
+	}
 	if ev.step {
 		now := r.now()
 		if !ev.last && now.Sub(r.lastStep) < stepInterval {
@@ -205,6 +209,7 @@ func (r *reporter) raw(line string) {
 		}
 		r.lastStep = now
 	}
+	r.lastMsg = ev.msg
 	fmt.Fprintf(r.w, "image: %s\n", ev.msg)
 }
 

@@ -50,6 +50,13 @@ func TestRealBuild(t *testing.T) {
 	if ents, _ := filepath.Glob(filepath.Join(img.Rootfs, "var/cache/apt/archives/*.deb")); len(ents) > 0 {
 		t.Errorf("%d .deb files left in the image", len(ents))
 	}
+	if ents, err := os.ReadDir(filepath.Join(img.Rootfs, "dev")); err == nil {
+		for _, e := range ents {
+			if e.Type()&os.ModeDevice != 0 {
+				t.Errorf("device node /dev/%s left in the image", e.Name())
+			}
+		}
+	}
 	// The shifted tree still works (chroot as host root; the files are owned by 100000 but readable).
 	out, err := exec.CommandContext(ctx, findExe("chroot"), img.Rootfs, "python3", "-c",
 		"import numpy, pandas, dill; print(numpy.__version__)").CombinedOutput()

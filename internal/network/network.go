@@ -29,7 +29,9 @@ const (
 	DefaultCIDR   = "10.213.0.0/16"
 )
 
-// TableName is the nftables table (family ip) that New owns. New replaces its whole contents.
+// TableName is the prefix of the nftables table (family ip) that New owns: the table of bridge B is
+// TableName + "_" + B, so servers with different bridges never touch each other's rules. New replaces the
+// table's whole contents.
 const TableName = "ramify"
 
 // SandboxIfName is the name of the sandbox's interface inside its network namespace.
@@ -64,7 +66,7 @@ type Manager struct {
 }
 
 // New makes sure the bridge exists, carries the gateway address and is up, that IPv4 forwarding is enabled and
-// that the nftables table "ramify" holds exactly the NAT and forward rules for cfg. It is idempotent: running it
+// that the bridge's nftables table (TableName_<bridge>) holds exactly the NAT and forward rules for cfg. It is idempotent: running it
 // again (for example after a restart) converges to the same state without duplicating addresses, tables, chains or
 // rules.
 func New(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
@@ -85,7 +87,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	if cfg.table == "" {
-		cfg.table = TableName
+		cfg.table = TableName + "_" + cfg.Bridge
 	}
 	m := &Manager{log: log.With("component", "network"), bridge: cfg.Bridge, table: cfg.table, pool: p,
 		afterCreate: cfg.afterCreate}

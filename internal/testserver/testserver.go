@@ -1,0 +1,209 @@
+// Package testserver starts a real ramify server for integration tests and benchmarks: the built binary
+// (RAMIFY_TEST_BINARY), a fresh data directory, the shared test image (RAMIFY_TEST_IMAGE_DIR), its own bridge and
+// subnet, a free loopback port. Tests that cannot have these skip with the reason; nothing is mocked.
+package testserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ramify-dev/ramify/client"
+)
+
+// Server is a running ramify server.
+type Server struct {
+	URL, Key, DataDir string
+	Client            *client.Client
+
+	t      testing.TB
+	bin    string
+	args   []string
+	cmd    *exec.Cmd
+	logf   *os.File
+	bridge string
+}
+
+var seq atomic.Int32
+
+// Binary returns the ramify binary under test, or skips.
+func Binary(t testing.TB) string {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the server creates namespaces, cgroups, mounts and network devices")
+	}
+	bin := os.Getenv("RAMIFY_TEST_BINARY")
+	if bin == "" {
+		t.Skip("RAMIFY_TEST_BINARY is not set: run through 'make test' (it builds bin/ramify and the image)")
+	}
+	return bin
+}
+
+// Start starts a server; it is stopped, and every sandbox it still has destroyed, when the test ends.
+func Start(t testing.TB, extraArgs ...string) *Server {
+	bin := Binary(t)
+	images := os.Getenv("RAMIFY_TEST_IMAGE_DIR")
+	if images == "" {
+		images = "/var/cache/ramify/images"
+	}
+	if _, err := os.Stat(filepath.Join(images, "default", "manifest.json")); err != nil {
+		t.Skipf("no test image in %s: run 'make image'", images)
+	}
+	n := int(seq.Add(1))
+	id := (os.Getpid()*7 + n) % 200
+	s := &Server{
+		t:       t,
+		bin:     bin,
+		Key:     fmt.Sprintf("test-key-%d-%d", os.Getpid(), n),
+		DataDir: t.TempDir(),
+		bridge:  fmt.Sprintf("rfyt%d", id),
+	}
+	s.args = append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", s.DataDir, "--image-dir", images,
+		"--api-key", s.Key, "--bridge", s.bridge, "--subnet", fmt.Sprintf("10.%d.%d.0/24", 220+id/100, id%100+1),
+		"--log-level", "info"}, extraArgs...)
+	s.start()
+	t.Cleanup(s.cleanup)
+	return s
+}
+
+func (s *Server) start() {
+	t := s.t
+	ready := filepath.Join(s.DataDir, "ready")
+	os.Remove(ready)
+	logf, err := os.OpenFile(filepath.Join(s.DataDir, "server.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.logf = logf
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "RAMIFY_READY_FILE="+ready)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.cmd = cmd
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if b, err := os.ReadFile(ready); err == nil && len(b) > 0 {
+			s.URL = strings.TrimSpace(string(b))
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatalf("server exited at start:\n%s", s.Log())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server did not start within 60s:\n%s", s.Log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.Client = client.New(s.URL, s.Key)
+}
+
+// Log returns the server's output so far.
+func (s *Server) Log() string {
+	b, _ := os.ReadFile(filepath.Join(s.DataDir, "server.log"))
+	return string(b)
+}
+
+// Pid is the server's process id (0 when stopped).
+func (s *Server) Pid() int {
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// PeakRSSMiB returns the server process's peak resident memory (VmHWM) in MiB.
+func (s *Server) PeakRSSMiB() int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.Pid()))
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+			var kb int
+			fmt.Sscan(f[1], &kb)
+			return kb / 1024
+		}
+	}
+	return -1
+}
+
+// Stop stops the server with SIGTERM (sandboxes keep running, as in production).
+func (s *Server) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { s.cmd.Process.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		s.cmd.Process.Kill()
+	}
+	s.cmd = nil
+	s.logf.Close()
+}
+
+// Kill stops the server with SIGKILL, as a crash would.
+func (s *Server) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	s.cmd.Process.Wait()
+	s.cmd = nil
+	s.logf.Close()
+}
+
+// Restart starts the server again on the same data directory (a new port).
+func (s *Server) Restart() {
+	s.Stop()
+	s.start()
+}
+
+func (s *Server) cleanup() {
+	if s.cmd != nil && s.Client != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if list, err := s.Client.List(ctx, client.ListOptions{}); err == nil {
+			for _, sb := range list {
+				s.Client.Delete(ctx, sb.ID)
+			}
+		}
+	}
+	if s.t.Failed() {
+		s.t.Logf("server log:\n%s", tail(s.Log(), 80))
+	}
+	s.Stop()
+	// The layers' loop-mounted btrfs (if any) and the bridge belong to this server only.
+	exec.Command("umount", filepath.Join(s.DataDir, "layers", "layers")).Run()
+	exec.Command("ip", "link", "del", s.bridge).Run()
+	// The server's (now empty) cgroup parent: ramify/<first 4 bytes of sha256(data dir)> in every hierarchy.
+	sum := sha256.Sum256([]byte(s.DataDir))
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/ramify/" + hex.EncodeToString(sum[:4]))
+	more, _ := filepath.Glob("/sys/fs/cgroup/ramify/" + hex.EncodeToString(sum[:4]))
+	for _, d := range append(dirs, more...) {
+		os.Remove(d)
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
