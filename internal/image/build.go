@@ -515,10 +515,14 @@ func pruneCache(cache, rootfs string) (int, error) {
 	return n, nil
 }
 
-// removeDeviceNodes deletes the device nodes the bootstrap tool created in the image's /dev (mmdebstrap's root
-// mode leaves null, zero, tty, console, ptmx and friends there). They are host devices that a shared lower
-// layer should not carry; sandboxes get their /dev from the runtime. Symlinks (fd, stdin, ...) and the pts and
-// shm directories stay.
+// keptDevices are the device nodes the image keeps in /dev: harmless, and needed by programs run in a plain
+// chroot of the image (pandas, for one, opens /dev/null on import).
+var keptDevices = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// removeDeviceNodes deletes the device nodes in the image's /dev other than keptDevices (mmdebstrap's root mode
+// also creates console, a host device a shared lower layer should not carry, and ptmx). ptmx becomes the
+// usual symlink to pts/ptmx, so a sandbox that mounts its own devpts gets working ptys. Symlinks (fd, stdin,
+// ...) and the pts and shm directories stay.
 func removeDeviceNodes(dev string) error {
 	ents, err := os.ReadDir(dev)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -528,8 +532,15 @@ func removeDeviceNodes(dev string) error {
 		return err
 	}
 	for _, e := range ents {
-		if t := e.Type(); t&(fs.ModeDevice|fs.ModeCharDevice) != 0 {
-			if err := os.Remove(filepath.Join(dev, e.Name())); err != nil {
+		if e.Type()&fs.ModeDevice == 0 || containsStr(keptDevices, e.Name()) {
+			continue
+		}
+		p := filepath.Join(dev, e.Name())
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+		if e.Name() == "ptmx" {
+			if err := os.Symlink("pts/ptmx", p); err != nil {
 				return err
 			}
 		}

@@ -498,8 +498,13 @@ func TestRemoveDeviceNodes(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(dev, "pts"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mknod(filepath.Join(dev, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
-		t.Skipf("mknod: %v", err)
+	for _, n := range []struct {
+		name       string
+		maj, minor uint32
+	}{{"null", 1, 3}, {"console", 5, 1}, {"ptmx", 5, 2}} {
+		if err := unix.Mknod(filepath.Join(dev, n.name), unix.S_IFCHR|0o666, int(unix.Mkdev(n.maj, n.minor))); err != nil {
+			t.Skipf("mknod: %v", err)
+		}
 	}
 	if err := os.Symlink("/proc/self/fd", filepath.Join(dev, "fd")); err != nil {
 		t.Fatal(err)
@@ -512,8 +517,14 @@ func TestRemoveDeviceNodes(t *testing.T) {
 	for _, e := range ents {
 		names = append(names, e.Name())
 	}
-	if strings.Join(names, ",") != "fd,pts" {
-		t.Errorf("/dev holds %v, want fd and pts", names)
+	if strings.Join(names, ",") != "fd,null,ptmx,pts" {
+		t.Errorf("/dev holds %v, want fd, null, ptmx and pts", names)
+	}
+	if fi, err := os.Lstat(filepath.Join(dev, "null")); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		t.Errorf("/dev/null: %v %v", fi, err)
+	}
+	if target, err := os.Readlink(filepath.Join(dev, "ptmx")); err != nil || target != "pts/ptmx" {
+		t.Errorf("/dev/ptmx -> %q, %v", target, err)
 	}
 	if err := removeDeviceNodes(filepath.Join(t.TempDir(), "none")); err != nil {
 		t.Errorf("missing /dev: %v", err)

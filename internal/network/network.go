@@ -194,6 +194,11 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 	if err := netlink.LinkSetMaster(host, br); err != nil {
 		return fmt.Errorf("attach %s: set master %s: %w", hostVeth, m.bridge, err)
 	}
+	// An isolated bridge port forwards only to non-isolated ports (the bridge itself): sandboxes cannot
+	// reach each other at L2.
+	if err := netlink.LinkSetIsolated(host, true); err != nil {
+		return fmt.Errorf("attach %s: isolate port: %w", hostVeth, err)
+	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return fmt.Errorf("attach %s: set up: %w", hostVeth, err)
 	}

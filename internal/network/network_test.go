@@ -391,7 +391,7 @@ func TestNewIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantRules := map[string]int{chainPostrouting: 1, chainForward: 2}
+	wantRules := map[string]int{chainPostrouting: 1, chainForward: 3}
 	seen := map[string]int{}
 	for _, ch := range chains {
 		if ch.Table.Name != testTable {

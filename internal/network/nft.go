@@ -20,6 +20,7 @@ const (
 //
 //	chain postrouting { type nat hook postrouting priority srcnat; ip saddr CIDR oifname != BRIDGE masquerade }
 //	chain forward { type filter hook forward priority filter; policy accept;
+//	    iifname BRIDGE oifname BRIDGE drop
 //	    iifname BRIDGE accept
 //	    oifname BRIDGE ct state established,related accept }
 //
@@ -53,6 +54,16 @@ func ensureNFT(table, bridge string, cidr *net.IPNet) error {
 		Priority: nftables.ChainPriorityFilter,
 		Policy:   &accept,
 	})
+	// Sandboxes never reach each other, not even routed through the host: the bridge ports are isolated at L2
+	// (see Attach) and this rule drops what would come back out of the bridge at L3.
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
+		&expr.Counter{},
+		&expr.Verdict{Kind: expr.VerdictDrop},
+	}})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(bridge)},
