@@ -13,6 +13,9 @@ import (
 	"time"
 )
 
+// replBootstrap reads the interpreter loop (repl.py) from fd 4 and runs it.
+const replBootstrap = "import os; f = os.fdopen(4, 'rb'); src = f.read(); f.close(); del f; exec(compile(src, '<ramify-repl>', 'exec'))"
+
 // repl drives the sandbox's persistent Python interpreter. One call runs at a time.
 type repl struct {
 	agent *Agent
@@ -73,13 +76,24 @@ func (p *repl) spawn() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	cmd := exec.Command("python3", "-u", "-c", replSource)
+	// The loop's source comes through a pipe on fd 4, so that ps shows a short command line.
+	srcR, srcW, err := os.Pipe()
+	if err != nil {
+		conn.Close()
+		return 0, err
+	}
+	defer srcR.Close()
+	go func() {
+		srcW.Write([]byte(replSource)) //nolint:errcheck // a failure shows as the interpreter not starting
+		srcW.Close()
+	}()
+	cmd := exec.Command("python3", "-u", "-c", replBootstrap)
 	cmd.Env = a.environ(nil)
 	cmd.Dir = a.workdir("")
 	if _, err := os.Stat(cmd.Dir); err != nil {
 		cmd.Dir = "/"
 	}
-	cmd.ExtraFiles = []*os.File{theirs} // fd 3
+	cmd.ExtraFiles = []*os.File{theirs, srcR} // fd 3: the agent's socket, fd 4: the loop's source
 	stdout, stderr := &streamWriter{p: p, typ: "stdout"}, &streamWriter{p: p, typ: "stderr"}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

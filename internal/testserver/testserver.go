@@ -175,6 +175,10 @@ func (s *Server) Restart() {
 }
 
 func (s *Server) cleanup() {
+	if s.cmd == nil && s.Client != nil {
+		// Stopped or killed by the test: start it again so that it destroys what it still has.
+		s.start()
+	}
 	if s.cmd != nil && s.Client != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
