@@ -640,50 +640,32 @@ func TestPollAfter(t *testing.T) {
 
 func TestDiff(t *testing.T) {
 	s, c := newStub(t)
-	const h1, h2, h3 = "1111111111111111111111111111111111111111111111111111111111111111",
-		"2222222222222222222222222222222222222222222222222222222222222222",
-		"3333333333333333333333333333333333333333333333333333333333333333"
-	outs := map[string]string{
-		"a": h1 + "  /root/a.txt\n" + h1 + "  /root/same\n" + h1 + "  /tmp/mod\n" + `\` + h2 + `  /root/odd\nname` + "\n",
-		"b": h2 + "  /root/b.txt\n" + h1 + "  /root/same\n" + h3 + "  /tmp/mod\n" + `\` + h2 + `  /root/odd\nname` + "\n",
-	}
-	s.handle("POST /v1/sandboxes/{id}/exec", func(w http.ResponseWriter, r *http.Request) {
-		var req ExecRequest
-		decodeStrict(t, r, &req)
-		if len(req.Argv) < 5 || req.Argv[0] != "/bin/sh" || req.Argv[1] != "-c" || !strings.Contains(req.Argv[2], "sha256sum") {
-			t.Errorf("argv %q", req.Argv)
-		}
-		if got := req.Argv[4:]; !reflect.DeepEqual(got, []string{"/root", "/tmp"}) {
-			t.Errorf("paths %q", got)
-		}
-		if r.PathValue("id") == "paused" {
+	s.handle("GET /v1/sandboxes/{id}/diff/{other}", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("other") == "paused" {
 			writeErr(w, 409, "sandbox is not running")
 			return
 		}
-		writeJSON(w, 200, ExecResult{Stdout: outs[r.PathValue("id")]})
+		if r.PathValue("id") != "a" || r.PathValue("other") != "b" {
+			t.Errorf("ids %s %s", r.PathValue("id"), r.PathValue("other"))
+		}
+		if got := r.URL.Query()["paths"]; !reflect.DeepEqual(got, []string{"/root", "/srv"}) {
+			t.Errorf("paths %q", got)
+		}
+		writeJSON(w, 200, Diff{Added: []string{"/root/b.txt"}, Removed: []string{"/root/a.txt"}, Modified: []string{"/srv/mod"}})
 	})
-	d, err := c.Diff(context.Background(), "a", "b", nil)
+	d, err := c.Diff(context.Background(), "a", "b", []string{"/root", "/srv"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &Diff{Added: []string{"/root/b.txt"}, Removed: []string{"/root/a.txt"}, Modified: []string{"/tmp/mod"}}
+	want := &Diff{Added: []string{"/root/b.txt"}, Removed: []string{"/root/a.txt"}, Modified: []string{"/srv/mod"}}
 	if !reflect.DeepEqual(d, want) {
 		t.Errorf("diff %+v, want %+v", d, want)
 	}
-	if _, err := c.Diff(context.Background(), "a", "paused", nil); !errors.Is(err, ErrConflict) {
+	if _, err := c.Diff(context.Background(), "a", "paused", []string{"/root", "/srv"}); !errors.Is(err, ErrConflict) {
 		t.Errorf("paused: %v", err)
 	}
 	if _, err := c.Diff(context.Background(), "a", "b", []string{"rel"}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("relative: %v", err)
-	}
-}
-
-func TestParseSums(t *testing.T) {
-	h := strings.Repeat("a", 64)
-	got := parseSums(h + "  /x y\n" + `\` + h + `  /b\\s\nl` + "\n" + h + " */bin\ngarbage\n\n")
-	want := map[string]string{"/x y": h, "/b\\s\nl": h, "/bin": h}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("%q", got)
 	}
 }
 

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -123,123 +121,22 @@ func (c *Client) WaitStatus(ctx context.Context, id, want string) (*Sandbox, err
 // DefaultDiffPaths are the directories Diff compares when given none.
 var DefaultDiffPaths = []string{"/root", "/tmp"}
 
-// diffScript prints "sha256  path" for every regular file under its arguments (that exist), on one file system.
-const diffScript = `for p in "$@"; do [ -e "$p" ] || continue; find "$p" -xdev -type f -exec sha256sum -- {} + ; done`
-
-// Diff compares the regular files under paths (default DefaultDiffPaths) of sandboxes a and b, typically two
-// forks of one parent: Added are files only in b, Removed files only in a, Modified files whose content
-// differs. Like the hosted products' SDKs it runs sha256sum in both sandboxes (in parallel, through exec) and
-// compares the lists here, so both sandboxes must be running.
+// Diff compares the files under paths (default: the server's, /root and /tmp) of sandboxes a and b, typically
+// two forks of one parent: Added are files only in b, Removed files only in a, Modified files whose content
+// differs. The server computes it from the sandboxes' writable layers.
 func (c *Client) Diff(ctx context.Context, a, b string, paths []string) (*Diff, error) {
-	if len(paths) == 0 {
-		paths = DefaultDiffPaths
-	}
 	for _, p := range paths {
 		if !strings.HasPrefix(p, "/") {
 			return nil, fmt.Errorf("diff: path %q must be absolute: %w", p, ErrInvalid)
 		}
 	}
-	var (
-		wg   sync.WaitGroup
-		sums [2]map[string]string
-		errs [2]error
-	)
-	for i, id := range []string{a, b} {
-		wg.Go(func() { sums[i], errs[i] = c.fileSums(ctx, id, paths) })
+	q := url.Values{}
+	for _, p := range paths {
+		q.Add("paths", p)
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	var d Diff
+	if _, err := c.do(ctx, request{method: http.MethodGet, path: sandboxPath(a, "/diff/"+url.PathEscape(b)), query: q}, &d); err != nil {
+		return nil, err
 	}
-	return diffSums(sums[0], sums[1]), nil
-}
-
-// fileSums returns path → sha256 of the regular files under paths in sandbox id.
-func (c *Client) fileSums(ctx context.Context, id string, paths []string) (map[string]string, error) {
-	argv := append([]string{"/bin/sh", "-c", diffScript, "sh"}, paths...)
-	res, err := c.Exec(ctx, id, ExecRequest{Argv: argv, Cwd: "/"})
-	if err != nil {
-		return nil, fmt.Errorf("diff: sandbox %s: %w", id, err)
-	}
-	if res.TimedOut {
-		return nil, fmt.Errorf("diff: sandbox %s: listing files timed out", id)
-	}
-	if res.ExitCode != 0 && res.Stdout == "" {
-		return nil, fmt.Errorf("diff: sandbox %s: listing files failed (exit %d): %s", id, res.ExitCode, strings.TrimSpace(res.Stderr))
-	}
-	return parseSums(res.Stdout), nil
-}
-
-// parseSums parses sha256sum output. A line whose name holds a backslash, newline or carriage return starts
-// with a backslash and has those escaped.
-func parseSums(out string) map[string]string {
-	m := map[string]string{}
-	for line := range strings.SplitSeq(out, "\n") {
-		escaped := strings.HasPrefix(line, `\`)
-		if escaped {
-			line = line[1:]
-		}
-		sum, name, ok := strings.Cut(line, "  ")
-		if !ok {
-			// "sum *name" is binary mode.
-			sum, name, ok = strings.Cut(line, " *")
-		}
-		if !ok || len(sum) != 64 {
-			continue
-		}
-		if escaped {
-			name = unescapeSumName(name)
-		}
-		m[name] = sum
-	}
-	return m
-}
-
-func unescapeSumName(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+1 < len(s) {
-			switch s[i+1] {
-			case '\\':
-				b.WriteByte('\\')
-				i++
-				continue
-			case 'n':
-				b.WriteByte('\n')
-				i++
-				continue
-			case 'r':
-				b.WriteByte('\r')
-				i++
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// diffSums compares two path → hash maps.
-func diffSums(a, b map[string]string) *Diff {
-	d := &Diff{Added: []string{}, Removed: []string{}, Modified: []string{}}
-	for p, sa := range a {
-		sb, ok := b[p]
-		switch {
-		case !ok:
-			d.Removed = append(d.Removed, p)
-		case sa != sb:
-			d.Modified = append(d.Modified, p)
-		}
-	}
-	for p := range b {
-		if _, ok := a[p]; !ok {
-			d.Added = append(d.Added, p)
-		}
-	}
-	sort.Strings(d.Added)
-	sort.Strings(d.Removed)
-	sort.Strings(d.Modified)
-	return d
+	return &d, nil
 }

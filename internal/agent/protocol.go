@@ -43,6 +43,9 @@ type ForkTarget struct {
 	AgentPid int    `json:"agent_pid"` // the child agent's pid in the family's PID namespace
 	Token    string `json:"token"`     // proves to the child agent that this interpreter is the one expected
 	Cwd      string `json:"cwd"`
+	// Cgroup is a fragment of /proc/self/cgroup the forked interpreter waits to see (the server moving it into
+	// the child's cgroup) before it enters the child's namespaces.
+	Cgroup string `json:"cgroup"`
 }
 
 // ExecError describes an exception raised by run_code.

@@ -1,7 +1,7 @@
 # ramify's in-sandbox Python interpreter loop (embedded in the ramify binary, run as `python3 -c`).
 # It talks JSON lines with the sandbox agent over the socket on fd 3 (or, in a forked child, over a socket it
 # connects itself): {"op": "run", "code": ...} -> stream events, then one {"type": "result", ...}.
-import ast, ctypes, json, os, signal, socket, sys, traceback
+import ast, ctypes, json, os, signal, socket, sys, time, traceback
 
 _sock = None
 _rfile = None
@@ -188,6 +188,16 @@ def _become_child(t, files):
     global _sock, _rfile
     old = _sock
     holder = t["agent_pid"]
+    # Wait until the server has moved this process into the child's cgroup.
+    marker = t.get("cgroup") or ""
+    deadline = time.monotonic() + 30
+    while marker:
+        with open("/proc/self/cgroup") as f:
+            if marker in f.read():
+                break
+        if time.monotonic() > deadline:
+            os._exit(72)
+        time.sleep(0.0005)
     # Join the target's namespaces; the mount namespace last, since /proc/<pid> paths are read before it.
     for ns, flag in (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000), ("mnt", 0x00020000)):
         _setns("/proc/%d/ns/%s" % (holder, ns), flag)

@@ -18,6 +18,8 @@ import (
 	"github.com/ramify-dev/ramify/internal/sandbox"
 )
 
+var errNotFound = errdefs.New(errdefs.ErrNotFound, "sandbox not found")
+
 // MaxJSONBody limits JSON request bodies.
 const MaxJSONBody = 8 << 20
 
@@ -102,7 +104,7 @@ func (s *Server) auth(h http.HandlerFunc) http.Handler {
 			return
 		}
 		if id := r.PathValue("id"); id != "" && !sandbox.ValidID(id) {
-			writeError(w, errdefs.New(errdefs.ErrNotFound, "sandbox not found"))
+			writeError(w, errNotFound)
 			return
 		}
 		h(w, r)

@@ -1,6 +1,73 @@
 package api
 
-import "net/http"
+import (
+	"net/http"
 
-// extraRoutes registers routes of capabilities that live in their own files.
-func (s *Server) extraRoutes(m *http.ServeMux) {}
+	"github.com/ramify-dev/ramify/internal/sandbox"
+)
+
+// extraRoutes registers the fork family's routes: fork, merge_into and diff.
+func (s *Server) extraRoutes(m *http.ServeMux) {
+	m.Handle("POST /v1/sandboxes/{id}/fork", s.auth(s.fork))
+	m.Handle("POST /v1/sandboxes/{id}/merge_into/{winner}", s.auth(s.mergeInto))
+	m.Handle("GET /v1/sandboxes/{id}/diff/{other}", s.auth(s.diff))
+	m.Handle("POST /v1/sandboxes/{id}/diff/{other}", s.auth(s.diff))
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		N *int `json:"n"`
+	}
+	if err := decode(w, r, &req, true); err != nil {
+		writeError(w, err)
+		return
+	}
+	n := 1
+	if req.N != nil {
+		n = *req.N
+	}
+	res, err := s.svc.Fork(r.Context(), r.PathValue("id"), n)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) mergeInto(w http.ResponseWriter, r *http.Request) {
+	winner := r.PathValue("winner")
+	if !sandbox.ValidID(winner) {
+		writeError(w, errNotFound)
+		return
+	}
+	if err := s.svc.MergeInto(r.Context(), r.PathValue("id"), winner); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
+	other := r.PathValue("other")
+	if !sandbox.ValidID(other) {
+		writeError(w, errNotFound)
+		return
+	}
+	paths := r.URL.Query()["paths"]
+	if r.Method == http.MethodPost {
+		var req struct {
+			Paths []string `json:"paths"`
+		}
+		if err := decode(w, r, &req, true); err != nil {
+			writeError(w, err)
+			return
+		}
+		paths = append(paths, req.Paths...)
+	}
+	res, err := s.svc.Diff(r.Context(), r.PathValue("id"), other, paths)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}

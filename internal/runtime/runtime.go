@@ -34,6 +34,28 @@ type Handle struct {
 	InitPid    int    `json:"init_pid"`    // host pid of the family's init
 	InitStart  uint64 `json:"init_start"`
 	AgentNsPid int    `json:"agent_ns_pid"` // the agent's pid inside the family's PID namespace
+
+	// The sandbox's resources are named after the id it was created with; after a merge the surviving id
+	// drives resources named after the winner. Empty means ID.
+	LayerID string `json:"layer_id,omitempty"`
+	Cgroup  string `json:"cgroup,omitempty"`
+	Veth    string `json:"veth,omitempty"`
+}
+
+// Layer is the id of the sandbox's writable layer.
+func (h Handle) Layer() string {
+	if h.LayerID != "" {
+		return h.LayerID
+	}
+	return h.ID
+}
+
+// CgroupName is the name of the sandbox's cgroup.
+func (h Handle) CgroupName() string {
+	if h.Cgroup != "" {
+		return h.Cgroup
+	}
+	return h.ID
 }
 
 // Runtime runs sandboxes.
@@ -68,8 +90,15 @@ type ForkResult struct {
 	Total       time.Duration
 }
 
-// Forker is implemented by runtimes that can branch a running sandbox.
+// Forker is implemented by runtimes that can branch a running sandbox and commit a branch back.
 type Forker interface {
 	// Fork makes len(children) new sandboxes, each starting from parent's state at one instant.
 	Fork(ctx context.Context, parent Handle, children []Spec) (ForkResult, error)
+	// Swap makes parent's id drive winner's processes, file system and network from now on; the parent's old
+	// state is destroyed and winner's id is no longer known to the runtime. It returns the parent's new handle.
+	Swap(ctx context.Context, parent, winner Handle) (Handle, error)
+	// UpperDir is the host directory holding the sandbox's writable layer's changes (overlay upper dir).
+	UpperDir(h Handle) string
+	// LowerDir is the host directory of the read-only image under every sandbox.
+	LowerDir() string
 }

@@ -324,7 +324,7 @@ func (r *Runtime) teardown(sb *sandbox) {
 			r.log.Warn("delete sandbox cgroup", "sandbox", sb.h.ID, "err", err)
 		}
 	}
-	r.cfg.Network.Detach(network.VethName(sb.h.ID))
+	r.cfg.Network.Detach(vethOf(sb.h))
 	if sb.netFD > 0 {
 		unix.Close(sb.netFD)
 		sb.netFD = -1
@@ -367,7 +367,7 @@ func (r *Runtime) forget(h runtime.Handle) (*family, *sandbox) {
 	r.mu.Unlock()
 	if sb == nil {
 		sb = &sandbox{h: h, client: agent.NewClient(nil)}
-		if cg, err := r.cfg.Cgroups.Load(h.ID); err == nil {
+		if cg, err := r.cfg.Cgroups.Load(h.CgroupName()); err == nil {
 			sb.cg = cg
 		}
 	}
@@ -384,7 +384,7 @@ func (r *Runtime) forget(h runtime.Handle) (*family, *sandbox) {
 // that were lost in a restart.
 func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	r.Stop(ctx, h) //nolint:errcheck // Stop reports nothing it could act on
-	if err := r.cfg.Layers.Remove(ctx, h.ID); err != nil {
+	if err := r.cfg.Layers.Remove(ctx, h.Layer()); err != nil {
 		return fmt.Errorf("remove layer: %w", err)
 	}
 	return nil
@@ -398,7 +398,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if !alive(h.AgentPid, h.AgentStart) {
 		return errors.New("its agent process is gone")
 	}
-	cg, err := r.cfg.Cgroups.Load(h.ID)
+	cg, err := r.cfg.Cgroups.Load(h.CgroupName())
 	if err != nil {
 		return fmt.Errorf("cgroup: %w", err)
 	}
@@ -431,6 +431,13 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 // KillOrphanFamily kills a family init that no recorded sandbox refers to.
 func (r *Runtime) KillOrphanFamily(pid int, start uint64) {
 	(&family{initPid: pid, initStart: start}).kill()
+}
+
+func vethOf(h runtime.Handle) string {
+	if h.Veth != "" {
+		return h.Veth
+	}
+	return network.VethName(h.ID)
 }
 
 // Agent implements runtime.Runtime.

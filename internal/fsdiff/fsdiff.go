@@ -1,0 +1,330 @@
+// Package fsdiff compares the file systems of two sandboxes from the host, using only their overlay layers:
+// what a sandbox sees at a path is its writable (upper) layer's entry if there is one — a whiteout meaning
+// "deleted", an opaque directory hiding the image below — else the shared read-only image's (lower) entry. Paths
+// that neither upper layer touches are equal by construction, so only what changed since the image needs a look,
+// and files cloned by a btrfs snapshot and untouched since (same inode, same ctime to the nanosecond) are equal
+// without reading them. Everything else is compared by content (SHA-256).
+package fsdiff
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Result lists paths of b relative to a: present only in b, only in a, and in both with different content.
+type Result struct {
+	Added    []string `json:"added"`
+	Removed  []string `json:"removed"`
+	Modified []string `json:"modified"`
+}
+
+// Layers are one sandbox's layers on the host.
+type Layers struct {
+	Upper string // the overlay upper directory
+	Lower string // the image
+}
+
+// Compare returns the differences of b relative to a under paths (absolute, inside the sandboxes). Only
+// non-directory entries (regular files, symlinks, others) are reported.
+func Compare(a, b Layers, paths []string) (Result, error) {
+	res := Result{Added: []string{}, Removed: []string{}, Modified: []string{}}
+	va, vb := newView(a), newView(b)
+	// The two layers are read concurrently.
+	candA, candB := map[string]bool{}, map[string]bool{}
+	var errA error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, p := range paths {
+			if errA = va.collect(p, candA); errA != nil {
+				return
+			}
+		}
+	}()
+	for _, p := range paths {
+		if err := vb.collect(p, candB); err != nil {
+			<-done
+			return res, err
+		}
+	}
+	<-done
+	if errA != nil {
+		return res, errA
+	}
+	cands := candA
+	for n := range candB {
+		cands[n] = true
+	}
+	names := make([]string, 0, len(cands))
+	for n := range cands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		ea, err := va.resolve(n)
+		if err != nil {
+			return res, err
+		}
+		eb, err := vb.resolve(n)
+		if err != nil {
+			return res, err
+		}
+		switch {
+		case ea == nil && eb == nil:
+		case ea == nil:
+			res.Added = append(res.Added, n)
+		case eb == nil:
+			res.Removed = append(res.Removed, n)
+		default:
+			same, err := equal(ea, eb)
+			if err != nil {
+				return res, err
+			}
+			if !same {
+				res.Modified = append(res.Modified, n)
+			}
+		}
+	}
+	return res, nil
+}
+
+// entry is what a sandbox sees at a path: a non-directory at a host path.
+type entry struct {
+	host string
+	st   unix.Stat_t
+}
+
+// view is one sandbox's upper layer as read by collect: its non-directory entries (whiteouts included) and
+// its directories with their opaque flag.
+type view struct {
+	l      Layers
+	files  map[string]unix.Stat_t
+	dirs   map[string]bool // rel -> opaque
+	hidden map[string]bool // walked roots whose image content is hidden by an ancestor in the upper layer
+}
+
+func newView(l Layers) *view {
+	return &view{l: l, files: map[string]unix.Stat_t{}, dirs: map[string]bool{}, hidden: map[string]bool{}}
+}
+
+func isWhiteout(st *unix.Stat_t) bool {
+	return st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
+}
+
+func isOpaque(p string) bool {
+	buf := make([]byte, 4)
+	for _, name := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
+		if n, err := unix.Lgetxattr(p, name, buf); err == nil && n == 1 && buf[0] == 'y' {
+			return true
+		}
+	}
+	return false
+}
+
+func lstat(p string) (*unix.Stat_t, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("lstat %s: %w", p, err)
+	}
+	return &st, nil
+}
+
+func (v *view) rel(hp string) string {
+	return "/" + strings.TrimPrefix(strings.TrimPrefix(hp, v.l.Upper), "/")
+}
+
+// collect walks the upper layer under p, recording what it holds, and adds to cands every non-directory path
+// it touches and, under directories it makes opaque or deletes, every path of the image below them (they differ
+// from a sandbox that does not).
+func (v *view) collect(p string, cands map[string]bool) error {
+	root := filepath.Join(v.l.Upper, p)
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	switch {
+	case err == nil:
+		err = v.walk(fd, p, cands)
+		if err != nil {
+			return err
+		}
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP):
+		// p is absent from the upper layer, or is not a directory there.
+		if st, _ := lstat(root); st != nil {
+			v.files[p] = *st
+			cands[p] = true
+		}
+	default:
+		return fmt.Errorf("open %s: %w", root, err)
+	}
+	// An ancestor of p may be opaque or deleted in the upper layer; then the image's files under p are hidden.
+	for dir := path.Dir(p); dir != p; dir = path.Dir(dir) {
+		hp := filepath.Join(v.l.Upper, dir)
+		if st, _ := lstat(hp); st != nil && (st.Mode&unix.S_IFMT != unix.S_IFDIR || isOpaque(hp)) {
+			v.hidden[p] = true
+			lowerTree(v.l.Lower, p, cands)
+			break
+		}
+		if dir == "/" {
+			break
+		}
+	}
+	return nil
+}
+
+// walk records the directory open at fd (path rel) and everything below it, with *at calls relative to each
+// directory's fd: no path is resolved twice and no symlink is followed. It closes fd.
+func (v *view) walk(fd int, rel string, cands map[string]bool) error {
+	f := os.NewFile(uintptr(fd), rel)
+	defer f.Close()
+	op := fopaque(fd)
+	v.dirs[rel] = op
+	if op {
+		lowerTree(v.l.Lower, rel, cands)
+	}
+	ents, err := f.ReadDir(-1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", filepath.Join(v.l.Upper, rel), err)
+	}
+	for _, e := range ents {
+		child := path.Join(rel, e.Name())
+		if e.IsDir() {
+			cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("open %s: %w", filepath.Join(v.l.Upper, child), err)
+			}
+			if err := v.walk(cfd, child, cands); err != nil {
+				return err
+			}
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("stat %s: %w", filepath.Join(v.l.Upper, child), err)
+		}
+		v.files[child] = st
+		cands[child] = true
+		if isWhiteout(&st) {
+			lowerTree(v.l.Lower, child, cands) // a deleted directory hides the image's whole subtree
+		}
+	}
+	return nil
+}
+
+func fopaque(fd int) bool {
+	buf := make([]byte, 4)
+	for _, name := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
+		if n, err := unix.Fgetxattr(fd, name, buf); err == nil && n == 1 && buf[0] == 'y' {
+			return true
+		}
+	}
+	return false
+}
+
+func lowerTree(lower, rel string, cands map[string]bool) {
+	root := filepath.Join(lower, rel)
+	filepath.WalkDir(root, func(hp string, d fs.DirEntry, err error) error { //nolint:errcheck // best effort: missing is fine
+		if err != nil {
+			return nil
+		}
+		if !d.IsDir() {
+			cands["/"+strings.TrimPrefix(strings.TrimPrefix(hp, lower), "/")] = true
+		}
+		return nil
+	})
+}
+
+// resolve returns what the sandbox sees at rel (nil when nothing, or a directory). rel lies under a path that
+// collect walked.
+func (v *view) resolve(rel string) (*entry, error) {
+	if st, ok := v.files[rel]; ok {
+		if isWhiteout(&st) {
+			return nil, nil
+		}
+		return &entry{host: filepath.Join(v.l.Upper, rel), st: st}, nil
+	}
+	if _, ok := v.dirs[rel]; ok {
+		return nil, nil
+	}
+	// Not in the upper layer: the image shows through unless an ancestor is deleted, a file, or opaque.
+	for dir := path.Dir(rel); ; dir = path.Dir(dir) {
+		if _, ok := v.files[dir]; ok {
+			return nil, nil
+		}
+		if v.dirs[dir] || v.hidden[dir] {
+			return nil, nil
+		}
+		if dir == "/" {
+			break
+		}
+	}
+	hp := filepath.Join(v.l.Lower, rel)
+	st, err := lstat(hp)
+	if err != nil || st == nil || st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return nil, err
+	}
+	return &entry{host: hp, st: *st}, nil
+}
+
+func equal(a, b *entry) (bool, error) {
+	if a.host == b.host {
+		return true, nil // both see the image's file
+	}
+	if a.st.Mode&unix.S_IFMT != b.st.Mode&unix.S_IFMT {
+		return false, nil
+	}
+	switch a.st.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		ta, err := os.Readlink(a.host)
+		if err != nil {
+			return false, err
+		}
+		tb, err := os.Readlink(b.host)
+		return err == nil && ta == tb, err
+	case unix.S_IFREG:
+	default:
+		return a.st.Rdev == b.st.Rdev, nil
+	}
+	if a.st.Size != b.st.Size {
+		return false, nil
+	}
+	// A file cloned by a layer snapshot and written by neither side since keeps its inode number and its ctime,
+	// which no write can preserve.
+	if a.st.Ino == b.st.Ino && a.st.Ctim == b.st.Ctim && a.st.Mtim == b.st.Mtim {
+		return true, nil
+	}
+	ha, err := hashFile(a.host)
+	if err != nil {
+		return false, err
+	}
+	hb, err := hashFile(b.host)
+	if err != nil {
+		return false, err
+	}
+	return ha == hb, nil
+}
+
+func hashFile(p string) ([sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return sum, fmt.Errorf("open %s: %w", p, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return sum, fmt.Errorf("read %s: %w", p, err)
+	}
+	copy(sum[:], h.Sum(nil))
+	return sum, nil
+}

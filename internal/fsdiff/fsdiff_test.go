@@ -1,0 +1,161 @@
+package fsdiff
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+type fixture struct{ lower, a, b string }
+
+func newFixture(t *testing.T) fixture {
+	d := t.TempDir()
+	f := fixture{filepath.Join(d, "lower"), filepath.Join(d, "a"), filepath.Join(d, "b")}
+	for _, p := range []string{f.lower, f.a, f.b} {
+		os.MkdirAll(p, 0o755)
+	}
+	return f
+}
+
+func write(t *testing.T, root, rel, content string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func whiteout(t *testing.T, root, rel string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := unix.Mknod(p, unix.S_IFCHR|0o000, 0); err != nil {
+		t.Skipf("mknod whiteout needs root: %v", err)
+	}
+}
+
+func opaque(t *testing.T, root, rel string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	os.MkdirAll(p, 0o755)
+	if err := unix.Lsetxattr(p, "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+		t.Skipf("trusted xattr needs root: %v", err)
+	}
+}
+
+func TestCompare(t *testing.T) {
+	cases := []struct {
+		name  string
+		setup func(t *testing.T, f fixture)
+		paths []string
+		want  Result
+	}{
+		{"reference example", func(t *testing.T, f fixture) {
+			write(t, f.a, "root/a.txt", "from a")
+			write(t, f.b, "root/b.txt", "from b")
+		}, []string{"/root", "/tmp"}, Result{Added: []string{"/root/b.txt"}, Removed: []string{"/root/a.txt"}, Modified: []string{}}},
+		{"same size content change", func(t *testing.T, f fixture) {
+			write(t, f.a, "root/x", "aaaa")
+			write(t, f.b, "root/x", "bbbb")
+			now := time.Now()
+			os.Chtimes(filepath.Join(f.a, "root/x"), now, now)
+			os.Chtimes(filepath.Join(f.b, "root/x"), now, now)
+		}, []string{"/root"}, Result{Added: []string{}, Removed: []string{}, Modified: []string{"/root/x"}}},
+		{"identical content in both uppers", func(t *testing.T, f fixture) {
+			write(t, f.a, "root/same", "same")
+			write(t, f.b, "root/same", "same")
+		}, []string{"/root"}, Result{Added: []string{}, Removed: []string{}, Modified: []string{}}},
+		{"deleted image file via whiteout", func(t *testing.T, f fixture) {
+			write(t, f.lower, "etc/conf", "image")
+			whiteout(t, f.b, "etc/conf")
+		}, []string{"/etc"}, Result{Added: []string{}, Removed: []string{"/etc/conf"}, Modified: []string{}}},
+		{"deleted then recreated", func(t *testing.T, f fixture) {
+			write(t, f.lower, "etc/conf", "image")
+			write(t, f.b, "etc/conf", "image") // recreated with the same content: equal
+			write(t, f.a, "etc/other", "x")
+			whiteout(t, f.b, "etc/other")
+		}, []string{"/etc"}, Result{Added: []string{}, Removed: []string{"/etc/other"}, Modified: []string{}}},
+		{"opaque directory hides the image", func(t *testing.T, f fixture) {
+			write(t, f.lower, "srv/data/1", "one")
+			write(t, f.lower, "srv/data/sub/2", "two")
+			opaque(t, f.a, "srv/data")
+			write(t, f.a, "srv/data/new", "n")
+		}, []string{"/srv"}, Result{Added: []string{"/srv/data/1", "/srv/data/sub/2"}, Removed: []string{"/srv/data/new"}, Modified: []string{}}},
+		{"whited-out directory", func(t *testing.T, f fixture) {
+			write(t, f.lower, "opt/tool/bin", "x")
+			whiteout(t, f.a, "opt/tool")
+		}, []string{"/opt"}, Result{Added: []string{"/opt/tool/bin"}, Removed: []string{}, Modified: []string{}}},
+		{"nested directories and paths filter", func(t *testing.T, f fixture) {
+			write(t, f.b, "root/a/b/c/deep.txt", "d")
+			write(t, f.b, "var/log/x", "outside paths")
+		}, []string{"/root"}, Result{Added: []string{"/root/a/b/c/deep.txt"}, Removed: []string{}, Modified: []string{}}},
+		{"symlink target change", func(t *testing.T, f fixture) {
+			os.MkdirAll(filepath.Join(f.a, "root"), 0o755)
+			os.MkdirAll(filepath.Join(f.b, "root"), 0o755)
+			os.Symlink("/x", filepath.Join(f.a, "root/l"))
+			os.Symlink("/y", filepath.Join(f.b, "root/l"))
+		}, []string{"/root"}, Result{Added: []string{}, Removed: []string{}, Modified: []string{"/root/l"}}},
+		{"upper file over image file", func(t *testing.T, f fixture) {
+			write(t, f.lower, "etc/motd", "image")
+			write(t, f.a, "etc/motd", "changed")
+		}, []string{"/etc"}, Result{Added: []string{}, Removed: []string{}, Modified: []string{"/etc/motd"}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			c.setup(t, f)
+			got, err := Compare(Layers{Upper: f.a, Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower}, c.paths)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, c.want) {
+				t.Fatalf("got %+v\nwant %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func BenchmarkCompareUnchanged(b *testing.B) {
+	d := b.TempDir()
+	lower, ua, ub := filepath.Join(d, "l"), filepath.Join(d, "a"), filepath.Join(d, "b")
+	os.MkdirAll(lower, 0o755)
+	for i := 0; i < 10000; i++ {
+		p := filepath.Join(ua, "root", "d"+string(rune('a'+i%20)), "f"+itoa(i))
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte("content "+itoa(i)), 0o644)
+	}
+	// b is a copy of a made with hard links: same inode and ctime, as a btrfs snapshot would give.
+	filepath.Walk(ua, func(p string, fi os.FileInfo, err error) error {
+		q := filepath.Join(ub, p[len(ua):])
+		if fi.IsDir() {
+			return os.MkdirAll(q, 0o755)
+		}
+		return os.Link(p, q)
+	})
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r, err := Compare(Layers{ua, lower}, Layers{ub, lower}, []string{"/root", "/tmp"})
+		if err != nil || len(r.Modified)+len(r.Added)+len(r.Removed) != 0 {
+			b.Fatal(err, r)
+		}
+	}
+}
+
+func itoa(i int) string { return string([]byte(fmtInt(i))) }
+
+func fmtInt(i int) string {
+	if i == 0 {
+		return "0"
+	}
+	var b []byte
+	for i > 0 {
+		b = append([]byte{byte('0' + i%10)}, b...)
+		i /= 10
+	}
+	return string(b)
+}

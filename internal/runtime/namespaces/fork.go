@@ -1,0 +1,217 @@
+package namespaces
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/runtime"
+)
+
+var _ runtime.Forker = (*Runtime)(nil)
+
+func newToken() string {
+	var b [16]byte
+	rand.Read(b[:]) //nolint:errcheck // never fails on Linux
+	return hex.EncodeToString(b[:])
+}
+
+// Fork implements runtime.Forker. The parent is frozen only while its writable layer is snapshotted once; the
+// children's layers are then cloned from that snapshot, their agents started in the parent's family, and the
+// parent's interpreter forks once per child: each fork child enters its sandbox's namespaces and cgroup and
+// attaches to the child's agent. On any error every child is destroyed and the parent is as it was.
+func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []runtime.Spec) (res runtime.ForkResult, err error) {
+	start := time.Now()
+	r.mu.Lock()
+	psb := r.sandboxes[parent.ID]
+	f := r.families[parent.FamilyID]
+	r.mu.Unlock()
+	if psb == nil || f == nil {
+		return res, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+
+	// 1. Snapshot the parent's layer at one instant: freeze, snapshot, thaw.
+	base := "fork-" + newToken()[:16]
+	if err := psb.cg.Freeze(ctx); err != nil {
+		return res, fmt.Errorf("freeze parent: %w", err)
+	}
+	frozen := time.Now()
+	_, cerr := r.cfg.Layers.Clone(ctx, parent.Layer(), base)
+	terr := psb.cg.Thaw(context.Background())
+	res.PauseWindow = time.Since(frozen)
+	if cerr != nil {
+		return res, fmt.Errorf("snapshot parent layer: %w", cerr)
+	}
+	defer r.cfg.Layers.Remove(context.Background(), base) //nolint:errcheck // the base is only a staging copy
+	if terr != nil {
+		return res, fmt.Errorf("thaw parent: %w", terr)
+	}
+
+	// 2. Children's layers and agents, in parallel.
+	type child struct {
+		spec  runtime.Spec
+		token string
+		sb    *sandbox
+		err   error
+	}
+	kids := make([]*child, len(children))
+	var wg sync.WaitGroup
+	for i, spec := range children {
+		kids[i] = &child{spec: spec, token: newToken()}
+		wg.Add(1)
+		go func(c *child) {
+			defer wg.Done()
+			dir, err := r.cfg.Layers.Clone(ctx, base, c.spec.ID)
+			if err != nil {
+				c.err = fmt.Errorf("clone layer: %w", err)
+				return
+			}
+			c.sb, c.err = r.spawn(ctx, f, c.spec, dir, c.token)
+			if c.err != nil {
+				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
+			}
+		}(kids[i])
+	}
+	wg.Wait()
+	undo.add(func() {
+		for _, c := range kids {
+			if c.sb != nil {
+				r.teardown(c.sb)
+			}
+			if c.err == nil {
+				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
+			}
+		}
+	})
+	for _, c := range kids {
+		if c.err != nil {
+			return res, fmt.Errorf("fork child %s: %w", c.spec.ID, c.err)
+		}
+	}
+
+	// 3. Fork the parent's interpreter, one child per target.
+	targets := make([]agent.ForkTarget, len(kids))
+	for i, c := range kids {
+		targets[i] = agent.ForkTarget{AgentPid: c.sb.h.AgentNsPid, Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID)}
+	}
+	pc, err := r.Agent(parent.ID)
+	if err != nil {
+		return res, err
+	}
+	ev, err := pc.Call(ctx, agent.Request{Op: "fork_repl", Targets: targets}, nil)
+	if err != nil {
+		return res, fmt.Errorf("fork interpreter: %w", err)
+	}
+	if len(ev.Pids) != len(kids) {
+		return res, fmt.Errorf("fork interpreter: got %d children, want %d", len(ev.Pids), len(kids))
+	}
+	// The forked interpreters start in the parent's cgroup; move each into its own before it enters its sandbox
+	// (it waits for that move).
+	procs, err := psb.cg.Procs()
+	if err != nil {
+		return res, fmt.Errorf("parent cgroup: %w", err)
+	}
+	for i, c := range kids {
+		hostPid, err := findByNsPid(procs, ev.Pids[i])
+		if err != nil {
+			return res, fmt.Errorf("find forked interpreter: %w", err)
+		}
+		undo.add(func() { syscall.Kill(hostPid, syscall.SIGKILL) })
+		if err := c.sb.cg.Add(hostPid); err != nil {
+			return res, fmt.Errorf("move forked interpreter to %s: %w", c.spec.ID, err)
+		}
+	}
+	// 4. Each child's agent waits for its interpreter to attach, then applies env and cwd.
+	errs := make([]error, len(kids))
+	for i, c := range kids {
+		wg.Add(1)
+		go func(i int, c *child) {
+			defer wg.Done()
+			_, errs[i] = c.sb.client.Call(ctx, agent.Request{Op: "start", Env: c.spec.Env, Cwd: c.spec.Cwd}, nil)
+		}(i, c)
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return res, fmt.Errorf("start fork children: %w", err)
+	}
+
+	r.mu.Lock()
+	for _, c := range kids {
+		f.members[c.spec.ID] = true
+		r.sandboxes[c.spec.ID] = c.sb
+		res.Children = append(res.Children, c.sb.h)
+	}
+	r.mu.Unlock()
+	res.Total = time.Since(start)
+	return res, nil
+}
+
+// cgroupMarker is the path fragment a forked interpreter waits to see in /proc/self/cgroup before it enters
+// its sandbox: proof that the server moved it into the child's cgroup.
+func cgroupMarker(id string) string { return "/" + id }
+
+// Swap implements runtime.Forker (merge_into): the parent's old processes, cgroup, network and layer are
+// destroyed, and the winner's running sandbox is re-keyed under the parent's id, keeping its resources (named
+// after the winner, as the returned handle records).
+func (r *Runtime) Swap(ctx context.Context, parent, winner runtime.Handle) (runtime.Handle, error) {
+	r.mu.Lock()
+	psb, wsb := r.sandboxes[parent.ID], r.sandboxes[winner.ID]
+	if psb == nil || wsb == nil {
+		r.mu.Unlock()
+		return runtime.Handle{}, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	// Re-key first, under the lock: from here on, calls for parent.ID reach the winner's agent.
+	nh := wsb.h
+	nh.ID = parent.ID
+	nh.LayerID = winner.Layer()
+	nh.Cgroup = winner.CgroupName()
+	nh.Veth = vethOf(winner)
+	wsb.h = nh
+	r.sandboxes[parent.ID] = wsb
+	delete(r.sandboxes, winner.ID)
+	if wf := r.families[winner.FamilyID]; wf != nil {
+		delete(wf.members, winner.ID)
+		wf.members[parent.ID] = true
+	}
+	var dead *family
+	if pf := r.families[parent.FamilyID]; pf != nil && parent.FamilyID != winner.FamilyID {
+		delete(pf.members, parent.ID)
+		if len(pf.members) == 0 {
+			delete(r.families, parent.FamilyID)
+			dead = pf
+		}
+	}
+	r.mu.Unlock()
+
+	// Then destroy the parent's old state.
+	r.teardown(psb)
+	if dead != nil {
+		dead.kill()
+	}
+	if err := r.cfg.Layers.Remove(ctx, parent.Layer()); err != nil {
+		r.log.Warn("merge: remove the parent's old layer", "sandbox", parent.ID, "err", err)
+	}
+	return nh, nil
+}
+
+// UpperDir implements runtime.Forker.
+func (r *Runtime) UpperDir(h runtime.Handle) string {
+	return filepath.Join(r.cfg.Layers.Path(h.Layer()), "upper")
+}
+
+// LowerDir implements runtime.Forker.
+func (r *Runtime) LowerDir() string { return r.cfg.ImageRootfs }

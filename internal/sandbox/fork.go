@@ -1,0 +1,264 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path"
+	"sort"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/fsdiff"
+	"github.com/ramify-dev/ramify/internal/runtime"
+	"github.com/ramify-dev/ramify/internal/store"
+)
+
+// MaxForkChildren bounds one fork.
+const MaxForkChildren = 32
+
+// ForkResult is what a fork returns.
+type ForkResult struct {
+	Children []string `json:"children"`
+	// ParentPauseMs is how long the parent was frozen while its state was captured.
+	ParentPauseMs float64 `json:"parent_pause_ms"`
+	// Note states what is and is not cloned.
+	Note string `json:"note"`
+}
+
+// ForkNote is the fork response's statement of what a child inherits.
+const ForkNote = "each child runs a copy-on-write fork of the parent's Python interpreter and a copy-on-write clone of its file system; other processes of the parent are not cloned"
+
+func (s *Service) forker() (runtime.Forker, error) {
+	f, ok := s.cfg.Runtime.(runtime.Forker)
+	if !ok {
+		return nil, errdefs.New(errdefs.ErrConflict, "this runtime cannot fork sandboxes")
+	}
+	return f, nil
+}
+
+// Fork branches a running sandbox into n children that start from its current state.
+func (s *Service) Fork(ctx context.Context, id string, n int) (ForkResult, error) {
+	if n < 1 || n > MaxForkChildren {
+		return ForkResult{}, invalid("n must be between 1 and %d", MaxForkChildren)
+	}
+	fk, err := s.forker()
+	if err != nil {
+		return ForkResult{}, err
+	}
+	e, err := s.lookup(id)
+	if err != nil {
+		return ForkResult{}, err
+	}
+	// Exclusive: in-flight calls on the parent finish first, so its interpreter is idle when it forks.
+	e.op.Lock()
+	defer e.op.Unlock()
+	s.mu.Lock()
+	if e.gone {
+		s.mu.Unlock()
+		return ForkResult{}, errNotFound
+	}
+	if err := check(OpFork, Status(e.rec.Status)); err != nil {
+		s.mu.Unlock()
+		return ForkResult{}, err
+	}
+	if Status(e.rec.Status) != StatusRunning {
+		s.mu.Unlock()
+		return ForkResult{}, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	parent, spec := e.handle, e.spec
+	specs := make([]runtime.Spec, n)
+	kids := make([]*entry, n)
+	now := time.Now().UTC()
+	specJSON, _ := json.Marshal(spec)
+	for i := range specs {
+		cid := NewID()
+		ip, err := s.allocateIP()
+		if err != nil {
+			for _, k := range kids[:i] {
+				delete(s.items, k.rec.ID)
+			}
+			s.mu.Unlock()
+			return ForkResult{}, fmt.Errorf("fork %s: %w", id, err)
+		}
+		specs[i] = runtime.Spec{ID: cid, Hostname: hostnameOf(cid), IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
+			MaxProcs: spec.MaxProcs, Env: spec.Env, Cwd: spec.Cwd}
+		k := &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusCreating), FamilyID: e.rec.FamilyID,
+			ParentID: id, IP: ip.String(), Hostname: specs[i].Hostname, CreatedAt: now, Spec: specJSON}}
+		k.op.Lock()
+		kids[i] = k
+		s.items[cid] = k // reserves the address
+	}
+	s.mu.Unlock()
+	defer func() {
+		for _, k := range kids {
+			k.op.Unlock()
+		}
+	}()
+	fail := func(err error) (ForkResult, error) {
+		s.mu.Lock()
+		for _, k := range kids {
+			delete(s.items, k.rec.ID)
+		}
+		s.mu.Unlock()
+		return ForkResult{}, fmt.Errorf("fork %s: %w", id, err)
+	}
+
+	start := time.Now()
+	res, err := fk.Fork(ctx, parent, specs)
+	if err != nil {
+		return fail(err)
+	}
+	recs := make([]store.Record, n)
+	s.mu.Lock()
+	for i, k := range kids {
+		h := res.Children[i]
+		hj, _ := json.Marshal(h)
+		k.handle = h
+		k.rec.Handle = hj
+		k.rec.Status = string(StatusRunning)
+		recs[i] = k.rec
+	}
+	s.mu.Unlock()
+	if err := s.cfg.Store.PutMany(ctx, recs, nil); err != nil {
+		for _, h := range res.Children {
+			s.cfg.Runtime.Destroy(context.Background(), h) //nolint:errcheck // undo: the records could not be saved
+		}
+		return fail(err)
+	}
+	out := ForkResult{ParentPauseMs: float64(res.PauseWindow.Microseconds()) / 1000, Note: ForkNote}
+	for _, k := range kids {
+		out.Children = append(out.Children, k.rec.ID)
+		s.armTimer(k)
+	}
+	s.log.Info("sandbox forked", "sandbox", id, "family", e.rec.FamilyID, "n", n, "ms", time.Since(start).Milliseconds(),
+		"pause_ms", out.ParentPauseMs)
+	return out, nil
+}
+
+// lockPair takes the exclusive locks of two distinct entries in a fixed (id) order, so that two calls on the
+// same pair in opposite roles cannot deadlock.
+func lockPair(a, b *entry) func() {
+	first, second := a, b
+	if b.rec.ID < a.rec.ID {
+		first, second = b, a
+	}
+	first.op.Lock()
+	second.op.Lock()
+	return func() { second.op.Unlock(); first.op.Unlock() }
+}
+
+// MergeInto commits winner's state into parent: parent's id drives the winner's interpreter, files, processes
+// and address from now on, the parent's old state is destroyed and winner's id is retired.
+func (s *Service) MergeInto(ctx context.Context, parentID, winnerID string) error {
+	if parentID == winnerID {
+		return invalid("cannot merge a sandbox into itself: parent and winner are the same id")
+	}
+	fk, err := s.forker()
+	if err != nil {
+		return err
+	}
+	p, err := s.lookup(parentID)
+	if err != nil {
+		return err
+	}
+	w, err := s.lookup(winnerID)
+	if err != nil {
+		return err
+	}
+	unlock := lockPair(p, w)
+	defer unlock()
+	s.mu.Lock()
+	if p.gone || w.gone {
+		s.mu.Unlock()
+		return errNotFound
+	}
+	for _, e := range []*entry{p, w} {
+		if err := check(OpMerge, Status(e.rec.Status)); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+	}
+	ph, wh := p.handle, w.handle
+	s.mu.Unlock()
+
+	start := time.Now()
+	nh, err := fk.Swap(ctx, ph, wh)
+	if err != nil {
+		return fmt.Errorf("merge %s into %s: %w", winnerID, parentID, err)
+	}
+	hj, _ := json.Marshal(nh)
+	s.mu.Lock()
+	p.handle = nh
+	p.rec.Handle = hj
+	p.rec.IP, p.rec.Hostname, p.rec.FamilyID = w.rec.IP, w.rec.Hostname, w.rec.FamilyID
+	p.spec.Env, p.spec.Cwd = w.spec.Env, w.spec.Cwd
+	p.spec.VCPU, p.spec.MemMiB, p.spec.MaxProcs = w.spec.VCPU, w.spec.MemMiB, w.spec.MaxProcs
+	specJSON, _ := json.Marshal(p.spec)
+	p.rec.Spec = specJSON
+	rec := p.rec
+	w.gone = true
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	delete(s.items, winnerID)
+	s.mu.Unlock()
+	if err := s.cfg.Store.PutMany(ctx, []store.Record{rec}, []string{winnerID}); err != nil {
+		// The runtime already swapped; the records will be reconciled at the next start.
+		s.log.Error("merge: saving records failed", "sandbox", parentID, "winner", winnerID, "err", err)
+		return fmt.Errorf("merge %s into %s: save records: %w", winnerID, parentID, err)
+	}
+	s.log.Info("sandbox merged", "sandbox", parentID, "winner", winnerID, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// DefaultDiffPaths are compared when a diff names none.
+var DefaultDiffPaths = []string{"/root", "/tmp"}
+
+// Diff compares the file systems of a and b under paths: what b has that a has not (added), what a has that b
+// has not (removed), and what both have with different content (modified).
+func (s *Service) Diff(ctx context.Context, aID, bID string, paths []string) (fsdiff.Result, error) {
+	if len(paths) == 0 {
+		paths = DefaultDiffPaths
+	}
+	if len(paths) > 64 {
+		return fsdiff.Result{}, invalid("at most 64 paths")
+	}
+	clean := make([]string, 0, len(paths))
+	for _, p := range paths {
+		if !path.IsAbs(p) || len(p) > 4096 {
+			return fsdiff.Result{}, invalid("paths must be absolute: %q", p)
+		}
+		clean = append(clean, path.Clean(p))
+	}
+	sort.Strings(clean)
+	fk, err := s.forker()
+	if err != nil {
+		return fsdiff.Result{}, err
+	}
+	a, doneA, err := s.use(aID)
+	if err != nil {
+		return fsdiff.Result{}, err
+	}
+	defer doneA()
+	var b *entry
+	if bID == aID {
+		b = a
+	} else {
+		var doneB func()
+		b, doneB, err = s.use(bID)
+		if err != nil {
+			return fsdiff.Result{}, err
+		}
+		defer doneB()
+	}
+	s.mu.Lock()
+	ha, hb := a.handle, b.handle
+	s.mu.Unlock()
+	res, err := fsdiff.Compare(fsdiff.Layers{Upper: fk.UpperDir(ha), Lower: fk.LowerDir()},
+		fsdiff.Layers{Upper: fk.UpperDir(hb), Lower: fk.LowerDir()}, clean)
+	if err != nil {
+		return res, fmt.Errorf("diff %s %s: %w", aID, bID, err)
+	}
+	return res, nil
+}

@@ -1,0 +1,230 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+func TestForkChildrenInheritAndDiverge(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	parent := create(t, s, &client.CreateRequest{Env: map[string]string{"MODE": "parent-env"}, Metadata: map[string]string{"exp": "1"}})
+	value(t, s, parent, `import json, numpy as np
+x = 42
+data = {"k": [1, 2, 3]}
+arr = np.arange(1000)
+log = open("/root/log.txt", "w+")
+log.write("before fork\n"); log.flush()
+def helper(v):
+    return v * 2
+1`)
+	sh(t, s, parent, "mkdir -p /root/proj && echo base > /root/proj/base.txt")
+
+	kids, err := s.Client.Fork(ctx, parent, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kids) != 3 {
+		t.Fatalf("children %v", kids)
+	}
+	pinfo, _ := s.Client.Get(ctx, parent)
+	ips := map[string]bool{pinfo.IP: true}
+	for i, k := range kids {
+		info, err := s.Client.Get(ctx, k)
+		if err != nil || info.Status != "running" || info.ParentID != parent || info.FamilyID != pinfo.FamilyID {
+			t.Fatalf("child %d: %+v %v", i, info, err)
+		}
+		if ips[info.IP] || info.Hostname == pinfo.Hostname {
+			t.Fatalf("child %d shares ip/hostname: %+v", i, info)
+		}
+		ips[info.IP] = true
+		// Interpreter state: variables, modules, functions, arrays.
+		if v := value(t, s, k, "(x, data['k'][2], helper(21), int(arr.sum()), json.dumps(1), os.environ['MODE'] if 'os' in dir() else __import__('os').environ['MODE'])"); v != "(42, 3, 42, 499500, '1', 'parent-env')" {
+			t.Fatalf("child %d state: %s", i, v)
+		}
+		// Files at the fork, and the child's own hostname.
+		if r := sh(t, s, k, "cat /root/proj/base.txt; hostname"); r.Stdout != "base\n"+info.Hostname+"\n" {
+			t.Fatalf("child %d fs/hostname: %q", i, r.Stdout)
+		}
+		// Open files were re-opened in the child's file system at the same offset.
+		value(t, s, k, fmt.Sprintf("log.write('child %d\\n'); log.flush(); 1", i))
+		if r := sh(t, s, k, "cat /root/log.txt"); r.Stdout != fmt.Sprintf("before fork\nchild %d\n", i) {
+			t.Fatalf("child %d log: %q", i, r.Stdout)
+		}
+		// Divergence: each child writes its own variable and file.
+		value(t, s, k, fmt.Sprintf("x = %d; open('/root/child-%d.txt', 'w').write('mine'); 1", 100+i, i))
+	}
+	// Writes in children are invisible to the parent and to each other.
+	if v := value(t, s, parent, "x"); v != "42" {
+		t.Fatalf("parent x = %s", v)
+	}
+	if r := sh(t, s, parent, "ls /root; cat /root/log.txt"); strings.Contains(r.Stdout, "child-") || strings.Contains(r.Stdout, "child 0") {
+		t.Fatalf("parent sees children's files: %q", r.Stdout)
+	}
+	for i, k := range kids {
+		if v := value(t, s, k, "x"); v != fmt.Sprint(100+i) {
+			t.Fatalf("child %d x = %s", i, v)
+		}
+		if r := sh(t, s, k, "ls /root | grep -c child-"); r.Stdout != "1\n" {
+			t.Fatalf("child %d sees siblings' files: %q", i, r.Stdout)
+		}
+	}
+	// What the parent does after the fork is invisible to the children.
+	value(t, s, parent, "x = -1; open('/root/after.txt', 'w').write('late'); 1")
+	if v := value(t, s, kids[0], "x"); v != "100" {
+		t.Fatalf("child saw parent's later write: %s", v)
+	}
+	if r := sh(t, s, kids[0], "test -e /root/after.txt && echo leaked || echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("child sees parent's later file")
+	}
+	// Children of children.
+	grand, err := s.Client.Fork(ctx, kids[1], 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := value(t, s, grand[1], "(x, helper(x))"); v != "(101, 202)" {
+		t.Fatalf("grandchild: %s", v)
+	}
+	// Diff between two siblings, like the reference example.
+	d, err := s.Client.Diff(ctx, kids[0], kids[1], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(d.Added, []string{"/root/child-1.txt"}) || !reflect.DeepEqual(d.Removed, []string{"/root/child-0.txt"}) ||
+		!reflect.DeepEqual(d.Modified, []string{"/root/log.txt"}) {
+		t.Fatalf("diff = %+v", d)
+	}
+}
+
+func TestForkBadInput(t *testing.T) {
+	s := testserver.Start(t)
+	id := create(t, s, nil)
+	for _, n := range []string{`{"n": 0}`, `{"n": 33}`, `{"n": -1}`} {
+		code, body := raw(t, s, "POST", "/v1/sandboxes/"+id+"/fork", s.Key, []byte(n))
+		wantError(t, code, body, 400, "n must be between 1 and 32")
+	}
+	code, body := raw(t, s, "POST", "/v1/sandboxes/sbx_00000000000000000000000000000000/fork", s.Key, []byte(`{"n": 2}`))
+	wantError(t, code, body, 404, "sandbox not found")
+	code, body = raw(t, s, "POST", "/v1/sandboxes/"+id+"/fork", "", []byte(`{"n": 2}`))
+	wantError(t, code, body, 401, "invalid api key")
+	// Default n is 1.
+	code, body = raw(t, s, "POST", "/v1/sandboxes/"+id+"/fork", s.Key, nil)
+	if code != 200 || len(body["children"].([]any)) != 1 {
+		t.Fatalf("default fork: %d %v", code, body)
+	}
+	if note, _ := body["note"].(string); !strings.Contains(note, "other processes of the parent are not cloned") {
+		t.Errorf("fork response does not say what is not cloned: %v", body)
+	}
+	list, _ := s.Client.List(ctxT(t), client.ListOptions{})
+	if len(list) != 2 {
+		t.Fatalf("sandboxes after failed forks: %d", len(list))
+	}
+}
+
+func TestMergeInto(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	value(t, s, parent, "x = 'parent'; 1")
+	sh(t, s, parent, "echo parent > /root/who.txt")
+	kids, err := s.Client.Fork(ctx, parent, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	winner := kids[1]
+	value(t, s, winner, "x = 'winner'; 1")
+	sh(t, s, winner, "echo winner > /root/who.txt; sleep 1000 >/dev/null 2>&1 &")
+	winfo, _ := s.Client.Get(ctx, winner)
+
+	code, body := raw(t, s, "POST", "/v1/sandboxes/"+parent+"/merge_into/"+parent, s.Key, nil)
+	wantError(t, code, body, 400, "same")
+	code, body = raw(t, s, "POST", "/v1/sandboxes/"+parent+"/merge_into/sbx_00000000000000000000000000000000", s.Key, nil)
+	wantError(t, code, body, 404, "sandbox not found")
+
+	if err := s.Client.MergeInto(ctx, parent, winner); err != nil {
+		t.Fatal(err)
+	}
+	// The parent id drives the winner's state: interpreter, files, processes, address.
+	if v := value(t, s, parent, "x"); v != "'winner'" {
+		t.Fatalf("parent x after merge = %s", v)
+	}
+	if r := sh(t, s, parent, "cat /root/who.txt; pgrep -c -f 'slee[p] 1000'"); r.Stdout != "winner\n1\n" {
+		t.Fatalf("parent after merge: %q", r.Stdout)
+	}
+	pinfo, err := s.Client.Get(ctx, parent)
+	if err != nil || pinfo.IP != winfo.IP || pinfo.Status != "running" {
+		t.Fatalf("parent info after merge: %+v %v", pinfo, err)
+	}
+	// The winner's id is retired; a second merge of it is 404.
+	if _, err := s.Client.Get(ctx, winner); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("winner after merge: %v", err)
+	}
+	code, body = raw(t, s, "POST", "/v1/sandboxes/"+parent+"/merge_into/"+winner, s.Key, nil)
+	wantError(t, code, body, 404, "sandbox not found")
+	// Siblings are untouched.
+	for _, k := range []string{kids[0], kids[2]} {
+		if v := value(t, s, k, "x"); v != "'parent'" {
+			t.Fatalf("sibling x = %s", v)
+		}
+	}
+	// The merged parent can fork again.
+	again, err := s.Client.Fork(ctx, parent, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := value(t, s, again[0], "x"); v != "'winner'" {
+		t.Fatalf("fork after merge: %s", v)
+	}
+}
+
+func TestConcurrentMergesOnOneParent(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	kids, err := s.Client.Fork(ctx, parent, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range kids {
+		value(t, s, k, fmt.Sprintf("who = %d; 1", i))
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, k := range kids {
+		wg.Add(1)
+		go func(i int, k string) {
+			defer wg.Done()
+			errs[i] = s.Client.MergeInto(context.Background(), parent, k)
+		}(i, k)
+	}
+	wg.Wait()
+	// Both may succeed one after the other (the second merges a sibling into the already-merged parent), or the
+	// second may find its winner gone; never an error other than those, and never a leak.
+	ok := 0
+	for _, err := range errs {
+		if err == nil {
+			ok++
+		} else if !errors.Is(err, client.ErrNotFound) {
+			t.Fatalf("merge error: %v", err)
+		}
+	}
+	if ok == 0 {
+		t.Fatal("no merge succeeded")
+	}
+	v := value(t, s, parent, "who")
+	if v != "0" && v != "1" {
+		t.Fatalf("parent after racing merges: %s", v)
+	}
+	list, _ := s.Client.List(ctx, client.ListOptions{})
+	if len(list) != 3-ok {
+		t.Fatalf("%d sandboxes left after %d merges", len(list), ok)
+	}
+}
