@@ -201,17 +201,15 @@ func TestFormatDiff(t *testing.T) {
 }
 
 func TestDiffVerb(t *testing.T) {
-	h := strings.Repeat("a", 64)
-	g := strings.Repeat("b", 64)
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", func(w http.ResponseWriter, r *http.Request) {
-		var req client.ExecRequest
-		json.NewDecoder(r.Body).Decode(&req)
-		if got := req.Argv[4:]; !reflect.DeepEqual(got, []string{"/data", "/etc"}) {
+	mux.HandleFunc("GET /v1/sandboxes/{id}/diff/{other}", func(w http.ResponseWriter, r *http.Request) {
+		if got := r.URL.Query()["paths"]; !reflect.DeepEqual(got, []string{"/data", "/etc"}) {
 			t.Errorf("paths %q", got)
 		}
-		out := map[string]string{"a": h + "  /data/a.txt\n" + h + "  /data/x\n", "b": h + "  /data/b.txt\n" + g + "  /data/x\n"}[r.PathValue("id")]
-		writeJSON(w, 200, client.ExecResult{Stdout: out})
+		if r.PathValue("id") != "a" || r.PathValue("other") != "b" {
+			t.Errorf("ids %s %s", r.PathValue("id"), r.PathValue("other"))
+		}
+		writeJSON(w, 200, client.Diff{Added: []string{"/data/b.txt"}, Removed: []string{"/data/a.txt"}, Modified: []string{"/data/x"}})
 	})
 	tc := newTestCLI(t, mux)
 	if err := tc.diff(context.Background(), []string{"a", "b", "--path", "/data", "--path", "/etc"}); err != nil {

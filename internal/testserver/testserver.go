@@ -4,10 +4,14 @@
 package testserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,6 +112,30 @@ func (s *Server) start() {
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.Client = client.New(s.URL, s.Key)
+}
+
+// PostJSON posts body as JSON to path and decodes the JSON response into out.
+func (s *Server) PostJSON(ctx context.Context, path string, body, out any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.Key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("POST %s: %d %s", path, resp.StatusCode, rb)
+	}
+	return json.Unmarshal(rb, out)
 }
 
 // Log returns the server's output so far.

@@ -82,7 +82,9 @@ func newTestRuntime(t testing.TB) *testEnv {
 			osexec.Command("ip", "link", "del", br).Run()
 		}
 	})
-	rt, err := New(Config{DataDir: dir, ImageRootfs: rootfs, Layers: layers, Cgroups: cg, Network: nw, Logger: log})
+	// The family init runs the binary from an empty root, so it must be static: make test passes the built
+	// bin/ramify; a test binary built with CGO_ENABLED=0 can also play both roles itself (see TestMain).
+	rt, err := New(Config{DataDir: dir, Binary: os.Getenv("RAMIFY_TEST_BINARY"), ImageRootfs: rootfs, Layers: layers, Cgroups: cg, Network: nw, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
