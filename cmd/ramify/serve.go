@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,6 +36,7 @@ func init() {
 	register("image build", "(re)build the default sandbox image", imageBuildCmd)
 	registerHidden("__init", func(ctx context.Context, args []string) error { return namespaces.InitMain(args) })
 	registerHidden("__agent", func(ctx context.Context, args []string) error { return agent.Main(args) })
+	registerHidden("__exec", func(ctx context.Context, args []string) error { return agent.ExecMain(args) })
 }
 
 func envOr(name, def string) string {
@@ -46,6 +48,7 @@ func envOr(name, def string) string {
 
 type serveFlags struct {
 	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel string
+	warmPool                                                                 int
 }
 
 func parseServeFlags(name string, args []string) (*serveFlags, error) {
@@ -58,6 +61,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.bridge, "bridge", envOr("RAMIFY_BRIDGE", "ramify0"), "host bridge for sandbox networking (env RAMIFY_BRIDGE)")
 	fs.StringVar(&f.subnet, "subnet", envOr("RAMIFY_SUBNET", "10.213.0.0/16"), "sandbox address range (env RAMIFY_SUBNET)")
 	fs.StringVar(&f.layerDriver, "layer-driver", os.Getenv("RAMIFY_LAYER_DRIVER"), `writable layer driver: "btrfs", "copy" or empty for automatic (env RAMIFY_LAYER_DRIVER)`)
+	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
 	fs.StringVar(&f.logLevel, "log-level", envOr("RAMIFY_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -66,6 +70,13 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 		f.imageDir = filepath.Join(f.dataDir, "images")
 	}
 	return f, nil
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
 }
 
 func newLogger(level string) *slog.Logger {
@@ -145,7 +156,7 @@ func serveCmd(ctx context.Context, args []string) error {
 	}
 	defer rt.Close()
 	svc, err := sandbox.New(ctx, sandbox.Config{Store: st, Runtime: rt, IPs: netw, Logger: log,
-		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID})
+		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool})
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,10 @@ import (
 	"os"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
 //go:embed repl.py
@@ -29,6 +33,9 @@ type Config struct {
 // fdRootMount is the descriptor of the detached overlay mount (the sandbox's root file system) a new agent
 // receives from the family init.
 const fdRootMount = 3
+
+// fdInit is the agent's end of a socketpair to the family init, over which it hands seccomp listeners.
+const fdInit = 4
 
 // Main is the agent process's entry point (`ramify __agent <config-json>`). It runs as root in the family's
 // user namespace, in fresh mount, network, UTS and IPC namespaces created by the family init.
@@ -48,7 +55,16 @@ func Main(args []string) error {
 	if err != nil {
 		return fmt.Errorf("agent: listen: %w", err)
 	}
-	a := &Agent{log: log, token: cfg.ReplToken, attached: make(chan struct{})}
+	a := &Agent{log: log, token: cfg.ReplToken, attached: make(chan struct{}), sup: seccomp.NewSupervisor("/proc", log)}
+	if f := os.NewFile(fdInit, "init"); f != nil {
+		if c, err := net.FileConn(f); err == nil {
+			a.toInit, _ = c.(*net.UnixConn)
+		}
+		f.Close()
+	}
+	if a.bpf, err = seccomp.ProgramBytes(); err != nil {
+		return fmt.Errorf("agent: seccomp program: %w", err)
+	}
 	a.repl = &repl{agent: a}
 	return a.serve(ln)
 }
@@ -66,6 +82,58 @@ type Agent struct {
 
 	token    string // expected token of an attaching forked interpreter ("" when none is expected)
 	attached chan struct{}
+
+	// Every process of the sandbox runs under a seccomp filter that sends process-targeting syscalls (kill,
+	// ptrace, setns, ...) to this supervisor, which allows them only within the caller's own sandbox.
+	sup *seccomp.Supervisor
+	bpf []byte
+
+	toInit *net.UnixConn // channel to the family init, which supervises every listener of the family
+}
+
+// supervise hands a seccomp listener received from a sandbox process to the family init, which serves it for
+// as long as any process uses the filter: the filter of an interpreter is inherited by every fork of it, in
+// other sandboxes of the family, which must not depend on this agent staying alive. Without an init channel
+// the agent serves the listener itself.
+func (a *Agent) supervise(fd int) {
+	if a.toInit != nil {
+		_, _, err := a.toInit.WriteMsgUnix([]byte("listener"), unix.UnixRights(fd), nil)
+		if err == nil {
+			unix.Close(fd)
+			return
+		}
+		a.log.Warn("hand a seccomp listener to the family init; serving it here", "err", err)
+	}
+	go func() {
+		if err := a.sup.Serve(context.Background(), fd); err != nil {
+			a.log.Warn("seccomp supervisor", "err", err)
+		}
+	}()
+}
+
+// recvFD reads one message carrying a file descriptor from c.
+func recvFD(c *net.UnixConn) ([]byte, int, error) {
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, -1, err
+	}
+	fd := -1
+	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+		for _, m := range msgs {
+			if fds, err := unix.ParseUnixRights(&m); err == nil {
+				for i, f := range fds {
+					if i == 0 {
+						fd = f
+					} else {
+						unix.Close(f)
+					}
+				}
+			}
+		}
+	}
+	return buf[:n], fd, nil
 }
 
 func (a *Agent) serve(ln net.Listener) error {
@@ -164,10 +232,18 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 				return
 			}
 		}
+		running := a.repl.currentPid() != 0
 		pid, err := a.repl.ensure()
 		if err != nil {
 			w.emit(Event{Type: "error", Message: "start interpreter: " + err.Error()})
 			return
+		}
+		if running {
+			// A warm sandbox being claimed: its interpreter already runs; give it the sandbox's env and cwd.
+			if err := a.repl.configure(req.Env, req.Cwd); err != nil {
+				w.emit(Event{Type: "error", Message: "configure interpreter: " + err.Error()})
+				return
+			}
 		}
 		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: pid})
 	case "run_code":

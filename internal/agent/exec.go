@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -12,19 +13,33 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 )
 
 // exec runs a command in the sandbox and returns the terminal "exit" event.
 func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
-	var cmd *exec.Cmd
+	var argv []string
 	switch {
 	case len(req.Argv) > 0:
-		cmd = exec.Command(req.Argv[0], req.Argv[1:]...)
+		argv = req.Argv
 	case req.Cmd != "":
-		cmd = exec.Command("/bin/sh", "-c", req.Cmd)
+		argv = []string{"/bin/sh", "-c", req.Cmd}
 	default:
 		return Event{Type: "error", Message: "exec needs cmd or argv"}
 	}
+	// The command runs through `ramify __exec`, which puts it under the sandbox's seccomp filter and hands the
+	// filter's listener back over a socketpair.
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return Event{Type: "error", Message: "socketpair: " + err.Error()}
+	}
+	mine := os.NewFile(uintptr(pair[0]), "exec-listener")
+	theirs := os.NewFile(uintptr(pair[1]), "exec-listener-peer")
+	defer mine.Close()
+	cmd := exec.Command("/proc/self/exe", append([]string{"__exec", "--"}, argv...)...)
+	cmd.Args[0] = argv[0]
+	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Env = a.environ(req.Env)
 	cmd.Dir = a.workdir(req.Cwd)
 	if req.Stdin != "" {
@@ -74,12 +89,19 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	if err != nil {
 		return Event{Type: "error", Message: err.Error()}
 	}
-	if err := cmd.Start(); err != nil {
-		msg := err.Error()
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return Event{Type: "exit", ExitCode: 127, Stderr: msg + "\n"}
+	err = cmd.Start()
+	theirs.Close()
+	if err != nil {
+		return Event{Type: "exit", ExitCode: 126, Stderr: err.Error() + "\n"}
+	}
+	// The helper's first act is to send its seccomp listener; a helper that dies first sends nothing.
+	mc, err := net.FileConn(mine)
+	if err == nil {
+		mc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, lfd, rerr := recvFD(mc.(*net.UnixConn)); rerr == nil && lfd >= 0 {
+			a.supervise(lfd)
 		}
-		return Event{Type: "exit", ExitCode: 126, Stderr: msg + "\n"}
+		mc.Close()
 	}
 	os.WriteFile("/proc/"+itoa(cmd.Process.Pid)+"/oom_score_adj", []byte("500"), 0) //nolint:errcheck // best effort
 	wg.Add(2)

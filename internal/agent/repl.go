@@ -2,15 +2,20 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
 // replBootstrap reads the interpreter loop (repl.py) from fd 4 and runs it.
@@ -88,7 +93,8 @@ func (p *repl) spawn() (int, error) {
 		srcW.Close()
 	}()
 	cmd := exec.Command("python3", "-u", "-c", replBootstrap)
-	cmd.Env = a.environ(nil)
+	cmd.Env = append(a.environ(nil), "RAMIFY_SECCOMP_BPF="+hex.EncodeToString(a.bpf),
+		"RAMIFY_SECCOMP_FLAGS="+strconv.Itoa(seccomp.FilterFlags))
 	cmd.Dir = a.workdir("")
 	if _, err := os.Stat(cmd.Dir); err != nil {
 		cmd.Dir = "/"
@@ -103,14 +109,22 @@ func (p *repl) spawn() (int, error) {
 	}
 	go cmd.Wait() //nolint:errcheck // the exit is seen as EOF on conn
 	r := bufio.NewReaderSize(conn, 64<<10)
+	// The first message is "ready" with the interpreter's seccomp listener attached.
 	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	line, err := readLine(r, maxRequest)
+	line, lfd, err := recvFD(conn.(*net.UnixConn))
 	conn.SetReadDeadline(time.Time{})
 	if err != nil {
 		cmd.Process.Kill()
 		conn.Close()
 		return 0, fmt.Errorf("interpreter did not start: %w", err)
 	}
+	line = bytes.TrimSpace(line)
+	if lfd < 0 {
+		cmd.Process.Kill()
+		conn.Close()
+		return 0, fmt.Errorf("interpreter did not install its seccomp filter: %s", line)
+	}
+	a.supervise(lfd)
 	var ready replMsg
 	if json.Unmarshal(line, &ready) != nil || ready.Type != "ready" {
 		cmd.Process.Kill()
@@ -154,8 +168,8 @@ func (a *Agent) attachRepl(c net.Conn, r *bufio.Reader, req Request) bool {
 		w.emit(Event{Type: "error", Message: "unexpected interpreter"})
 		return false
 	}
-	a.repl.install(c, r, req.Pid, nil)
 	w.emit(Event{Type: "ok"})
+	a.repl.install(c, r, req.Pid, nil)
 	close(a.attached)
 	return true
 }
@@ -258,7 +272,7 @@ func (p *repl) run(code string, timeoutS float64, emit func(Event)) Event {
 	if err := p.send(map[string]string{"op": "run", "code": code}); err != nil {
 		stop()
 		p.drop()
-		return died("interpreter is gone: " + err.Error())
+		return died("the interpreter had exited since the last call (killed?); its state is lost and a fresh interpreter runs the next call")
 	}
 	for {
 		m, err := p.recv()
@@ -300,6 +314,26 @@ func (p *repl) run(code string, timeoutS float64, emit func(Event)) Event {
 
 func died(msg string) Event {
 	return Event{Type: "result", Error: &ExecError{Name: "InterpreterDied", Value: msg}}
+}
+
+// configure sets the interpreter's environment and working directory.
+func (p *repl) configure(env map[string]string, cwd string) error {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	if err := p.send(map[string]any{"op": "configure", "env": env, "cwd": cwd}); err != nil {
+		p.drop()
+		return err
+	}
+	for {
+		m, err := p.recv()
+		if err != nil {
+			p.drop()
+			return err
+		}
+		if m.Type == "result" {
+			return nil
+		}
+	}
 }
 
 // fork asks the interpreter to fork once per target; it returns the children's pids (family PID namespace).

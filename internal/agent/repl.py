@@ -100,14 +100,42 @@ def _run(code):
 def _reap():
     for pid in list(_forked):
         try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
+            done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            done = pid
+            done, status = pid, 0
         if done:
             _forked.remove(pid)
+            if os.WIFSIGNALED(status) and os.WTERMSIG(status) != signal.SIGKILL or os.WIFEXITED(status) and os.WEXITSTATUS(status) not in (0,):
+                _log_failure("fork child %d ended with status %#x" % (pid, status))
 
 
 _libc = None
+_BPF = bytes.fromhex(os.environ.pop("RAMIFY_SECCOMP_BPF", ""))
+_BPF_FLAGS = int(os.environ.pop("RAMIFY_SECCOMP_FLAGS", "0"))
+
+
+def _install_filter():
+    """Install ramify's seccomp filter on this process; return the listener fd (the agent supervises it)."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+
+    class _Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(_BPF, len(_BPF))
+    prog = _Prog(len(_BPF) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    # seccomp(SECCOMP_SET_MODE_FILTER, flags, &prog); 317 on x86_64
+    fd = _libc.syscall(317, 1, _BPF_FLAGS, ctypes.byref(prog))
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "seccomp: %s" % os.strerror(e))
+    return fd
+
+
+def _send_fd(obj, fd):
+    socket.send_fds(_sock, [(json.dumps(obj) + "\n").encode()], [fd])
+    os.close(fd)
 
 
 def _setns(path, nstype):
@@ -177,11 +205,21 @@ def _fork(req):
             try:
                 _become_child(t, files)
             except BaseException:
-                traceback.print_exc()
+                _log_failure("fork child for agent %s failed:\n%s" % (t.get("agent_pid"), traceback.format_exc()))
             os._exit(70)
         _forked.append(pid)
         pids.append(pid)
     return {"type": "result", "pids": pids}
+
+
+def _log_failure(msg):
+    """Report a fork child's failure in the server's sandboxes.log (the family init's stderr)."""
+    for path in ("/proc/1/fd/2",):
+        try:
+            with open(path, "a") as f:
+                f.write("ramify repl[%d]: %s\n" % (os.getpid(), msg))
+        except OSError:
+            pass
 
 
 def _become_child(t, files):
@@ -192,10 +230,13 @@ def _become_child(t, files):
     marker = t.get("cgroup") or ""
     deadline = time.monotonic() + 30
     while marker:
+        # The move writes one controller after another: wait until every ramify controller line shows it.
         with open("/proc/self/cgroup") as f:
-            if marker in f.read():
-                break
+            lines = [l for l in f.read().splitlines() if "/ramify" in l or marker in l]
+        if lines and all(marker in l for l in lines):
+            break
         if time.monotonic() > deadline:
+            _log_failure("not moved into cgroup %s within 30s" % marker)
             os._exit(72)
         time.sleep(0.0005)
     # Join the target's namespaces; the mount namespace last, since /proc/<pid> paths are read before it.
@@ -215,7 +256,10 @@ def _become_child(t, files):
     _send({"op": "attach_repl", "token": t["token"], "pid": os.getpid()})
     line = _rfile.readline()
     if not line or json.loads(line).get("type") != "ok":
+        _log_failure("agent refused the attach: %r" % line)
         os._exit(71)
+    # This process stays under the parent interpreter's seccomp filter (a process can have only one filter
+    # with a listener); the child's agent adopts a copy of that filter's listener from the parent's agent.
     _serve()
     os._exit(0)
 
@@ -236,6 +280,13 @@ def _serve():
                 resp = _run(req.get("code", ""))
             elif op == "fork":
                 resp = _fork(req)
+            elif op == "configure":
+                os.environ.update(req.get("env") or {})
+                try:
+                    os.chdir(req.get("cwd") or "/root")
+                except OSError:
+                    pass
+                resp = {"type": "result"}
             elif op == "ping":
                 resp = {"type": "result", "pid": os.getpid()}
             else:
@@ -259,7 +310,7 @@ def main():
     sys.stdin = open(os.devnull)
     del sys.argv[:]
     sys.argv.append("")
-    _send({"type": "ready", "pid": os.getpid()})
+    _send_fd({"type": "ready", "pid": os.getpid()}, _install_filter())
     _serve()
 
 

@@ -87,6 +87,8 @@ type Cgroup interface {
 	Delete() error
 	// Stats reports current usage and the OOM kill count.
 	Stats() (Stats, error)
+	// Update applies new limits to a live cgroup.
+	Update(l Limits) error
 }
 
 // Detect returns a v2 Manager when /sys/fs/cgroup is a cgroup2 mount with controllers available, else a v1

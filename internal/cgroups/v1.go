@@ -167,6 +167,17 @@ type v1Cgroup struct {
 
 func (c *v1Cgroup) Name() string { return c.name }
 
+// Update implements Cgroup.
+func (c *v1Cgroup) Update(l Limits) error {
+	if err := validLimits(l); err != nil {
+		return fmt.Errorf("update cgroup %s: %w", c.name, err)
+	}
+	if err := c.apply(l); err != nil {
+		return fmt.Errorf("update cgroup %s: %w", c.name, err)
+	}
+	return nil
+}
+
 func (c *v1Cgroup) file(ctrl, name string) string { return filepath.Join(c.ctrl[ctrl], name) }
 
 // apply writes the limits.

@@ -85,7 +85,7 @@ func (m *v2Manager) enableControllers(dir string) {
 func (m *v2Manager) Version() int { return 2 }
 
 func (m *v2Manager) cgroup(name string) *v2Cgroup {
-	return &v2Cgroup{name: name, dir: filepath.Join(m.parent, name)}
+	return &v2Cgroup{name: name, dir: filepath.Join(m.parent, name), m: m}
 }
 
 func (m *v2Manager) Create(name string, l Limits) (Cgroup, error) {
@@ -174,6 +174,18 @@ func (m *v2Manager) List() ([]string, error) {
 type v2Cgroup struct {
 	name string
 	dir  string
+	m    *v2Manager
+}
+
+// Update implements Cgroup.
+func (c *v2Cgroup) Update(l Limits) error {
+	if err := validLimits(l); err != nil {
+		return fmt.Errorf("update cgroup %s: %w", c.name, err)
+	}
+	if err := c.m.apply(c, l); err != nil {
+		return fmt.Errorf("update cgroup %s: %w", c.name, err)
+	}
+	return nil
 }
 
 func (c *v2Cgroup) Name() string { return c.name }

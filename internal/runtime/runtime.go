@@ -70,6 +70,8 @@ type Runtime interface {
 	Agent(id string) (*agent.Client, error)
 	// RootPath is a host path through which the sandbox's root file system can be reached.
 	RootPath(h Handle) string
+	// Configure gives a running sandbox (a pre-started, warm one being claimed) new limits, env and cwd.
+	Configure(ctx context.Context, h Handle, spec Spec) error
 	// Usage reports resource use.
 	Usage(h Handle) (Usage, error)
 	// Close releases the runtime's own resources; sandboxes keep running.

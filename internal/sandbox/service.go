@@ -35,6 +35,8 @@ type Config struct {
 	Logger  *slog.Logger
 	// HostUID/HostGID own files written through the files API (container root).
 	HostUID, HostGID int
+	// WarmPool is how many pre-started sandboxes to keep ready for Create (0 = none).
+	WarmPool int
 }
 
 // Service is the sandbox service.
@@ -47,6 +49,10 @@ type Service struct {
 
 	wg     sync.WaitGroup
 	closed chan struct{}
+
+	warm    []*entry      // guarded by mu: ready pre-started sandboxes
+	filling bool          // guarded by mu: a refill goroutine runs
+	refill  chan struct{} // wakes the refill goroutine
 }
 
 // entry is the in-memory state of one sandbox.
@@ -60,6 +66,7 @@ type entry struct {
 	handle runtime.Handle
 	timer  *time.Timer
 	gone   bool // destroyed or merged away: lookups fail from now on
+	pooled bool // a warm-pool sandbox (being started or ready): invisible to the API until claimed
 }
 
 // New builds the service and reconciles the records with what is running: sandboxes that survived a restart
@@ -68,7 +75,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, closed: make(chan struct{})}
+	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, closed: make(chan struct{}), refill: make(chan struct{}, 1)}
 	recs, err := cfg.Store.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("load sandboxes: %w", err)
@@ -78,6 +85,16 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		json.Unmarshal(rec.Spec, &e.spec)     //nolint:errcheck // written by us
 		json.Unmarshal(rec.Handle, &e.handle) //nolint:errcheck
 		switch Status(rec.Status) {
+		case StatusWarm:
+			// Pre-started sandboxes are not worth recovering: destroy them and start fresh ones.
+			if e.handle.ID == "" {
+				e.handle.ID, e.handle.FamilyID = rec.ID, rec.FamilyID // interrupted before it had a handle
+			}
+			if err := cfg.Runtime.Destroy(ctx, e.handle); err != nil {
+				s.log.Warn("destroy warm sandbox left from the last run", "sandbox", rec.ID, "err", err)
+			}
+			cfg.Store.Delete(ctx, rec.ID) //nolint:errcheck // best effort
+			continue
 		case StatusRunning:
 			if err := cfg.Runtime.Recover(ctx, e.handle); err != nil {
 				s.log.Warn("sandbox did not survive the restart", "sandbox", rec.ID, "err", err)
@@ -96,21 +113,31 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.items[rec.ID] = e
 		s.armTimer(e)
 	}
+	if cfg.WarmPool > 0 {
+		s.wg.Add(1)
+		go s.fillPool()
+		s.kickPool()
+	}
 	return s, nil
 }
 
 // stopQuietly kills whatever may be left of a sandbox's processes, keeping its layer so its files are not lost.
 func (s *Service) stopQuietly(e *entry) {
+	h := e.handle
+	if h.ID == "" {
+		h.ID, h.FamilyID = e.rec.ID, e.rec.FamilyID // interrupted before it had a handle
+	}
 	if st, ok := s.cfg.Runtime.(interface {
 		Stop(context.Context, runtime.Handle) error
-	}); ok && e.handle.ID != "" {
-		if err := st.Stop(context.Background(), e.handle); err != nil {
+	}); ok {
+		if err := st.Stop(context.Background(), h); err != nil {
 			s.log.Warn("stop leftovers", "sandbox", e.rec.ID, "err", err)
 		}
 	}
 }
 
-// Close stops timers; sandboxes keep running for the next server.
+// Close stops timers and the warm pool; sandboxes keep running for the next server (which destroys the warm
+// ones).
 func (s *Service) Close() {
 	close(s.closed)
 	s.mu.Lock()
@@ -121,6 +148,14 @@ func (s *Service) Close() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	// Spare sandboxes are not left running while no server can hand them out.
+	s.mu.Lock()
+	warm := s.warm
+	s.warm = nil
+	s.mu.Unlock()
+	for _, e := range warm {
+		s.dropWarm(e)
+	}
 }
 
 var errNotFound = errdefs.New(errdefs.ErrNotFound, "sandbox not found")
@@ -129,7 +164,7 @@ func (s *Service) lookup(id string) (*entry, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.items[id]
-	if e == nil || e.gone {
+	if e == nil || e.gone || e.pooled {
 		return nil, errNotFound
 	}
 	return e, nil
@@ -192,7 +227,7 @@ func (s *Service) List(ctx context.Context, o ListOptions) []Info {
 	out := []Info{}
 outer:
 	for _, e := range s.items {
-		if e.gone || (o.Status != "" && Status(e.rec.Status) != o.Status) {
+		if e.gone || e.pooled || (o.Status != "" && Status(e.rec.Status) != o.Status) {
 			continue
 		}
 		for k, v := range o.Metadata {
@@ -228,6 +263,14 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	if info, ok := s.claimWarm(ctx, spec); ok {
+		return info, nil
+	}
+	return s.createCold(ctx, spec, StatusRunning)
+}
+
+// createCold starts a new sandbox from scratch; status is running, or warm for the pool.
+func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Status) (Info, error) {
 	id := NewID()
 	specJSON, _ := json.Marshal(spec)
 	s.mu.Lock()
@@ -236,8 +279,12 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("create sandbox: %w", err)
 	}
-	e := &entry{spec: spec, rec: store.Record{
-		ID: id, Status: string(StatusCreating), FamilyID: "fam_" + id[4:], IP: ip.String(), Hostname: hostnameOf(id),
+	initial := StatusCreating
+	if status == StatusWarm {
+		initial = StatusWarm // so that a restart mid-start destroys it like any warm sandbox
+	}
+	e := &entry{spec: spec, pooled: status == StatusWarm, rec: store.Record{
+		ID: id, Status: string(initial), FamilyID: "fam_" + id[4:], IP: ip.String(), Hostname: hostnameOf(id),
 		CreatedAt: time.Now().UTC(), Spec: specJSON,
 	}}
 	e.op.Lock()
@@ -267,13 +314,19 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	s.mu.Lock()
 	e.handle = h
 	e.rec.Handle = hj
-	e.rec.Status = string(StatusRunning)
+	e.rec.Status = string(status)
 	e.rec.FamilyID = h.FamilyID
 	rec := e.rec
 	s.mu.Unlock()
 	if err := s.cfg.Store.Put(ctx, rec); err != nil {
 		s.cfg.Runtime.Destroy(context.Background(), h) //nolint:errcheck // undo: the record could not be saved
 		return fail(err)
+	}
+	if status == StatusWarm {
+		s.log.Debug("warm sandbox ready", "sandbox", id, "ms", time.Since(start).Milliseconds())
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.info(e), nil
 	}
 	s.armTimer(e)
 	s.log.Info("sandbox created", "sandbox", id, "ip", rec.IP, "ms", time.Since(start).Milliseconds())

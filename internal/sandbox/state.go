@@ -17,6 +17,8 @@ const (
 	StatusPaused   Status = "paused"
 	StatusResuming Status = "resuming"
 	StatusError    Status = "error"
+	// StatusWarm marks a pre-started sandbox in the warm pool: not visible through the API until claimed.
+	StatusWarm Status = "warm"
 )
 
 // Op is an operation whose permission depends on the state.

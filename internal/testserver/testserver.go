@@ -218,6 +218,9 @@ func (s *Server) cleanup() {
 	}
 	if s.t.Failed() {
 		s.t.Logf("server log:\n%s", tail(s.Log(), 80))
+		if b, err := os.ReadFile(filepath.Join(s.DataDir, "logs", "sandboxes.log")); err == nil && len(b) > 0 {
+			s.t.Logf("sandboxes.log:\n%s", tail(string(b), 40))
+		}
 	}
 	s.Stop()
 	// The layers' loop-mounted btrfs (if any) and the bridge belong to this server only.

@@ -61,6 +61,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, fmt.Errorf("thaw parent: %w", terr)
 	}
 
+	r.log.Debug("fork phase", "phase", "snapshot", "ms", time.Since(start).Milliseconds())
 	// 2. Children's layers and agents, in parallel.
 	type child struct {
 		spec  runtime.Spec
@@ -103,6 +104,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		}
 	}
 
+	r.log.Debug("fork phase", "phase", "children spawned", "ms", time.Since(start).Milliseconds())
 	// 3. Fork the parent's interpreter, one child per target.
 	targets := make([]agent.ForkTarget, len(kids))
 	for i, c := range kids {
@@ -135,6 +137,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 			return res, fmt.Errorf("move forked interpreter to %s: %w", c.spec.ID, err)
 		}
 	}
+	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", time.Since(start).Milliseconds())
 	// 4. Each child's agent waits for its interpreter to attach, then applies env and cwd.
 	errs := make([]error, len(kids))
 	for i, c := range kids {
@@ -149,6 +152,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, fmt.Errorf("start fork children: %w", err)
 	}
 
+	r.log.Debug("fork phase", "phase", "children attached", "ms", time.Since(start).Milliseconds())
 	r.mu.Lock()
 	for _, c := range kids {
 		f.members[c.spec.ID] = true

@@ -5,17 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
 // The family init is PID 1 of a family's PID namespace. It lives in its own user, mount, network, UTS and IPC
@@ -100,6 +103,14 @@ func initRoot() error {
 	return os.Chdir("/")
 }
 
+// spawned is set once the init has started an agent: from then on, a family with no process left ends its init.
+var spawned atomic.Bool
+
+var started = time.Now()
+
+// idleInitLimit is how long an init that never spawned an agent waits before it exits.
+const idleInitLimit = 60 * time.Second
+
 func reapForever() {
 	ch := make(chan os.Signal, 16)
 	signal.Notify(ch, syscall.SIGCHLD)
@@ -107,6 +118,11 @@ func reapForever() {
 		for {
 			var ws unix.WaitStatus
 			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if errors.Is(err, unix.ECHILD) && (spawned.Load() || time.Since(started) > idleInitLimit) {
+				// Every sandbox of the family is gone, or the server never gave this init work (it died
+				// mid-create): nothing is left to reap.
+				os.Exit(0)
+			}
 			if pid <= 0 || err != nil {
 				break
 			}
@@ -159,21 +175,55 @@ func handleInit(msg []byte, fds []int) initReply {
 			return initReply{Message: "spawn needs a config and the root file system's mount fd"}
 		}
 		cfg, _ := json.Marshal(req.Config)
+		// A channel over which the agent hands this init the seccomp listeners of its sandbox's processes.
+		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return initReply{Message: "socketpair: " + err.Error()}
+		}
+		defer unix.Close(pair[1])
 		pid, err := syscall.ForkExec("/proc/self/exe", []string{"ramify", "__agent", string(cfg)}, &syscall.ProcAttr{
 			Dir:   "/",
 			Env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GOMAXPROCS=1", "GOGC=50"},
-			Files: []uintptr{devNull(), 2, 2, uintptr(fds[0])},
+			Files: []uintptr{devNull(), 2, 2, uintptr(fds[0]), uintptr(pair[1])},
 			Sys: &syscall.SysProcAttr{
 				Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
 				Setsid:     true,
 			},
 		})
 		if err != nil {
+			unix.Close(pair[0])
 			return initReply{Message: "spawn agent: " + err.Error()}
 		}
+		go superviseFrom(pair[0])
+		spawned.Store(true)
 		return initReply{OK: true, Pid: pid}
 	}
 	return initReply{Message: fmt.Sprintf("unknown op %q", req.Op)}
+}
+
+// supervisor judges the process-targeting syscalls of every sandbox of the family (see package seccomp). The
+// init serves the listeners because it outlives every member: an interpreter's filter is inherited by its fork
+// children in other sandboxes, so its listener must not die with the sandbox that created it.
+var supervisor = seccomp.NewSupervisor("/proc", slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+
+// superviseFrom receives listeners from an agent until it goes away, and serves each.
+func superviseFrom(fd int) {
+	defer unix.Close(fd)
+	buf := make([]byte, 64)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, 0)
+		if err != nil || (n == 0 && oobn == 0) {
+			return
+		}
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		for _, m := range msgs {
+			fds, _ := unix.ParseUnixRights(&m)
+			for _, l := range fds {
+				go supervisor.Serve(context.Background(), l) //nolint:errcheck // ends when its processes are gone
+			}
+		}
+	}
 }
 
 var devNullFD = -1

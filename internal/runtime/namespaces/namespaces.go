@@ -211,21 +211,29 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 			undo.run()
 		}
 	}()
+	t0 := time.Now()
+	phase := func(name string) {
+		r.log.Debug("spawn phase", "sandbox", spec.ID, "phase", name, "ms", float64(time.Since(t0).Microseconds())/1000)
+	}
+	defer phase("done")
 	cg, err := r.cfg.Cgroups.Create(spec.ID, limitsOf(spec))
 	if err != nil {
 		return nil, fmt.Errorf("create cgroup: %w", err)
 	}
 	undo.add(func() { cg.Kill(context.Background()); cg.Delete() })
 
+	phase("cgroup")
 	mfd, err := r.mountOverlay(dir)
 	if err != nil {
 		return nil, err
 	}
+	phase("overlay")
 	rep, err := f.call(ctx, initRequest{Op: "spawn", Config: &agent.Config{Hostname: spec.Hostname, ReplToken: replToken}}, []int{mfd})
 	unix.Close(mfd)
 	if err != nil {
 		return nil, fmt.Errorf("spawn agent: %w", err)
 	}
+	phase("init-spawn")
 	hostPid, err := hostPidOf(f.initPid, rep.Pid)
 	if err != nil {
 		return nil, fmt.Errorf("find agent: %w", err)
@@ -243,6 +251,7 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 		return nil, err
 	}
 	undo.add(func() { unix.Close(netFD) })
+	phase("cgroup-add")
 	veth := network.VethName(spec.ID)
 	if spec.IP != nil {
 		if err := r.cfg.Network.Attach(ctx, netFD, spec.IP, veth); err != nil {
@@ -256,6 +265,7 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 		netFD: netFD,
 		cg:    cg,
 	}
+	phase("network")
 	sb.client = agent.NewClient(r.dialer(netFD))
 	// Wait for the agent to listen.
 	deadline := time.Now().Add(10 * time.Second)
@@ -454,6 +464,23 @@ func (r *Runtime) Agent(id string) (*agent.Client, error) {
 // RootPath implements runtime.Runtime.
 func (r *Runtime) RootPath(h runtime.Handle) string {
 	return "/proc/" + strconv.Itoa(h.AgentPid) + "/root"
+}
+
+// Configure implements runtime.Runtime.
+func (r *Runtime) Configure(ctx context.Context, h runtime.Handle, spec runtime.Spec) error {
+	r.mu.Lock()
+	sb := r.sandboxes[h.ID]
+	r.mu.Unlock()
+	if sb == nil {
+		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	if err := sb.cg.Update(limitsOf(spec)); err != nil {
+		return err
+	}
+	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
+		return fmt.Errorf("configure %s: %w", h.ID, err)
+	}
+	return nil
 }
 
 // Usage implements runtime.Runtime.

@@ -52,6 +52,9 @@ var testSeq int
 
 func newTestRuntime(t testing.TB) *testEnv {
 	requireRoot(t)
+	if os.Getenv("RAMIFY_TEST_BINARY") == "" {
+		t.Skip("RAMIFY_TEST_BINARY is not set: the family init needs the static bin/ramify (run through 'make test')")
+	}
 	rootfs := testRootfs(t)
 	dir := t.TempDir()
 	ctx := context.Background()

@@ -1,0 +1,186 @@
+//go:build linux
+
+package seccomp
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// Architecture tokens of seccomp_data.arch (linux/audit.h).
+const (
+	auditArchX8664 = 0xc000003e // AUDIT_ARCH_X86_64
+	auditArchI386  = 0x40000003 // AUDIT_ARCH_I386
+	x32SyscallBit  = 0x40000000 // __X32_SYSCALL_BIT
+)
+
+// Offsets into struct seccomp_data.
+const (
+	offNr   = 0
+	offArch = 4
+)
+
+// op names a policed syscall independently of the architecture's numbering.
+type op int
+
+const (
+	opKill op = iota + 1
+	opTkill
+	opTgkill
+	opRtSigqueueinfo
+	opRtTgsigqueueinfo
+	opPidfdOpen
+	opPidfdSendSignal
+	opPidfdGetfd
+	opPtrace
+	opProcessVMReadv
+	opProcessVMWritev
+	opProcessMadvise
+	opKcmp
+	opSetns
+)
+
+var opNames = map[op]string{
+	opKill: "kill", opTkill: "tkill", opTgkill: "tgkill", opRtSigqueueinfo: "rt_sigqueueinfo",
+	opRtTgsigqueueinfo: "rt_tgsigqueueinfo", opPidfdOpen: "pidfd_open", opPidfdSendSignal: "pidfd_send_signal",
+	opPidfdGetfd: "pidfd_getfd", opPtrace: "ptrace", opProcessVMReadv: "process_vm_readv",
+	opProcessVMWritev: "process_vm_writev", opProcessMadvise: "process_madvise", opKcmp: "kcmp", opSetns: "setns",
+}
+
+func (o op) String() string {
+	if n, ok := opNames[o]; ok {
+		return n
+	}
+	return fmt.Sprintf("op(%d)", int(o))
+}
+
+// syscallsX8664 and syscallsI386 map each architecture's syscall numbers to the policed operations
+// (arch/x86/entry/syscalls/syscall_64.tbl and syscall_32.tbl).
+var syscallsX8664 = map[uint32]op{
+	62: opKill, 200: opTkill, 234: opTgkill, 129: opRtSigqueueinfo, 297: opRtTgsigqueueinfo,
+	434: opPidfdOpen, 424: opPidfdSendSignal, 438: opPidfdGetfd, 101: opPtrace,
+	310: opProcessVMReadv, 311: opProcessVMWritev, 440: opProcessMadvise, 312: opKcmp, 308: opSetns,
+}
+
+var syscallsI386 = map[uint32]op{
+	37: opKill, 238: opTkill, 270: opTgkill, 178: opRtSigqueueinfo, 335: opRtTgsigqueueinfo,
+	434: opPidfdOpen, 424: opPidfdSendSignal, 438: opPidfdGetfd, 26: opPtrace,
+	347: opProcessVMReadv, 348: opProcessVMWritev, 440: opProcessMadvise, 349: opKcmp, 346: opSetns,
+}
+
+// lookupOp returns the operation of a trapped syscall, or 0.
+func lookupOp(arch uint32, nr int32) op {
+	switch arch {
+	case auditArchX8664:
+		return syscallsX8664[uint32(nr)]
+	case auditArchI386:
+		return syscallsI386[uint32(nr)]
+	}
+	return 0
+}
+
+// sortedNrs returns the keys of m in ascending order, so that the program is deterministic.
+func sortedNrs(m map[uint32]op) []uint32 {
+	nrs := make([]uint32, 0, len(m))
+	for nr := range m {
+		nrs = append(nrs, nr)
+	}
+	for i := 1; i < len(nrs); i++ {
+		for j := i; j > 0 && nrs[j] < nrs[j-1]; j-- {
+			nrs[j], nrs[j-1] = nrs[j-1], nrs[j]
+		}
+	}
+	return nrs
+}
+
+// instructions builds the filter:
+//
+//	ld arch
+//	jeq X86_64 → x86
+//	jeq I386 → i386
+//	ret KILL_PROCESS
+//	x86:  ld nr; jge 0x40000000 → ret ERRNO(ENOSYS); jeq <each> → ret USER_NOTIF; ret ALLOW
+//	i386: ld nr; jeq <each> → ret USER_NOTIF; ret ALLOW
+func instructions() []bpf.Instruction {
+	x86 := sortedNrs(syscallsX8664)
+	i386 := sortedNrs(syscallsI386)
+
+	// Block for one architecture: load nr, optional x32 check, one jeq per syscall, then
+	// ret ALLOW, ret USER_NOTIF (and ret ERRNO(ENOSYS) for the x32 check).
+	block := func(nrs []uint32, x32 bool) []bpf.Instruction {
+		var out []bpf.Instruction
+		out = append(out, bpf.LoadAbsolute{Off: offNr, Size: 4})
+		n := len(nrs)
+		if x32 {
+			// Skip the n jeqs, ret ALLOW and ret USER_NOTIF to reach ret ERRNO(ENOSYS).
+			out = append(out, bpf.JumpIf{Cond: bpf.JumpGreaterOrEqual, Val: x32SyscallBit, SkipTrue: uint8(n + 2)})
+		}
+		for i, nr := range nrs {
+			// Jump over the remaining jeqs and ret ALLOW to ret USER_NOTIF.
+			out = append(out, bpf.JumpIf{Cond: bpf.JumpEqual, Val: nr, SkipTrue: uint8(n - 1 - i + 1)})
+		}
+		out = append(out,
+			bpf.RetConstant{Val: unix.SECCOMP_RET_ALLOW},
+			bpf.RetConstant{Val: unix.SECCOMP_RET_USER_NOTIF},
+		)
+		if x32 {
+			out = append(out, bpf.RetConstant{Val: unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)})
+		}
+		return out
+	}
+	x86Block := block(x86, true)
+	i386Block := block(i386, false)
+
+	prog := []bpf.Instruction{
+		bpf.LoadAbsolute{Off: offArch, Size: 4},
+		// Skip the I386 jeq and the kill to reach the x86 block.
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: auditArchX8664, SkipTrue: 2},
+		// Skip the kill and the x86 block to reach the i386 block.
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: auditArchI386, SkipTrue: uint8(1 + len(x86Block))},
+		bpf.RetConstant{Val: unix.SECCOMP_RET_KILL_PROCESS},
+	}
+	prog = append(prog, x86Block...)
+	prog = append(prog, i386Block...)
+	return prog
+}
+
+// Program returns the seccomp filter as a classic-BPF program for the running architecture. Only amd64 (x86_64) is
+// supported; other architectures return an error.
+func Program() ([]unix.SockFilter, error) {
+	if runtime.GOARCH != "amd64" {
+		return nil, fmt.Errorf("seccomp: filter program for %s: unsupported architecture", runtime.GOARCH)
+	}
+	raw, err := bpf.Assemble(instructions())
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: assemble filter: %w", err)
+	}
+	if len(raw) > 4096 { // BPF_MAXINSNS
+		return nil, fmt.Errorf("seccomp: filter has %d instructions, more than BPF_MAXINSNS", len(raw))
+	}
+	out := make([]unix.SockFilter, len(raw))
+	for i, ins := range raw {
+		out[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
+	}
+	return out, nil
+}
+
+// ProgramBytes returns the same program as [Program] as the raw bytes of a struct sock_filter array (8 bytes per
+// instruction, little endian: u16 code, u8 jt, u8 jf, u32 k), for a process that installs it itself (for instance
+// Python through ctypes, with struct sock_fprog{len = len(bytes)/8, filter = bytes} and [FilterFlags]).
+func ProgramBytes() ([]byte, error) {
+	prog, err := Program()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(prog)*unix.SizeofSockFilter)
+	for _, f := range prog {
+		out = binary.LittleEndian.AppendUint16(out, f.Code)
+		out = append(out, f.Jt, f.Jf)
+		out = binary.LittleEndian.AppendUint32(out, f.K)
+	}
+	return out, nil
+}

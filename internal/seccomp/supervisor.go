@@ -1,0 +1,336 @@
+//go:build linux
+
+package seccomp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Supervisor answers the notifications of listener fds created by [InstallOnThisThread] (or by a process that
+// installed [ProgramBytes] itself). It must run in the PID namespace of the filtered processes (so that the pids of
+// notifications, of syscall arguments and of procRoot agree) and must not itself be filtered. It holds no per-listener
+// state: one Supervisor may serve many listeners at once.
+type Supervisor struct {
+	procRoot string
+	log      *slog.Logger
+}
+
+// NewSupervisor returns a supervisor that judges calls by comparing cgroups read from procRoot (normally "/proc").
+// A nil log discards messages.
+func NewSupervisor(procRoot string, log *slog.Logger) *Supervisor {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Supervisor{procRoot: procRoot, log: log}
+}
+
+// Serve handles notifications from listenerFD until every filtered task has exited (it then returns nil), ctx ends
+// (it returns ctx.Err()) or the listener fails. It closes listenerFD when done. Notifications of one listener are
+// handled one at a time; call Serve in a goroutine per listener.
+func (s *Supervisor) Serve(ctx context.Context, listenerFD int) error {
+	defer unix.Close(listenerFD)
+	if err := checkNotifSizes(); err != nil {
+		return err
+	}
+
+	// A pipe whose read end becomes readable when ctx ends, to wake poll.
+	var wake [2]int
+	if err := unix.Pipe2(wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return fmt.Errorf("seccomp: serve: wake pipe: %w", err)
+	}
+	defer unix.Close(wake[0])
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+			_, _ = unix.Write(wake[1], []byte{0})
+		case <-done:
+		}
+	}()
+	defer func() {
+		close(done)
+		wg.Wait()
+		unix.Close(wake[1])
+	}()
+
+	fds := []unix.PollFd{{Fd: int32(listenerFD), Events: unix.POLLIN}, {Fd: int32(wake[0]), Events: unix.POLLIN}}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		fds[0].Revents, fds[1].Revents = 0, 0
+		if _, err := unix.Poll(fds, -1); err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return fmt.Errorf("seccomp: serve: poll listener: %w", err)
+		}
+		if fds[1].Revents != 0 {
+			return ctx.Err()
+		}
+		re := fds[0].Revents
+		if re&unix.POLLNVAL != 0 {
+			return fmt.Errorf("seccomp: serve: listener fd %d is not open", listenerFD)
+		}
+		if re&unix.POLLIN == 0 {
+			if re&(unix.POLLHUP|unix.POLLERR) != 0 {
+				return nil // every filtered task has exited
+			}
+			continue
+		}
+		var n notif // NOTIF_RECV requires a zeroed structure
+		if _, err := ioctlPtr(listenerFD, ioctlNotifRecv, unsafe.Pointer(&n)); err != nil {
+			// ENOENT: the task died (or was interrupted) before we received its notification.
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return fmt.Errorf("seccomp: serve: receive notification: %w", err)
+		}
+		s.handle(listenerFD, &n)
+	}
+}
+
+// handle decides one notification and answers it.
+func (s *Supervisor) handle(listenerFD int, n *notif) {
+	o := lookupOp(n.Data.Arch, n.Data.Nr)
+	if o == 0 || n.Pid == 0 {
+		s.log.Warn("seccomp: unexpected notification", "pid", n.Pid, "arch", n.Data.Arch, "nr", n.Data.Nr)
+		s.replyErrno(listenerFD, n.ID, unix.EPERM)
+		return
+	}
+	r := request{caller: int(n.Pid), arch: n.Data.Arch, op: o, args: n.Data.Args}
+	if r.arch != auditArchX8664 {
+		for i := range r.args {
+			r.args[i] &= 0xffffffff
+		}
+	}
+	v := s.decide(r)
+	s.log.Debug("seccomp: decision", "pid", r.caller, "syscall", o.String(), "args", r.args[:4],
+		"verdict", v.kind.String(), "errno", v.errno, "reason", v.reason)
+	switch v.kind {
+	case vErrno:
+		s.replyErrno(listenerFD, n.ID, v.errno)
+	case vContinue:
+		if !s.idValid(listenerFD, n.ID) {
+			return
+		}
+		s.reply(listenerFD, notifResp{ID: n.ID, Flags: userNotifFlagContinue})
+	case vKillGroup:
+		s.killGroup(listenerFD, n, v)
+	case vPidfdSendSignal, vPidfdGetfd:
+		s.pidfdCall(listenerFD, n, r, v)
+	default:
+		s.replyErrno(listenerFD, n.ID, unix.EPERM)
+	}
+}
+
+// idValid reports whether the notification is still pending (its task alive and still in the syscall), so that
+// /proc data read for its pid describe the caller.
+func (s *Supervisor) idValid(listenerFD int, id uint64) bool {
+	_, err := ioctlPtr(listenerFD, ioctlNotifIDValid, unsafe.Pointer(&id))
+	return err == nil
+}
+
+func (s *Supervisor) reply(listenerFD int, resp notifResp) {
+	if _, err := ioctlPtr(listenerFD, ioctlNotifSend, unsafe.Pointer(&resp)); err != nil {
+		// ENOENT: the caller died or was interrupted by a signal; nobody waits for the answer.
+		if !errors.Is(err, unix.ENOENT) {
+			s.log.Warn("seccomp: answer notification", "err", err)
+		}
+	}
+}
+
+func (s *Supervisor) replyErrno(listenerFD int, id uint64, errno unix.Errno) {
+	s.reply(listenerFD, notifResp{ID: id, Error: -int32(errno)})
+}
+
+func (s *Supervisor) replyValue(listenerFD int, id uint64, val int64) {
+	s.reply(listenerFD, notifResp{ID: id, Val: val})
+}
+
+// errnoOf returns the errno in err, or EPERM.
+func errnoOf(err error) unix.Errno {
+	var e unix.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return unix.EPERM
+}
+
+// killGroup emulates kill(0 / -1 / -pgrp, sig) for the processes of the caller's sandbox. Targets are opened as
+// pidfds and re-checked, so that a reused pid is never signalled.
+func (s *Supervisor) killGroup(listenerFD int, n *notif, v verdict) {
+	var pidfds []int
+	defer func() {
+		for _, fd := range pidfds {
+			unix.Close(fd)
+		}
+	}()
+	for _, p := range v.targets {
+		fd, err := unix.PidfdOpen(p, 0)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// The pidfd pins the process that has pid p now; check that this one is the process we chose.
+		key, err := s.sandboxKey(p)
+		ok := err == nil && key == v.callerKey
+		if ok && v.pgrp != 0 {
+			g, err := s.processGroup(p)
+			ok = err == nil && g == v.pgrp
+		}
+		if !ok {
+			unix.Close(fd)
+			continue
+		}
+		pidfds = append(pidfds, fd)
+	}
+	callerFD := -1
+	if v.includeCaller {
+		fd, err := unix.PidfdOpen(v.callerTgid, 0)
+		if err == nil {
+			callerFD = fd
+			pidfds = append(pidfds, fd) // closed by the deferred loop
+		}
+	}
+	if !s.idValid(listenerFD, n.ID) {
+		return
+	}
+	sent := false
+	lastErr := unix.ESRCH
+	for _, fd := range pidfds {
+		if fd == callerFD {
+			continue
+		}
+		if err := unix.PidfdSendSignal(fd, unix.Signal(v.sig), nil, 0); err != nil {
+			lastErr = errnoOf(err)
+			continue
+		}
+		sent = true
+	}
+	// The caller last, before the answer, as the kernel does: the notification has been received, so (with
+	// SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV) a non-fatal signal stays pending until the call returns instead of
+	// interrupting it; a fatal one kills the caller, and then nobody waits for the answer.
+	if callerFD >= 0 {
+		if err := unix.PidfdSendSignal(callerFD, unix.Signal(v.sig), nil, 0); err != nil {
+			lastErr = errnoOf(err)
+		} else {
+			sent = true
+		}
+	}
+	if sent {
+		s.replyValue(listenerFD, n.ID, 0)
+	} else {
+		s.replyErrno(listenerFD, n.ID, lastErr)
+	}
+}
+
+// sizeofSiginfo is sizeof(siginfo_t) on x86_64.
+const sizeofSiginfo = 128
+
+// siTkill is SI_TKILL, the si_code of tkill and tgkill.
+const siTkill = -6
+
+// pidfdCall emulates pidfd_send_signal and pidfd_getfd on a copy of the caller's pidfd: the copy cannot be swapped
+// by another thread of the caller between the check and the call.
+func (s *Supervisor) pidfdCall(listenerFD int, n *notif, r request, v verdict) {
+	tgid, err := s.threadGroup(r.caller)
+	if err != nil {
+		s.replyErrno(listenerFD, n.ID, unix.EPERM)
+		return
+	}
+	callerFD, err := unix.PidfdOpen(tgid, 0)
+	if err != nil {
+		s.replyErrno(listenerFD, n.ID, unix.EPERM)
+		return
+	}
+	defer unix.Close(callerFD)
+	// Now that callerFD pins tgid, make sure tgid is the caller's thread group.
+	if !s.idValid(listenerFD, n.ID) {
+		return
+	}
+	fd, err := unix.PidfdGetfd(callerFD, v.fd, 0)
+	if err != nil {
+		if errors.Is(err, unix.EBADF) {
+			s.replyErrno(listenerFD, n.ID, unix.EBADF)
+		} else {
+			s.log.Warn("seccomp: copy the caller's pidfd", "pid", r.caller, "fd", v.fd, "err", err)
+			s.replyErrno(listenerFD, n.ID, unix.EPERM)
+		}
+		return
+	}
+	defer unix.Close(fd)
+	target, err := pidfdTarget(filepath.Join(s.procRoot, "self", "fdinfo", strconv.Itoa(fd)))
+	if err != nil {
+		if errors.Is(err, errNoPidfd) && v.kind == vPidfdGetfd {
+			s.replyErrno(listenerFD, n.ID, unix.EBADF)
+		} else {
+			// Includes /proc/<pid> directory fds, which pidfd_send_signal accepts but we do not resolve.
+			s.replyErrno(listenerFD, n.ID, unix.EPERM)
+		}
+		return
+	}
+	if j := s.judgePidfdTarget(v.callerKey, target); j.kind != vContinue {
+		s.log.Debug("seccomp: decision", "pid", r.caller, "syscall", r.op.String(), "verdict", j.kind.String(),
+			"errno", j.errno, "reason", j.reason)
+		s.replyErrno(listenerFD, n.ID, j.errno)
+		return
+	}
+
+	switch v.kind {
+	case vPidfdSendSignal:
+		var info []byte
+		var infoPtr unsafe.Pointer
+		if v.info != 0 {
+			info = make([]byte, sizeofSiginfo)
+			local := []unix.Iovec{{Base: &info[0], Len: sizeofSiginfo}}
+			remote := []unix.RemoteIovec{{Base: uintptr(v.info), Len: sizeofSiginfo}}
+			if m, err := unix.ProcessVMReadv(r.caller, local, remote, 0); err != nil || m != sizeofSiginfo {
+				s.replyErrno(listenerFD, n.ID, unix.EFAULT)
+				return
+			}
+			// struct siginfo starts with int si_signo, si_errno, si_code. A non-negative si_code (or SI_TKILL)
+			// is only accepted by the kernel for a signal to oneself, which we, sending on the caller's behalf,
+			// cannot forward.
+			code := *(*int32)(unsafe.Pointer(&info[8]))
+			if code >= 0 || code == siTkill {
+				s.replyErrno(listenerFD, n.ID, unix.EPERM)
+				return
+			}
+			infoPtr = unsafe.Pointer(&info[0])
+		}
+		_, _, errno := unix.Syscall6(unix.SYS_PIDFD_SEND_SIGNAL, uintptr(fd), uintptr(v.sig), uintptr(infoPtr),
+			uintptr(v.flags), 0, 0)
+		if errno != 0 {
+			s.replyErrno(listenerFD, n.ID, errno)
+			return
+		}
+		s.replyValue(listenerFD, n.ID, 0)
+	case vPidfdGetfd:
+		newFD, err := unix.PidfdGetfd(fd, v.targetFD, 0)
+		if err != nil {
+			s.replyErrno(listenerFD, n.ID, errnoOf(err))
+			return
+		}
+		defer unix.Close(newFD)
+		// Install the fd in the caller and answer with its number, atomically (SECCOMP_ADDFD_FLAG_SEND).
+		add := notifAddfd{ID: n.ID, Flags: addfdFlagSend, Srcfd: uint32(newFD), NewfdFlags: unix.O_CLOEXEC}
+		if _, err := ioctlPtr(listenerFD, ioctlNotifAddfd, unsafe.Pointer(&add)); err != nil {
+			if !errors.Is(err, unix.ENOENT) {
+				s.log.Warn("seccomp: install fd in caller", "pid", r.caller, "err", err)
+				s.replyErrno(listenerFD, n.ID, errnoOf(err))
+			}
+		}
+	}
+}
