@@ -36,7 +36,6 @@ func init() {
 	register("image build", "(re)build the default sandbox image", imageBuildCmd)
 	registerHidden("__init", func(ctx context.Context, args []string) error { return namespaces.InitMain(args) })
 	registerHidden("__agent", func(ctx context.Context, args []string) error { return agent.Main(args) })
-	registerHidden("__exec", func(ctx context.Context, args []string) error { return agent.ExecMain(args) })
 }
 
 func envOr(name, def string) string {

@@ -66,6 +66,9 @@ func Main(args []string) error {
 		return fmt.Errorf("agent: seccomp program: %w", err)
 	}
 	a.repl = &repl{agent: a}
+	if err := a.runSpawner(); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
 	return a.serve(ln)
 }
 
@@ -89,6 +92,8 @@ type Agent struct {
 	bpf []byte
 
 	toInit *net.UnixConn // channel to the family init, which supervises every listener of the family
+
+	spawn chan func() // runs functions on the filtered spawner thread (see runSpawner)
 }
 
 // supervise hands a seccomp listener received from a sandbox process to the family init, which serves it for

@@ -3,10 +3,11 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,12 +15,12 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"golang.org/x/sys/unix"
+	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
 // exec runs a command in the sandbox and returns the terminal "exit" event.
 func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
-	var argv []string
+	var argv []string //nolint:prealloc
 	switch {
 	case len(req.Argv) > 0:
 		argv = req.Argv
@@ -28,18 +29,7 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	default:
 		return Event{Type: "error", Message: "exec needs cmd or argv"}
 	}
-	// The command runs through `ramify __exec`, which puts it under the sandbox's seccomp filter and hands the
-	// filter's listener back over a socketpair.
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return Event{Type: "error", Message: "socketpair: " + err.Error()}
-	}
-	mine := os.NewFile(uintptr(pair[0]), "exec-listener")
-	theirs := os.NewFile(uintptr(pair[1]), "exec-listener-peer")
-	defer mine.Close()
-	cmd := exec.Command("/proc/self/exe", append([]string{"__exec", "--"}, argv...)...)
-	cmd.Args[0] = argv[0]
-	cmd.ExtraFiles = []*os.File{theirs}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = a.environ(req.Env)
 	cmd.Dir = a.workdir(req.Cwd)
 	if req.Stdin != "" {
@@ -89,19 +79,12 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	if err != nil {
 		return Event{Type: "error", Message: err.Error()}
 	}
-	err = cmd.Start()
-	theirs.Close()
-	if err != nil {
-		return Event{Type: "exit", ExitCode: 126, Stderr: err.Error() + "\n"}
-	}
-	// The helper's first act is to send its seccomp listener; a helper that dies first sends nothing.
-	mc, err := net.FileConn(mine)
-	if err == nil {
-		mc.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if _, lfd, rerr := recvFD(mc.(*net.UnixConn)); rerr == nil && lfd >= 0 {
-			a.supervise(lfd)
+	if err := a.startFiltered(cmd); err != nil {
+		msg := err.Error()
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return Event{Type: "exit", ExitCode: 127, Stderr: msg + "\n"}
 		}
-		mc.Close()
+		return Event{Type: "exit", ExitCode: 126, Stderr: msg + "\n"}
 	}
 	os.WriteFile("/proc/"+itoa(cmd.Process.Pid)+"/oom_score_adj", []byte("500"), 0) //nolint:errcheck // best effort
 	wg.Add(2)
@@ -204,3 +187,40 @@ func validPrefix(b []byte) int {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// startFiltered starts cmd from the agent's spawner thread, which runs under the sandbox's seccomp filter:
+// the command and everything it starts inherit the filter (fork copies the calling thread's filter).
+func (a *Agent) startFiltered(cmd *exec.Cmd) error {
+	if a.spawn == nil {
+		return cmd.Start()
+	}
+	done := make(chan error, 1)
+	a.spawn <- func() { done <- cmd.Start() }
+	return <-done
+}
+
+// runSpawner locks an OS thread, installs the sandbox's seccomp filter on it (its listener goes to the family
+// init) and starts commands from it for the rest of the agent's life. Only this thread is filtered: the agent's
+// own signals (timeouts) and the interpreter, which installs a filter of its own, start elsewhere.
+func (a *Agent) runSpawner() error {
+	ready := make(chan error, 1)
+	a.spawn = make(chan func())
+	go func() {
+		goruntime.LockOSThread() // never unlocked: the thread carries the filter and dies with the agent
+		lfd, err := seccomp.InstallOnThisThread()
+		if err != nil {
+			ready <- err
+			return
+		}
+		a.supervise(lfd)
+		ready <- nil
+		for f := range a.spawn {
+			f()
+		}
+	}()
+	if err := <-ready; err != nil {
+		a.spawn = nil
+		return fmt.Errorf("seccomp filter for commands: %w", err)
+	}
+	return nil
+}

@@ -54,13 +54,30 @@ func pssKiB(id string) int {
 	return total
 }
 
-func pssOfPid(pid string) int {
+func pssOfPid(pid string) int { return smapsField(pid, "Pss:") }
+
+// ussKiB sums the private (unshared) memory of the processes in a sandbox's cgroup: what the sandbox costs the
+// host beyond pages it shares copy-on-write with its parent and siblings.
+func ussKiB(id string) int {
+	files, _ := filepath.Glob("/sys/fs/cgroup/pids/ramify/*/" + id + "/cgroup.procs")
+	more, _ := filepath.Glob("/sys/fs/cgroup/ramify/*/" + id + "/cgroup.procs")
+	total := 0
+	for _, f := range append(files, more...) {
+		b, _ := os.ReadFile(f)
+		for _, p := range strings.Fields(string(b)) {
+			total += smapsField(p, "Private_Clean:") + smapsField(p, "Private_Dirty:")
+		}
+	}
+	return total
+}
+
+func smapsField(pid, name string) int {
 	b, err := os.ReadFile("/proc/" + pid + "/smaps_rollup")
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "Pss:" {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
 			n, _ := strconv.Atoi(f[1])
 			return n
 		}
@@ -103,7 +120,22 @@ func BenchmarkRamify(b *testing.B) {
 
 	// Core: create, run_code, exec, idle memory.
 	var ids []string
-	createS := timeIt(20, func() { ids = append(ids, must(c.Create(ctx, client.CreateRequest{})).ID) })
+	// With the warm pool (default 2): creates spaced so that the pool refills in between, as in an agent loop.
+	createS := timeIt(20, func() {
+		time.Sleep(400 * time.Millisecond)
+		t := time.Now()
+		ids = append(ids, must(c.Create(ctx, client.CreateRequest{})).ID)
+		warmCreate = append(warmCreate, time.Since(t))
+	})
+	_ = createS
+	createS = warmCreate
+	cold := testserver.Start(b, "--warm-pool", "0")
+	var coldIDs []string
+	coldS := timeIt(20, func() { coldIDs = append(coldIDs, must(cold.Client.Create(ctx, client.CreateRequest{})).ID) })
+	for _, x := range coldIDs {
+		cold.Client.Delete(ctx, x)
+	}
+	cold.Stop()
 	id := ids[0]
 	must(c.RunCode(ctx, id, client.RunCodeRequest{Code: "1+1"}))
 	runS := timeIt(300, func() { must(c.RunCode(ctx, id, client.RunCodeRequest{Code: "1+1"})) })
@@ -115,7 +147,8 @@ func BenchmarkRamify(b *testing.B) {
 		initPss += initPssKiB(x)
 	}
 	p("| measure | p50 | p99 | n |\n| --- | --- | --- | --- |")
-	p("| sandbox create (POST /v1/sandboxes → running) | %s | %s | %d |", ms(createS.pct(.5)), ms(createS.pct(.99)), len(createS))
+	p("| sandbox create, warm pool (POST /v1/sandboxes → running) | %s | %s | %d |", ms(createS.pct(.5)), ms(createS.pct(.99)), len(createS))
+	p("| sandbox create, cold (--warm-pool 0) | %s | %s | %d |", ms(coldS.pct(.5)), ms(coldS.pct(.99)), len(coldS))
 	p("| run_code `1+1` round trip | %s | %s | %d |", ms(runS.pct(.5)), ms(runS.pct(.99)), len(runS))
 	p("| exec `true` round trip | %s | %s | %d |", ms(execS.pct(.5)), ms(execS.pct(.99)), len(execS))
 	p("\nidle sandbox host memory (PSS of agent + interpreter, plus its family init): %.1f MiB + %.1f MiB = %.1f MiB (mean of %d)",
@@ -129,8 +162,8 @@ func BenchmarkRamify(b *testing.B) {
 	parent := must(c.Create(ctx, client.CreateRequest{MemMiB: 8192})).ID
 	must(c.RunCode(ctx, parent, client.RunCodeRequest{Code: setup}))
 	p("\n### fork of a parent holding a 200 MB numpy array\n")
-	p("| n | total p50 | total p99 | parent pause p50 | PSS per child | fresh sandboxes + same setup (p50) | fork speed-up |")
-	p("| --- | --- | --- | --- | --- | --- | --- |")
+	p("| n | total p50 | total p99 | parent pause p50 | private memory per child (USS) | PSS per child | fresh sandboxes + same setup (p50) | fork speed-up |")
+	p("| --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, n := range []int{1, 2, 5, 16, 32} {
 		reps := 5
 		if n >= 16 {
@@ -138,7 +171,7 @@ func BenchmarkRamify(b *testing.B) {
 		}
 		var tot stats
 		var pauses []float64
-		var childPss []int
+		var childPss, childUss []int
 		for r := 0; r < reps; r++ {
 			t := time.Now()
 			res, err := forkRaw(ctx, s, parent, n)
@@ -151,6 +184,7 @@ func BenchmarkRamify(b *testing.B) {
 				time.Sleep(200 * time.Millisecond)
 				for _, k := range res.children {
 					childPss = append(childPss, pssKiB(k))
+					childUss = append(childUss, ussKiB(k))
 				}
 			}
 			var wg sync.WaitGroup
@@ -166,6 +200,11 @@ func BenchmarkRamify(b *testing.B) {
 			meanPss += v
 		}
 		meanPss /= max(len(childPss), 1)
+		meanUss := 0
+		for _, v := range childUss {
+			meanUss += v
+		}
+		meanUss /= max(len(childUss), 1)
 		// The alternative: n fresh sandboxes, each re-running the setup (in parallel, as a user would).
 		var alt stats
 		altReps := 2
@@ -190,8 +229,8 @@ func BenchmarkRamify(b *testing.B) {
 				c.Delete(ctx, f)
 			}
 		}
-		p("| %d | %s | %s | %.1f ms | %.1f MiB | %s | %.1fx |", n, ms(tot.pct(.5)), ms(tot.pct(.99)), pauses[len(pauses)/2],
-			float64(meanPss)/1024, ms(alt.pct(.5)), float64(alt.pct(.5))/float64(tot.pct(.5)))
+		p("| %d | %s | %s | %.1f ms | %.1f MiB | %.1f MiB | %s | %.1fx |", n, ms(tot.pct(.5)), ms(tot.pct(.99)), pauses[len(pauses)/2],
+			float64(meanUss)/1024, float64(meanPss)/1024, ms(alt.pct(.5)), float64(alt.pct(.5))/float64(tot.pct(.5)))
 	}
 
 	// Merge.
@@ -227,7 +266,7 @@ func BenchmarkRamify(b *testing.B) {
 	}
 }
 
-var mergeS0 stats
+var mergeS0, warmCreate stats
 
 type forkOut struct {
 	children []string
