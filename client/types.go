@@ -36,6 +36,26 @@ type Sandbox struct {
 	ForkedFrom string `json:"forked_from,omitempty"`
 	// Error holds the reason when Status is "error".
 	Error string `json:"error"`
+	// Pause reports the last pause and resume (nil before the first pause).
+	Pause *PauseInfo `json:"pause,omitempty"`
+}
+
+// Skipped names something a pause could not save (a variable, a process), or a resume could not restore.
+type Skipped struct {
+	Name   string `json:"name"`
+	Type   string `json:"type,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// PauseInfo is what the last pause and resume of a sandbox reported.
+type PauseInfo struct {
+	NotSaved      []Skipped  `json:"not_saved,omitempty"`
+	NotRestored   []Skipped  `json:"not_restored,omitempty"`
+	SnapshotBytes int64      `json:"snapshot_bytes,omitempty"`
+	PauseMs       float64    `json:"pause_ms,omitempty"`
+	ResumeMs      float64    `json:"resume_ms,omitempty"`
+	PausedAt      *time.Time `json:"paused_at,omitempty"`
+	Error         string     `json:"error,omitempty"`
 }
 
 // CreateRequest is the body of POST /v1/sandboxes. Zero fields take the server's defaults.

@@ -25,6 +25,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/network"
 	"github.com/ramify-dev/ramify/internal/runtime/namespaces"
 	"github.com/ramify-dev/ramify/internal/sandbox"
+	"github.com/ramify-dev/ramify/internal/snapstore"
 	"github.com/ramify-dev/ramify/internal/store"
 )
 
@@ -46,8 +47,11 @@ func envOr(name, def string) string {
 }
 
 type serveFlags struct {
-	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel string
-	warmPool                                                                 int
+	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel  string
+	warmPool                                                                  int
+	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret string
+	s3Secure                                                                  bool
+	runtimeBinary                                                             string
 }
 
 func parseServeFlags(name string, args []string) (*serveFlags, error) {
@@ -61,6 +65,15 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.subnet, "subnet", envOr("RAMIFY_SUBNET", "10.213.0.0/16"), "sandbox address range (env RAMIFY_SUBNET)")
 	fs.StringVar(&f.layerDriver, "layer-driver", os.Getenv("RAMIFY_LAYER_DRIVER"), `writable layer driver: "btrfs", "copy" or empty for automatic (env RAMIFY_LAYER_DRIVER)`)
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
+	fs.StringVar(&f.snapshotDir, "snapshot-dir", os.Getenv("RAMIFY_SNAPSHOT_DIR"), "where pause snapshots go (default <data-dir>/snapshots; env RAMIFY_SNAPSHOT_DIR)")
+	fs.StringVar(&f.s3Endpoint, "s3-endpoint", os.Getenv("RAMIFY_S3_ENDPOINT"), "host:port of an S3-compatible store for pause snapshots instead of --snapshot-dir (env RAMIFY_S3_ENDPOINT)")
+	fs.StringVar(&f.s3Bucket, "s3-bucket", envOr("RAMIFY_S3_BUCKET", "ramify"), "S3 bucket (env RAMIFY_S3_BUCKET)")
+	fs.StringVar(&f.s3Prefix, "s3-prefix", os.Getenv("RAMIFY_S3_PREFIX"), "key prefix in the bucket (env RAMIFY_S3_PREFIX)")
+	fs.StringVar(&f.s3Region, "s3-region", envOr("RAMIFY_S3_REGION", "us-east-1"), "S3 region (env RAMIFY_S3_REGION)")
+	fs.StringVar(&f.s3Access, "s3-access-key", os.Getenv("RAMIFY_S3_ACCESS_KEY"), "S3 access key (env RAMIFY_S3_ACCESS_KEY)")
+	fs.StringVar(&f.s3Secret, "s3-secret-key", os.Getenv("RAMIFY_S3_SECRET_KEY"), "S3 secret key (env RAMIFY_S3_SECRET_KEY)")
+	fs.BoolVar(&f.s3Secure, "s3-tls", os.Getenv("RAMIFY_S3_TLS") == "1", "use HTTPS for S3 (env RAMIFY_S3_TLS=1)")
+	fs.StringVar(&f.runtimeBinary, "runtime-binary", os.Getenv("RAMIFY_RUNTIME_BINARY"), "static ramify binary to run as family init and agent (default: this one; set it when this one is not static, e.g. built with -race)")
 	fs.StringVar(&f.logLevel, "log-level", envOr("RAMIFY_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -148,13 +161,27 @@ func serveCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	defer st.Close()
-	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, ImageRootfs: img.Rootfs, Layers: layers,
+	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, ImageRootfs: img.Rootfs, Layers: layers,
 		Cgroups: cg, Network: netw, Logger: log})
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
-	svc, err := sandbox.New(ctx, sandbox.Config{Store: st, Runtime: rt, IPs: netw, Logger: log,
+	var snaps snapstore.Store
+	if f.s3Endpoint != "" {
+		snaps, err = snapstore.NewS3(ctx, snapstore.S3Config{Endpoint: f.s3Endpoint, Secure: f.s3Secure, Region: f.s3Region,
+			Bucket: f.s3Bucket, Prefix: f.s3Prefix, AccessKey: f.s3Access, SecretKey: f.s3Secret})
+	} else {
+		dir := f.snapshotDir
+		if dir == "" {
+			dir = filepath.Join(f.dataDir, "snapshots")
+		}
+		snaps, err = snapstore.NewLocal(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("snapshot store: %w", err)
+	}
+	svc, err := sandbox.New(ctx, sandbox.Config{Snapshots: snaps, Store: st, Runtime: rt, IPs: netw, Logger: log,
 		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool})
 	if err != nil {
 		return err
@@ -167,7 +194,7 @@ func serveCmd(ctx context.Context, args []string) error {
 	}
 	srv := &http.Server{Handler: api.New(svc, key, version, log), ReadHeaderTimeout: 10 * time.Second}
 	url := "http://" + ln.Addr().String()
-	fmt.Fprintf(os.Stderr, "\nramify %s serving on %s (layers: %s, cgroups v%d, image %s)\n", version, url, layers.Name(), cg.Version(), img.Rootfs)
+	fmt.Fprintf(os.Stderr, "\nramify %s serving on %s (layers: %s, cgroups v%d, snapshots: %s, image %s)\n", version, url, layers.Name(), cg.Version(), snaps.Name(), img.Rootfs)
 	if generated {
 		fmt.Fprintf(os.Stderr, "generated an API key, saved in %s\n", filepath.Join(f.dataDir, "api-key"))
 	}

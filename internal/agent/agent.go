@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -256,6 +258,20 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		w.emit(ev)
 	case "exec":
 		w.emit(a.exec(ctx, req, w.emit))
+	case "snapshot_repl":
+		skipped, err := a.repl.session("snapshot", req.Dir)
+		if err != nil {
+			w.emit(Event{Type: "error", Message: "save interpreter: " + err.Error()})
+			return
+		}
+		w.emit(Event{Type: "ok", Skipped: append(skipped, a.otherProcesses()...)})
+	case "restore_repl":
+		skipped, err := a.repl.session("restore", req.Dir)
+		if err != nil {
+			w.emit(Event{Type: "error", Message: "restore interpreter: " + err.Error()})
+			return
+		}
+		w.emit(Event{Type: "ok", Skipped: skipped})
 	case "fork_repl":
 		pids, err := a.repl.fork(req.Targets)
 		if err != nil {
@@ -327,3 +343,32 @@ func (c *capped) add(s string) {
 }
 
 var _ io.Writer = (*bufio.Writer)(nil)
+
+// otherProcesses lists this sandbox's processes other than the agent and the interpreter (same cgroup as the
+// agent): a pause cannot save them.
+func (a *Agent) otherProcesses() []Skipped {
+	own, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil
+	}
+	repl := a.repl.currentPid()
+	var out []Skipped
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() || pid == repl {
+			continue
+		}
+		cg, err := os.ReadFile("/proc/" + e.Name() + "/cgroup")
+		if err != nil || !bytes.Equal(cg, own) {
+			continue
+		}
+		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		name := strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " "))
+		if name == "" {
+			continue // a kernel thread or a zombie
+		}
+		out = append(out, Skipped{Name: name, Type: "process", Reason: fmt.Sprintf("pid %d: only the Python interpreter is saved; other processes are not", pid)})
+	}
+	return out
+}

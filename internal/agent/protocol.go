@@ -33,6 +33,9 @@ type Request struct {
 	// fork_repl: one target per child sandbox
 	Targets []ForkTarget `json:"targets,omitempty"`
 
+	// snapshot_repl and restore_repl: the directory (inside the sandbox) of the interpreter's saved session
+	Dir string `json:"dir,omitempty"`
+
 	// attach_repl (sent by a forked interpreter) and expect_repl (sent by the server to a child's agent)
 	Token string `json:"token,omitempty"`
 	Pid   int    `json:"pid,omitempty"`
@@ -77,6 +80,16 @@ type Event struct {
 	ReplPid int    `json:"repl_pid,omitempty"`
 	Pids    []int  `json:"pids,omitempty"`
 	Message string `json:"message,omitempty"`
+
+	// snapshot_repl and restore_repl: what could not be saved or loaded, by name
+	Skipped []Skipped `json:"skipped,omitempty"`
+}
+
+// Skipped names something a pause could not save (a variable, a process) and why.
+type Skipped struct {
+	Name   string `json:"name"`
+	Type   string `json:"type,omitempty"`
+	Reason string `json:"reason"`
 }
 
 // Terminal reports whether e ends a response.
@@ -97,6 +110,7 @@ type replMsg struct {
 	ExecutionCount int             `json:"execution_count,omitempty"`
 	Pid            int             `json:"pid,omitempty"`
 	Pids           []int           `json:"pids,omitempty"`
+	Skipped        []Skipped       `json:"skipped,omitempty"`
 	Op             string          `json:"op,omitempty"`
 	Token          string          `json:"token,omitempty"`
 	Raw            json.RawMessage `json:"-"`

@@ -361,3 +361,29 @@ func (p *repl) fork(targets []ForkTarget) ([]int, error) {
 		}
 	}
 }
+
+// session runs the interpreter's snapshot or restore op on dir and returns what it could not handle.
+func (p *repl) session(op, dir string) ([]Skipped, error) {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	if _, err := p.ensure(); err != nil {
+		return nil, err
+	}
+	if err := p.send(map[string]any{"op": op, "dir": dir}); err != nil {
+		p.drop()
+		return nil, err
+	}
+	for {
+		m, err := p.recv()
+		if err != nil {
+			p.drop()
+			return nil, fmt.Errorf("interpreter died during %s: %w", op, err)
+		}
+		if m.Type == "result" {
+			if m.Error != nil {
+				return nil, fmt.Errorf("%s: %s: %s", op, m.Error.Name, m.Error.Value)
+			}
+			return m.Skipped, nil
+		}
+	}
+}

@@ -264,6 +264,57 @@ def _become_child(t, files):
     os._exit(0)
 
 
+_SKIP_NAMES = {"__builtins__", "__name__", "__loader__", "__spec__", "__package__"}
+
+
+def _snapshot(directory):
+    """Save the session's variables, one dill pickle per name, to directory; return what could not be saved."""
+    import dill
+    os.makedirs(directory, exist_ok=True)
+    names, skipped = [], []
+    for i, (name, value) in enumerate(list(_ns.items())):
+        if name in _SKIP_NAMES:
+            continue
+        path = os.path.join(directory, "%06d.pkl" % i)
+        try:
+            with open(path, "wb") as f:
+                dill.dump(value, f, protocol=5)
+            names.append((name, os.path.basename(path)))
+        except Exception as e:  # an object that does not serialize: listed, never silently dropped
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            skipped.append({"name": name, "type": type(value).__name__, "reason": ("%s: %s" % (type(e).__name__, e))[:300]})
+    meta = {"names": names, "cwd": os.getcwd(), "env": dict(os.environ), "execution_count": _count}
+    with open(os.path.join(directory, "session.json"), "w") as f:
+        json.dump(meta, f)
+    return skipped
+
+
+def _restore(directory):
+    """Load what _snapshot saved into the session; return the names that failed to load."""
+    global _count
+    import dill
+    with open(os.path.join(directory, "session.json")) as f:
+        meta = json.load(f)
+    failed = []
+    for name, fname in meta["names"]:
+        try:
+            with open(os.path.join(directory, fname), "rb") as f:
+                _ns[name] = dill.load(f)
+        except Exception as e:
+            failed.append({"name": name, "reason": ("%s: %s" % (type(e).__name__, e))[:300]})
+    try:
+        os.chdir(meta.get("cwd") or "/root")
+    except OSError:
+        pass
+    os.environ.clear()
+    os.environ.update(meta.get("env") or {})
+    _count = meta.get("execution_count", _count)
+    return failed
+
+
 def _serve():
     while True:
         try:
@@ -287,6 +338,10 @@ def _serve():
                 except OSError:
                     pass
                 resp = {"type": "result"}
+            elif op == "snapshot":
+                resp = {"type": "result", "skipped": _snapshot(req["dir"])}
+            elif op == "restore":
+                resp = {"type": "result", "skipped": _restore(req["dir"])}
             elif op == "ping":
                 resp = {"type": "result", "pid": os.getpid()}
             else:

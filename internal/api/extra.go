@@ -2,6 +2,8 @@ package api
 
 import (
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/ramify-dev/ramify/internal/sandbox"
 )
@@ -12,11 +14,43 @@ func (s *Server) extraRoutes(m *http.ServeMux) {
 	m.Handle("POST /v1/sandboxes/{id}/merge_into/{winner}", s.auth(s.mergeInto))
 	m.Handle("GET /v1/sandboxes/{id}/diff/{other}", s.auth(s.diff))
 	m.Handle("POST /v1/sandboxes/{id}/diff/{other}", s.auth(s.diff))
+	m.Handle("POST /v1/sandboxes/{id}/pause", s.auth(s.pause))
+	m.Handle("POST /v1/sandboxes/{id}/resume", s.auth(s.resume))
+}
+
+// lifecycleReply answers pause and resume: 202 with the new status and X-Poll-After when work started, 200 when
+// the sandbox already was where the call would take it.
+func lifecycleReply(w http.ResponseWriter, info sandbox.Info, accepted bool) {
+	code := http.StatusOK
+	if accepted {
+		code = http.StatusAccepted
+		w.Header().Set("X-Poll-After", strconv.Itoa(int(sandbox.PollAfter/time.Second)))
+	}
+	writeJSON(w, code, info)
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	info, accepted, err := s.svc.Pause(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	lifecycleReply(w, info, accepted)
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	info, accepted, err := s.svc.Resume(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	lifecycleReply(w, info, accepted)
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		N *int `json:"n"`
+		N           *int `json:"n"`
+		StartPaused bool `json:"start_paused"`
 	}
 	if err := decode(w, r, &req, true); err != nil {
 		writeError(w, err)
@@ -26,7 +60,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	if req.N != nil {
 		n = *req.N
 	}
-	res, err := s.svc.Fork(r.Context(), r.PathValue("id"), n)
+	res, err := s.svc.ForkWith(r.Context(), r.PathValue("id"), n, req.StartPaused)
 	if err != nil {
 		writeError(w, err)
 		return

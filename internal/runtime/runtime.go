@@ -22,6 +22,9 @@ type Spec struct {
 	MaxProcs int
 	Env      map[string]string
 	Cwd      string
+	// Populate, when set, fills the new sandbox's writable layer (its overlay upper directory, on the host)
+	// before anything runs in it: a resume from a snapshot.
+	Populate func(upperDir string) error
 }
 
 // Handle is the durable description of a running sandbox, saved by the service so that a restarted server can
@@ -101,6 +104,10 @@ type Forker interface {
 	Swap(ctx context.Context, parent, winner Handle) (Handle, error)
 	// UpperDir is the host directory holding the sandbox's writable layer's changes (overlay upper dir).
 	UpperDir(h Handle) string
+	// Freeze stops every process of the sandbox until Thaw (for a consistent copy of its layer).
+	Freeze(ctx context.Context, h Handle) error
+	// Thaw resumes the sandbox's processes.
+	Thaw(ctx context.Context, h Handle) error
 	// LowerDir is the host directory of the read-only image under every sandbox.
 	LowerDir() string
 }

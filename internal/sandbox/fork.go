@@ -37,8 +37,14 @@ func (s *Service) forker() (runtime.Forker, error) {
 	return f, nil
 }
 
-// Fork branches a running sandbox into n children that start from its current state.
+// Fork branches a running sandbox into n children that start from its current state. A paused sandbox is
+// forked from a byte-identical copy of its snapshot instead (see forkPaused).
 func (s *Service) Fork(ctx context.Context, id string, n int) (ForkResult, error) {
+	return s.ForkWith(ctx, id, n, false)
+}
+
+// ForkWith is Fork; startPaused applies to the fork of a paused sandbox (children stay paused).
+func (s *Service) ForkWith(ctx context.Context, id string, n int, startPaused bool) (ForkResult, error) {
 	if n < 1 || n > MaxForkChildren {
 		return ForkResult{}, invalid("n must be between 1 and %d", MaxForkChildren)
 	}
@@ -62,9 +68,12 @@ func (s *Service) Fork(ctx context.Context, id string, n int) (ForkResult, error
 		s.mu.Unlock()
 		return ForkResult{}, err
 	}
-	if Status(e.rec.Status) != StatusRunning {
+	if Status(e.rec.Status) == StatusPaused {
 		s.mu.Unlock()
-		return ForkResult{}, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+		if err := s.snapshots(); err != nil {
+			return ForkResult{}, err
+		}
+		return s.forkPaused(ctx, e, n, startPaused)
 	}
 	parent, spec := e.handle, e.spec
 	specs := make([]runtime.Spec, n)

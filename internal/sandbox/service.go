@@ -19,6 +19,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/files"
 	"github.com/ramify-dev/ramify/internal/runtime"
+	"github.com/ramify-dev/ramify/internal/snapstore"
 	"github.com/ramify-dev/ramify/internal/store"
 )
 
@@ -37,6 +38,8 @@ type Config struct {
 	HostUID, HostGID int
 	// WarmPool is how many pre-started sandboxes to keep ready for Create (0 = none).
 	WarmPool int
+	// Snapshots is where pauses write their snapshots (nil: pause is unavailable).
+	Snapshots snapstore.Store
 }
 
 // Service is the sandbox service.
@@ -104,7 +107,19 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			} else {
 				s.log.Info("sandbox recovered", "sandbox", rec.ID)
 			}
-		case StatusCreating, StatusResuming, StatusPausing:
+		case StatusPausing:
+			// The pause was cut short: the sandbox may well still run; then it simply stays running.
+			if err := cfg.Runtime.Recover(ctx, e.handle); err == nil {
+				e.rec.Status = string(StatusRunning)
+				pi := s.pauseInfo(e)
+				pi.Error = "pause interrupted by a server restart"
+				s.setPauseInfo(e, pi)
+			} else {
+				s.stopQuietly(e)
+				e.rec.Status, e.rec.Error = string(StatusError), "interrupted by a server restart while pausing: "+err.Error()
+			}
+			cfg.Store.Put(ctx, e.rec) //nolint:errcheck
+		case StatusCreating, StatusResuming:
 			// Interrupted half-way by the restart: nothing usable is left.
 			s.stopQuietly(e)
 			e.rec.Status, e.rec.Error = string(StatusError), "interrupted by a server restart while "+rec.Status
@@ -199,6 +214,10 @@ func (s *Service) info(e *entry) Info {
 	if r.ForkedFrom != "" {
 		p := r.ForkedFrom
 		in.ForkedFrom = &p
+	}
+	if len(r.Pause) > 2 {
+		pi := s.pauseInfo(e)
+		in.Pause = &pi
 	}
 	return in
 }
@@ -396,6 +415,11 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 	if err := s.cfg.Runtime.Destroy(ctx, h); err != nil {
 		s.log.Warn("destroy", "sandbox", id, "err", err)
 	}
+	if e.rec.Snapshot != "" && s.cfg.Snapshots != nil {
+		if err := s.cfg.Snapshots.Delete(ctx, e.rec.Snapshot); err != nil {
+			s.log.Warn("destroy: delete snapshot", "sandbox", id, "err", err)
+		}
+	}
 	if err := s.cfg.Store.Delete(ctx, id); err != nil {
 		return err
 	}
@@ -565,3 +589,5 @@ func (s *Service) Files(ctx context.Context, id string) (*files.FS, func(), erro
 	}
 	return fs, func() { fs.Close(); done() }, nil
 }
+
+func parseIP(s string) net.IP { return net.ParseIP(s) }

@@ -135,6 +135,8 @@ type Info struct {
 	ParentID   *string           `json:"parent_id"`
 	ForkedFrom *string           `json:"forked_from"`
 	Error      string            `json:"error"`
+	// Pause reports the last pause and resume: what could not be saved, sizes, timings.
+	Pause *PauseInfo `json:"pause,omitempty"`
 }
 
 func shape(vcpu float64, mem int) string {

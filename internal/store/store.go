@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -27,8 +28,10 @@ type Record struct {
 	IP         string          `json:"ip"`
 	Hostname   string          `json:"hostname"`
 	CreatedAt  time.Time       `json:"created_at"`
-	Spec       json.RawMessage `json:"spec"`   // the create request, normalised
-	Handle     json.RawMessage `json:"handle"` // the runtime's handle, when running
+	Spec       json.RawMessage `json:"spec"`     // the create request, normalised
+	Handle     json.RawMessage `json:"handle"`   // the runtime's handle, when running
+	Snapshot   string          `json:"snapshot"` // key prefix of the pause snapshot, when paused
+	Pause      json.RawMessage `json:"pause"`    // what the last pause/resume reported
 }
 
 // Store is the database.
@@ -48,7 +51,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	hostname    TEXT NOT NULL DEFAULT '',
 	created_at  TEXT NOT NULL,
 	spec        TEXT NOT NULL DEFAULT '{}',
-	handle      TEXT NOT NULL DEFAULT '{}'
+	handle      TEXT NOT NULL DEFAULT '{}',
+	snapshot    TEXT NOT NULL DEFAULT '',
+	pause       TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS sandboxes_family ON sandboxes(family_id);
 `
@@ -65,23 +70,30 @@ func Open(dir string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init schema in %s: %w", path, err)
 	}
+	// Columns added after the first release: add them to databases made before.
+	for _, col := range []string{"snapshot TEXT NOT NULL DEFAULT ''", "pause TEXT NOT NULL DEFAULT '{}'"} {
+		if _, err := db.Exec("ALTER TABLE sandboxes ADD COLUMN " + col); err != nil && !strings.Contains(err.Error(), "duplicate column") {
+			db.Close()
+			return nil, fmt.Errorf("migrate schema in %s: %w", path, err)
+		}
+	}
 	return &Store{db: db}, nil
 }
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-const cols = `id, status, error, family_id, parent_id, forked_from, ip, hostname, created_at, spec, handle`
+const cols = `id, status, error, family_id, parent_id, forked_from, ip, hostname, created_at, spec, handle, snapshot, pause`
 
 func scan(row interface{ Scan(...any) error }) (Record, error) {
 	var r Record
-	var created, spec, handle string
-	err := row.Scan(&r.ID, &r.Status, &r.Error, &r.FamilyID, &r.ParentID, &r.ForkedFrom, &r.IP, &r.Hostname, &created, &spec, &handle)
+	var created, spec, handle, pause string
+	err := row.Scan(&r.ID, &r.Status, &r.Error, &r.FamilyID, &r.ParentID, &r.ForkedFrom, &r.IP, &r.Hostname, &created, &spec, &handle, &r.Snapshot, &pause)
 	if err != nil {
 		return r, err
 	}
 	r.CreatedAt, _ = time.Parse(time.RFC3339Nano, created)
-	r.Spec, r.Handle = json.RawMessage(spec), json.RawMessage(handle)
+	r.Spec, r.Handle, r.Pause = json.RawMessage(spec), json.RawMessage(handle), json.RawMessage(pause)
 	return r, nil
 }
 
@@ -92,11 +104,14 @@ func orEmpty(m json.RawMessage) string {
 	return string(m)
 }
 
+func args(r Record) []any {
+	return []any{r.ID, r.Status, r.Error, r.FamilyID, r.ParentID, r.ForkedFrom, r.IP, r.Hostname,
+		r.CreatedAt.UTC().Format(time.RFC3339Nano), orEmpty(r.Spec), orEmpty(r.Handle), r.Snapshot, orEmpty(r.Pause)}
+}
+
 // Put inserts or replaces a record.
 func (s *Store) Put(ctx context.Context, r Record) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
-		r.ID, r.Status, r.Error, r.FamilyID, r.ParentID, r.ForkedFrom, r.IP, r.Hostname,
-		r.CreatedAt.UTC().Format(time.RFC3339Nano), orEmpty(r.Spec), orEmpty(r.Handle))
+	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`, args(r)...)
 	if err != nil {
 		return fmt.Errorf("save sandbox %s: %w", r.ID, err)
 	}
@@ -111,9 +126,7 @@ func (s *Store) PutMany(ctx context.Context, rs []Record, deleteIDs []string) er
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	for _, r := range rs {
-		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
-			r.ID, r.Status, r.Error, r.FamilyID, r.ParentID, r.ForkedFrom, r.IP, r.Hostname,
-			r.CreatedAt.UTC().Format(time.RFC3339Nano), orEmpty(r.Spec), orEmpty(r.Handle)); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`, args(r)...); err != nil {
 			return fmt.Errorf("save sandbox %s: %w", r.ID, err)
 		}
 	}

@@ -72,6 +72,10 @@ func Start(t testing.TB, extraArgs ...string) *Server {
 	s.args = append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", s.DataDir, "--image-dir", images,
 		"--api-key", s.Key, "--bridge", s.bridge, "--subnet", fmt.Sprintf("10.%d.%d.0/24", 220+id/100, id%100+1),
 		"--log-level", "info"}, extraArgs...)
+	if rb := os.Getenv("RAMIFY_TEST_RUNTIME_BINARY"); rb != "" {
+		// The server under test is not static (a -race build): the family init and agents run this one.
+		s.args = append(s.args, "--runtime-binary", rb)
+	}
 	s.start()
 	t.Cleanup(s.cleanup)
 	return s

@@ -219,3 +219,25 @@ func (r *Runtime) UpperDir(h runtime.Handle) string {
 
 // LowerDir implements runtime.Forker.
 func (r *Runtime) LowerDir() string { return r.cfg.ImageRootfs }
+
+// Freeze implements runtime.Forker.
+func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {
+	r.mu.Lock()
+	sb := r.sandboxes[h.ID]
+	r.mu.Unlock()
+	if sb == nil {
+		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	return sb.cg.Freeze(ctx)
+}
+
+// Thaw implements runtime.Forker.
+func (r *Runtime) Thaw(ctx context.Context, h runtime.Handle) error {
+	r.mu.Lock()
+	sb := r.sandboxes[h.ID]
+	r.mu.Unlock()
+	if sb == nil {
+		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	return sb.cg.Thaw(ctx)
+}

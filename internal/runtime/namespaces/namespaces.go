@@ -302,6 +302,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := prepareLayer(dir); err != nil {
 		return runtime.Handle{}, fmt.Errorf("prepare layer: %w", err)
 	}
+	if spec.Populate != nil {
+		if err := spec.Populate(filepath.Join(dir, "upper")); err != nil {
+			return runtime.Handle{}, fmt.Errorf("populate layer: %w", err)
+		}
+	}
 	f, err := r.startFamily(ctx, "fam_"+spec.ID[len("sbx_"):])
 	if err != nil {
 		return runtime.Handle{}, err

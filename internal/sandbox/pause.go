@@ -1,0 +1,483 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/layertar"
+	"github.com/ramify-dev/ramify/internal/runtime"
+	"github.com/ramify-dev/ramify/internal/store"
+)
+
+// A pause writes a snapshot to the snapshot store and frees the host: three objects under one key prefix,
+//
+//	layer.tar      the sandbox's writable layer (its overlay upper directory)
+//	session.tar    the interpreter's session: one dill pickle per variable, plus cwd, env, execution count
+//	manifest.json  the sandbox's spec, what could not be saved, and the size and SHA-256 of the other two
+//
+// The manifest is written last: a snapshot without one is incomplete and never resumed. A resume checks every
+// part against the manifest while it extracts it into a fresh layer, so a corrupt or missing part fails the
+// resume with a clear error and leaves the snapshot untouched.
+
+// sessionDir is where, inside the sandbox, the interpreter saves and loads its session.
+const sessionDir = "/.ramify-session"
+
+// PauseInfo is what the last pause and resume reported (the sandbox's "pause" field).
+type PauseInfo struct {
+	NotSaved      []agent.Skipped `json:"not_saved,omitempty"`
+	NotRestored   []agent.Skipped `json:"not_restored,omitempty"`
+	SnapshotBytes int64           `json:"snapshot_bytes,omitempty"`
+	PauseMs       float64         `json:"pause_ms,omitempty"`
+	ResumeMs      float64         `json:"resume_ms,omitempty"`
+	PausedAt      *time.Time      `json:"paused_at,omitempty"`
+	Error         string          `json:"error,omitempty"`
+}
+
+// Part is one object of a snapshot.
+type Part struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Manifest describes a snapshot.
+type Manifest struct {
+	Version   int                `json:"version"`
+	Sandbox   string             `json:"sandbox"`
+	CreatedAt time.Time          `json:"created_at"`
+	Spec      json.RawMessage    `json:"spec"`
+	Parts     map[string]Part    `json:"parts"`
+	NotSaved  []agent.Skipped    `json:"not_saved"`
+	Extra     map[string]float64 `json:"extra,omitempty"`
+}
+
+// PollAfter is the suggested wait before the first status poll after a pause or resume is accepted.
+const PollAfter = time.Second
+
+func (s *Service) pauseInfo(e *entry) PauseInfo {
+	var pi PauseInfo
+	json.Unmarshal(e.rec.Pause, &pi) //nolint:errcheck // written by us
+	return pi
+}
+
+func (s *Service) setPauseInfo(e *entry, pi PauseInfo) {
+	b, _ := json.Marshal(pi)
+	e.rec.Pause = b
+}
+
+func (s *Service) snapshots() error {
+	if s.cfg.Snapshots == nil {
+		return errdefs.New(errdefs.ErrConflict, "no snapshot store is configured")
+	}
+	return nil
+}
+
+// Pause starts pausing a running sandbox. accepted is false when it was already paused (nothing to do).
+func (s *Service) Pause(ctx context.Context, id string) (info Info, accepted bool, err error) {
+	if err := s.snapshots(); err != nil {
+		return Info{}, false, err
+	}
+	e, err := s.lookup(id)
+	if err != nil {
+		return Info{}, false, err
+	}
+	e.op.Lock() // held by the pause goroutine until it is done
+	s.mu.Lock()
+	st := Status(e.rec.Status)
+	if e.gone {
+		s.mu.Unlock()
+		e.op.Unlock()
+		return Info{}, false, errNotFound
+	}
+	if st == StatusPaused {
+		in := s.info(e)
+		s.mu.Unlock()
+		e.op.Unlock()
+		return in, false, nil
+	}
+	if err := check(OpPause, st); err != nil {
+		s.mu.Unlock()
+		e.op.Unlock()
+		return Info{}, false, err
+	}
+	e.rec.Status = string(StatusPausing)
+	rec := e.rec
+	in := s.info(e)
+	s.mu.Unlock()
+	if err := s.cfg.Store.Put(ctx, rec); err != nil {
+		s.mu.Lock()
+		e.rec.Status = string(StatusRunning)
+		s.mu.Unlock()
+		e.op.Unlock()
+		return Info{}, false, err
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer e.op.Unlock()
+		s.pause(e)
+	}()
+	return in, true, nil
+}
+
+// pauseOnTimeout is the timeout action for on_timeout "pause": it waits for the pause to finish.
+func (s *Service) pauseOnTimeout(ctx context.Context, id string) error {
+	_, _, err := s.Pause(ctx, id)
+	return err
+}
+
+// pause does the work; the caller holds e.op exclusively.
+func (s *Service) pause(e *entry) {
+	ctx := context.Background()
+	start := time.Now()
+	s.mu.Lock()
+	h, id, specJSON := e.handle, e.rec.ID, e.rec.Spec
+	s.mu.Unlock()
+	fk, _ := s.cfg.Runtime.(runtime.Forker)
+	fail := func(err error) {
+		s.log.Warn("pause failed; the sandbox keeps running", "sandbox", id, "err", err)
+		if fk != nil {
+			fk.Thaw(ctx, h) //nolint:errcheck // best effort: it may not be frozen
+		}
+		if c, cerr := s.cfg.Runtime.Agent(id); cerr == nil {
+			c.Call(ctx, agent.Request{Op: "exec", Argv: []string{"rm", "-rf", sessionDir}}, nil) //nolint:errcheck
+		}
+		s.mu.Lock()
+		e.rec.Status = string(StatusRunning)
+		pi := s.pauseInfo(e)
+		pi.Error = "pause failed: " + err.Error()
+		s.setPauseInfo(e, pi)
+		rec := e.rec
+		s.mu.Unlock()
+		s.cfg.Store.Put(ctx, rec) //nolint:errcheck // the in-memory state is right
+	}
+	if fk == nil {
+		fail(errors.New("this runtime cannot pause sandboxes"))
+		return
+	}
+	c, err := s.cfg.Runtime.Agent(id)
+	if err != nil {
+		fail(err)
+		return
+	}
+	ev, err := c.Call(ctx, agent.Request{Op: "snapshot_repl", Dir: sessionDir}, nil)
+	if err != nil {
+		fail(fmt.Errorf("save the interpreter: %w", err))
+		return
+	}
+	if err := fk.Freeze(ctx, h); err != nil {
+		fail(fmt.Errorf("freeze: %w", err))
+		return
+	}
+	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
+	upper := fk.UpperDir(h)
+	m := Manifest{Version: 1, Sandbox: id, CreatedAt: time.Now().UTC(), Spec: specJSON, Parts: map[string]Part{}, NotSaved: ev.Skipped}
+	for _, part := range []struct {
+		name, dir string
+		skip      func(string) bool
+	}{
+		{"layer.tar", upper, func(rel string) bool { return rel == sessionDir[1:] }},
+		{"session.tar", filepath.Join(upper, sessionDir), nil},
+	} {
+		p, err := s.putTar(ctx, prefix+part.name, part.dir, part.skip)
+		if err != nil {
+			s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
+			fail(fmt.Errorf("write %s: %w", part.name, err))
+			return
+		}
+		m.Parts[part.name] = p
+	}
+	mb, _ := json.MarshalIndent(m, "", "  ")
+	if _, err := s.cfg.Snapshots.Put(ctx, prefix+"manifest.json", bytesReader(mb)); err != nil {
+		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
+		fail(fmt.Errorf("write manifest: %w", err))
+		return
+	}
+	// The snapshot is complete: record it, then free the host.
+	now := time.Now().UTC()
+	s.mu.Lock()
+	old := e.rec.Snapshot
+	e.rec.Status = string(StatusPaused)
+	e.rec.Snapshot = prefix
+	e.rec.Handle = nil
+	e.handle = runtime.Handle{}
+	var size int64
+	for _, p := range m.Parts {
+		size += p.Size
+	}
+	s.setPauseInfo(e, PauseInfo{NotSaved: m.NotSaved, SnapshotBytes: size, PauseMs: ms(time.Since(start)), PausedAt: &now})
+	rec := e.rec
+	s.mu.Unlock()
+	if err := s.cfg.Store.Put(ctx, rec); err != nil {
+		s.log.Error("pause: record the snapshot", "sandbox", id, "err", err)
+	}
+	if err := s.cfg.Runtime.Destroy(ctx, h); err != nil {
+		s.log.Warn("pause: free the sandbox", "sandbox", id, "err", err)
+	}
+	if old != "" && old != prefix {
+		s.cfg.Snapshots.Delete(ctx, old) //nolint:errcheck // superseded
+	}
+	s.log.Info("sandbox paused", "sandbox", id, "bytes", size, "ms", time.Since(start).Milliseconds(), "not_saved", len(m.NotSaved))
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+type bytesReaderT struct {
+	b []byte
+	i int
+}
+
+func (r *bytesReaderT) Read(p []byte) (int, error) {
+	if r.i >= len(r.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b[r.i:])
+	r.i += n
+	return n, nil
+}
+
+func bytesReader(b []byte) io.Reader { return &bytesReaderT{b: b} }
+
+// putTar streams a tar of dir into the snapshot store.
+func (s *Service) putTar(ctx context.Context, key, dir string, skip func(string) bool) (Part, error) {
+	if _, err := os.Stat(dir); err != nil {
+		return Part{}, err
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := layertar.Write(pw, dir, skip)
+		pw.CloseWithError(err)
+	}()
+	obj, err := s.cfg.Snapshots.Put(ctx, key, pr)
+	pr.CloseWithError(err)
+	if err != nil {
+		return Part{}, err
+	}
+	return Part{Size: obj.Size, SHA256: obj.SHA256}, nil
+}
+
+// Resume starts resuming a paused (or failed) sandbox. accepted is false when it was already running.
+func (s *Service) Resume(ctx context.Context, id string) (info Info, accepted bool, err error) {
+	if err := s.snapshots(); err != nil {
+		return Info{}, false, err
+	}
+	e, err := s.lookup(id)
+	if err != nil {
+		return Info{}, false, err
+	}
+	e.op.Lock()
+	s.mu.Lock()
+	st := Status(e.rec.Status)
+	if e.gone {
+		s.mu.Unlock()
+		e.op.Unlock()
+		return Info{}, false, errNotFound
+	}
+	if st == StatusRunning {
+		in := s.info(e)
+		s.mu.Unlock()
+		e.op.Unlock()
+		return in, false, nil
+	}
+	if err := check(OpResume, st); err != nil || e.rec.Snapshot == "" {
+		s.mu.Unlock()
+		e.op.Unlock()
+		if err == nil {
+			err = errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error (it has no snapshot to resume)")
+		}
+		return Info{}, false, err
+	}
+	e.rec.Status = string(StatusResuming)
+	rec := e.rec
+	in := s.info(e)
+	s.mu.Unlock()
+	s.cfg.Store.Put(ctx, rec) //nolint:errcheck // best effort; the goroutine records the outcome
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer e.op.Unlock()
+		s.resume(e)
+	}()
+	return in, true, nil
+}
+
+func (s *Service) resume(e *entry) {
+	ctx := context.Background()
+	start := time.Now()
+	s.mu.Lock()
+	id, prefix, spec, ipStr, hostname := e.rec.ID, e.rec.Snapshot, e.spec, e.rec.IP, e.rec.Hostname
+	s.mu.Unlock()
+	fail := func(err error) {
+		s.log.Warn("resume failed; the snapshot is kept, resume may be retried", "sandbox", id, "err", err)
+		s.mu.Lock()
+		e.rec.Status = string(StatusError)
+		e.rec.Error = "resume failed: " + errdefs.Message(err)
+		rec := e.rec
+		s.mu.Unlock()
+		s.cfg.Store.Put(ctx, rec) //nolint:errcheck
+	}
+	m, err := s.readManifest(ctx, prefix)
+	if err != nil {
+		fail(err)
+		return
+	}
+	ip := parseIP(ipStr)
+	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
+		ID: id, Hostname: hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
+		Env: spec.Env, Cwd: spec.Cwd,
+		Populate: func(upper string) error {
+			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
+				return err
+			}
+			sd := filepath.Join(upper, sessionDir)
+			if err := os.Mkdir(sd, 0o700); err != nil {
+				return err
+			}
+			os.Lchown(sd, s.cfg.HostUID, s.cfg.HostGID) //nolint:errcheck // extract sets what the tar says
+			return s.extractPart(ctx, prefix, "session.tar", m, sd)
+		},
+	})
+	if err != nil {
+		fail(err)
+		return
+	}
+	c, err := s.cfg.Runtime.Agent(id)
+	var ev agent.Event
+	if err == nil {
+		ev, err = c.Call(ctx, agent.Request{Op: "restore_repl", Dir: sessionDir}, nil)
+	}
+	if err == nil {
+		_, err = c.Call(ctx, agent.Request{Op: "exec", Argv: []string{"rm", "-rf", sessionDir}}, nil)
+	}
+	if err != nil {
+		s.cfg.Runtime.Destroy(ctx, h) //nolint:errcheck // undo the half-resumed sandbox
+		fail(fmt.Errorf("restore the interpreter: %w", err))
+		return
+	}
+	hj, _ := json.Marshal(h)
+	s.mu.Lock()
+	e.handle = h
+	e.rec.Handle = hj
+	e.rec.Status = string(StatusRunning)
+	e.rec.Error = ""
+	e.rec.FamilyID = h.FamilyID
+	e.rec.Snapshot = ""
+	pi := s.pauseInfo(e)
+	pi.NotRestored, pi.ResumeMs, pi.Error = ev.Skipped, ms(time.Since(start)), ""
+	s.setPauseInfo(e, pi)
+	rec := e.rec
+	s.mu.Unlock()
+	if err := s.cfg.Store.Put(ctx, rec); err != nil {
+		s.log.Error("resume: record", "sandbox", id, "err", err)
+		return
+	}
+	s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck // the sandbox runs again; its snapshot is spent
+	s.log.Info("sandbox resumed", "sandbox", id, "ms", time.Since(start).Milliseconds())
+}
+
+func (s *Service) readManifest(ctx context.Context, prefix string) (Manifest, error) {
+	var m Manifest
+	rc, err := s.cfg.Snapshots.Get(ctx, prefix+"manifest.json")
+	if err != nil {
+		return m, fmt.Errorf("snapshot %s has no manifest: %w", prefix, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, 16<<20))
+	if err != nil {
+		return m, fmt.Errorf("read manifest: %w", err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 {
+		return m, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot %s: corrupt manifest", prefix))
+	}
+	return m, nil
+}
+
+// extractPart streams a part into dir, checking its size and SHA-256 against the manifest.
+func (s *Service) extractPart(ctx context.Context, prefix, name string, m Manifest, dir string) error {
+	want, ok := m.Parts[name]
+	if !ok {
+		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot %s: manifest lists no %s", prefix, name))
+	}
+	rc, err := s.cfg.Snapshots.Get(ctx, prefix+name)
+	if err != nil {
+		return fmt.Errorf("snapshot part %s is missing: %w", name, err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	cr := &countingReader{r: io.TeeReader(rc, h)}
+	if _, err := layertar.Extract(cr, dir); err != nil {
+		return fmt.Errorf("snapshot part %s: %w", name, err)
+	}
+	io.Copy(io.Discard, cr) //nolint:errcheck // tar padding after the end marker counts too
+	if got := hex.EncodeToString(h.Sum(nil)); cr.n != want.Size || got != want.SHA256 {
+		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot part %s is corrupt: %d bytes with sha256 %s, manifest says %d bytes with sha256 %s", name, cr.n, got, want.Size, want.SHA256))
+	}
+	return nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// forkPaused makes n new sandboxes from a byte-identical copy of a paused sandbox's snapshot. They are paused;
+// unless startPaused, each then resumes.
+func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused bool) (ForkResult, error) {
+	s.mu.Lock()
+	parent := e.rec
+	spec := e.spec
+	s.mu.Unlock()
+	var out ForkResult
+	out.Note = "forked from a paused sandbox's snapshot: each child is an independent sandbox with its own id and address"
+	for i := 0; i < n; i++ {
+		cid := NewID()
+		prefix := fmt.Sprintf("%s/%d/", cid, time.Now().UnixNano())
+		for _, part := range []string{"layer.tar", "session.tar", "manifest.json"} {
+			if err := s.cfg.Snapshots.Copy(ctx, parent.Snapshot+part, prefix+part); err != nil {
+				s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
+				return out, fmt.Errorf("copy snapshot: %w", err)
+			}
+		}
+		s.mu.Lock()
+		ip, err := s.allocateIP()
+		if err != nil {
+			s.mu.Unlock()
+			s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
+			return out, err
+		}
+		k := &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusPaused), FamilyID: "fam_" + cid[4:],
+			ForkedFrom: parent.ID, IP: ip.String(), Hostname: hostnameOf(cid), CreatedAt: time.Now().UTC(),
+			Spec: parent.Spec, Snapshot: prefix, Pause: parent.Pause}}
+		s.items[cid] = k
+		s.mu.Unlock()
+		if err := s.cfg.Store.Put(ctx, k.rec); err != nil {
+			s.mu.Lock()
+			delete(s.items, cid)
+			s.mu.Unlock()
+			s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
+			return out, err
+		}
+		out.Children = append(out.Children, cid)
+		if !startPaused {
+			if _, _, err := s.Resume(ctx, cid); err != nil {
+				return out, err
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,445 @@
+package snapstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
+)
+
+// Local is a Store in a directory of the host. Its layout:
+//
+//	<dir>/objects/<key>   the objects, one file each (mode 0600; directories 0700)
+//	<dir>/tmp/            objects being written, renamed into objects/ once complete and fsynced
+//	<dir>/sha256/<key>    checksum records, only on file systems without user xattrs
+//
+// An object's SHA-256 is kept in its "user.ramify.sha256" xattr, set before the rename that publishes it, so
+// object and checksum appear together. Where the file system has no user xattrs, a sidecar file under
+// sha256/ holds "<hex> <inode>" and counts only while the inode matches (a crash between the two renames
+// then leaves the checksum unknown, never wrong). Every path is resolved through an os.Root at dir, so keys
+// (already validated) cannot reach outside it. Because keys map onto directories, a key cannot be both an
+// object and a "directory" of others: Put("a/b") while "a" exists fails with errdefs.ErrConflict (S3 has no
+// such restriction).
+type Local struct {
+	dir  string
+	root *os.Root
+}
+
+const (
+	objectsDir  = "objects"
+	tmpDir      = "tmp"
+	sidecarDir  = "sha256"
+	sha256Xattr = "user.ramify.sha256"
+)
+
+// NewLocal opens (creating it if needed) a local store in dir. Temporary files older than a day, left by
+// crashes, are removed.
+func NewLocal(dir string) (*Local, error) {
+	if dir == "" {
+		return nil, fmt.Errorf("%w: local snapshot store: empty directory", errdefs.ErrInvalid)
+	}
+	for _, d := range []string{dir, path.Join(dir, objectsDir), path.Join(dir, tmpDir)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("local snapshot store: %w", err)
+		}
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("local snapshot store: %w", err)
+	}
+	l := &Local{dir: dir, root: root}
+	if ents, err := os.ReadDir(path.Join(dir, tmpDir)); err == nil {
+		for _, e := range ents {
+			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > 24*time.Hour {
+				_ = root.Remove(tmpDir + "/" + e.Name())
+			}
+		}
+	}
+	return l, nil
+}
+
+// Name is "local:<dir>".
+func (l *Local) Name() string { return "local:" + l.dir }
+
+// Close releases the store's directory handle.
+func (l *Local) Close() error { return l.root.Close() }
+
+func objPath(key string) string { return objectsDir + "/" + key }
+
+// Put writes r to a temporary file, fsyncs it, records its SHA-256, renames it over the key and fsyncs the
+// directories.
+func (l *Local) Put(ctx context.Context, key string, r io.Reader) (Object, error) {
+	if err := ValidateKey(key); err != nil {
+		return Object{}, err
+	}
+	return l.publish(ctx, key, func(f *os.File) (int64, string, error) {
+		h := sha256.New()
+		n, err := io.CopyBuffer(io.MultiWriter(f, h), ctxReader{ctx, r}, make([]byte, 1<<20))
+		if err != nil {
+			return n, "", err
+		}
+		return n, hex.EncodeToString(h.Sum(nil)), nil
+	})
+}
+
+// publish creates a temporary file, lets fill write it (returning size and hex SHA-256), and publishes it
+// as key atomically.
+func (l *Local) publish(ctx context.Context, key string, fill func(*os.File) (int64, string, error)) (obj Object, err error) {
+	tmp := tmpDir + "/" + randomName()
+	f, err := l.root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return Object{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+		if err != nil {
+			_ = l.root.Remove(tmp)
+		}
+	}()
+	size, sum, err := fill(f)
+	if err != nil {
+		return Object{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return Object{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := f.Sync(); err != nil {
+		return Object{}, fmt.Errorf("put %s: fsync: %w", key, err)
+	}
+	useSidecar := false
+	if err := unix.Fsetxattr(int(f.Fd()), sha256Xattr, []byte(sum), 0); err != nil {
+		if !errors.Is(err, unix.ENOTSUP) {
+			return Object{}, fmt.Errorf("put %s: setxattr: %w", key, err)
+		}
+		useSidecar = true
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return Object{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := f.Close(); err != nil {
+		return Object{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	f = nil
+	if useSidecar {
+		// The old record goes first: a crash before the new one is written leaves the checksum unknown.
+		if err := l.root.Remove(sidecarDir + "/" + key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return Object{}, fmt.Errorf("put %s: %w", key, err)
+		}
+	}
+	dst := objPath(key)
+	// A concurrent Delete may prune the parent directory between MkdirAll and Rename: retry.
+	for attempt := 0; ; attempt++ {
+		if err := l.root.MkdirAll(path.Dir(dst), 0o700); err != nil {
+			return Object{}, l.conflict(key, err)
+		}
+		err := l.root.Rename(tmp, dst)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, fs.ErrNotExist) && attempt < 5 {
+			continue
+		}
+		return Object{}, l.conflict(key, err)
+	}
+	if err := l.syncDirs(path.Dir(dst)); err != nil {
+		return Object{}, fmt.Errorf("put %s: %w", key, err)
+	}
+	if useSidecar {
+		if err := l.writeSidecar(key, sum, st.Ino); err != nil {
+			return Object{}, fmt.Errorf("put %s: checksum record: %w", key, err)
+		}
+	}
+	return Object{Key: key, Size: size, SHA256: sum}, nil
+}
+
+func (l *Local) conflict(key string, err error) error {
+	if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR) || errors.Is(err, syscall.EEXIST) ||
+		errors.Is(err, syscall.ENOTEMPTY) {
+		return fmt.Errorf("put %s: %w: a key is in the way (a key cannot be both an object and a prefix of others in a local store): %v",
+			key, errdefs.ErrConflict, err)
+	}
+	return fmt.Errorf("put %s: %w", key, err)
+}
+
+// syncDirs fsyncs dir and its ancestors up to the store's root, so that a rename into dir, and any
+// directories MkdirAll just created, survive a crash.
+func (l *Local) syncDirs(dir string) error {
+	for {
+		d, err := l.root.Open(dir)
+		if err != nil {
+			return err
+		}
+		err = d.Sync()
+		d.Close()
+		if err != nil {
+			return fmt.Errorf("fsync %s: %w", dir, err)
+		}
+		if dir == "." || dir == objectsDir || dir == sidecarDir {
+			return nil
+		}
+		dir = path.Dir(dir)
+	}
+}
+
+func (l *Local) writeSidecar(key, sum string, ino uint64) error {
+	tmp := tmpDir + "/" + randomName()
+	if err := l.root.WriteFile(tmp, fmt.Appendf(nil, "%s %d\n", sum, ino), 0o600); err != nil {
+		return err
+	}
+	dst := sidecarDir + "/" + key
+	if err := l.root.MkdirAll(path.Dir(dst), 0o700); err != nil {
+		_ = l.root.Remove(tmp)
+		return err
+	}
+	if err := l.root.Rename(tmp, dst); err != nil {
+		_ = l.root.Remove(tmp)
+		return err
+	}
+	return l.syncDirs(path.Dir(dst))
+}
+
+// checksum returns the recorded SHA-256 of the open object f (at key), or "" if unknown.
+func (l *Local) checksum(f *os.File, key string) (string, error) {
+	buf := make([]byte, 128)
+	n, err := unix.Fgetxattr(int(f.Fd()), sha256Xattr, buf)
+	switch {
+	case err == nil:
+		return string(buf[:n]), nil
+	case errors.Is(err, unix.ENODATA):
+		return "", nil
+	case !errors.Is(err, unix.ENOTSUP):
+		return "", fmt.Errorf("getxattr %s: %w", key, err)
+	}
+	b, err := l.root.ReadFile(sidecarDir + "/" + key)
+	if err != nil {
+		return "", nil
+	}
+	var sum string
+	var ino uint64
+	if _, err := fmt.Sscanf(string(b), "%s %d", &sum, &ino); err != nil {
+		return "", nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Ino != ino {
+		return "", nil
+	}
+	return sum, nil
+}
+
+// open opens the object at key for reading, mapping absence to errdefs.ErrNotFound.
+func (l *Local) open(key string) (*os.File, fs.FileInfo, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, nil, err
+	}
+	f, err := l.root.Open(objPath(key))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return nil, nil, fmt.Errorf("get %s: %w", key, errdefs.ErrNotFound)
+		}
+		return nil, nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	info, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	if !info.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, fmt.Errorf("get %s: %w", key, errdefs.ErrNotFound)
+	}
+	return f, info, nil
+}
+
+// Get opens the object's file.
+func (l *Local) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f, _, err := l.open(key)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Stat returns the object's size and recorded SHA-256.
+func (l *Local) Stat(ctx context.Context, key string) (Object, error) {
+	if err := ctx.Err(); err != nil {
+		return Object{}, err
+	}
+	f, info, err := l.open(key)
+	if err != nil {
+		return Object{}, err
+	}
+	defer f.Close()
+	sum, err := l.checksum(f, key)
+	if err != nil {
+		return Object{}, err
+	}
+	return Object{Key: key, Size: info.Size(), SHA256: sum}, nil
+}
+
+// Copy reflinks src to a temporary file (FICLONE: O(1) on btrfs and XFS), or copies it where the file
+// system cannot, and publishes it as dst like Put. The checksum is carried over from src (computed while
+// copying if src has none).
+func (l *Local) Copy(ctx context.Context, src, dst string) error {
+	if err := ValidateKey(dst); err != nil {
+		return err
+	}
+	in, info, err := l.open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	sum, err := l.checksum(in, src)
+	if err != nil {
+		return err
+	}
+	_, err = l.publish(ctx, dst, func(out *os.File) (int64, string, error) {
+		if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err == nil {
+			if sum != "" {
+				return info.Size(), sum, nil
+			}
+			h := sha256.New()
+			n, err := io.Copy(h, ctxReader{ctx, in})
+			return n, hex.EncodeToString(h.Sum(nil)), err
+		}
+		if sum != "" {
+			// *os.File to *os.File: copy_file_range, which may share extents itself.
+			n, err := io.Copy(out, in)
+			if err == nil && n != info.Size() {
+				err = fmt.Errorf("copied %d bytes of %d: source changed", n, info.Size())
+			}
+			return n, sum, err
+		}
+		h := sha256.New()
+		n, err := io.CopyBuffer(io.MultiWriter(out, h), ctxReader{ctx, in}, make([]byte, 1<<20))
+		return n, hex.EncodeToString(h.Sum(nil)), err
+	})
+	if err != nil {
+		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// Delete removes the objects under prefix and prunes directories left empty.
+func (l *Local) Delete(ctx context.Context, prefix string) error {
+	if prefix == "" {
+		return fmt.Errorf("%w: delete: empty prefix", errdefs.ErrInvalid)
+	}
+	objs, err := l.List(ctx, prefix)
+	if err != nil {
+		return err
+	}
+	dirs := map[string]bool{}
+	for _, o := range objs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := l.root.Remove(objPath(o.Key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("delete %s: %w", o.Key, err)
+		}
+		if err := l.root.Remove(sidecarDir + "/" + o.Key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("delete %s: %w", o.Key, err)
+		}
+		for d := path.Dir(o.Key); d != "."; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	// Deepest first; a directory that is not empty (other keys, or a concurrent Put) stays.
+	sorted := make([]string, 0, len(dirs))
+	for d := range dirs {
+		sorted = append(sorted, d)
+	}
+	sort.Slice(sorted, func(i, j int) bool { return len(sorted[i]) > len(sorted[j]) })
+	for _, d := range sorted {
+		_ = l.root.Remove(objPath(d))
+		_ = l.root.Remove(sidecarDir + "/" + d)
+	}
+	if len(objs) > 0 {
+		if err := l.syncDirs(objectsDir); err != nil {
+			return fmt.Errorf("delete %s: %w", prefix, err)
+		}
+	}
+	return nil
+}
+
+// List walks the objects directory below the longest directory part of prefix.
+func (l *Local) List(ctx context.Context, prefix string) ([]Object, error) {
+	if err := validatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	start := objectsDir
+	if i := strings.LastIndexByte(prefix, '/'); i >= 0 {
+		start = objPath(prefix[:i])
+	}
+	out := []Object{}
+	err := fs.WalkDir(l.root.FS(), start, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p == start && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)) {
+				return fs.SkipAll
+			}
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // deleted meanwhile
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		key := strings.TrimPrefix(p, objectsDir+"/")
+		if d.IsDir() {
+			// Prune directories that cannot hold matching keys.
+			if p != start && !strings.HasPrefix(key+"/", prefix) && !strings.HasPrefix(prefix, key+"/") {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() || !strings.HasPrefix(key, prefix) {
+			return nil
+		}
+		o, err := l.Stat(ctx, key)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out = append(out, o)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", prefix, err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// tmpObjects lists the temporary files of unfinished Puts (for tests).
+func (l *Local) tmpObjects(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(path.Join(l.dir, tmpDir))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out, nil
+}

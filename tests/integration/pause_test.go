@@ -1,0 +1,292 @@
+package integration
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+const sessionSetup = `import pandas as pd, numpy as np, socket, os
+df = pd.DataFrame({"a": np.arange(1000), "b": np.arange(1000) * 2.5})
+def score(frame, k=3):
+    return float(frame.b.sum()) * k
+class Model:
+    def __init__(self, w):
+        self.w = w
+    def predict(self, x):
+        return self.w * x
+m = Model(7)
+counter = 41
+os.chdir("/srv")
+os.environ["STAGE"] = "two"
+sock = socket.socket()
+1`
+
+func pauseAndWait(t *testing.T, s *testserver.Server, id string) *client.Sandbox {
+	t.Helper()
+	ctx := ctxT(t)
+	sb, after, err := s.Client.Pause(ctx, id)
+	if err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if sb.Status != "pausing" && sb.Status != "paused" {
+		t.Fatalf("pause answered status %q", sb.Status)
+	}
+	if sb.Status == "pausing" && after <= 0 {
+		t.Errorf("pause gave no X-Poll-After")
+	}
+	sb, err = s.Client.WaitStatus(ctx, id, "paused")
+	if err != nil {
+		t.Fatalf("wait paused: %v (%+v)", err, sb)
+	}
+	return sb
+}
+
+func resumeAndWait(t *testing.T, s *testserver.Server, id string) *client.Sandbox {
+	t.Helper()
+	ctx := ctxT(t)
+	if _, _, err := s.Client.Resume(ctx, id); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	sb, err := s.Client.WaitStatus(ctx, id, "running")
+	if err != nil {
+		t.Fatalf("wait running: %v (%+v)", err, sb)
+	}
+	return sb
+}
+
+func TestPauseResumeRoundTrip(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	id := create(t, s, &client.CreateRequest{Metadata: map[string]string{"k": "v"}})
+	sh(t, s, id, "mkdir -p /srv /root/data && head -c 3000000 /dev/urandom > /root/data/blob && echo hello > /srv/note.txt && rm -f /etc/motd && sleep 1000 >/dev/null 2>&1 &")
+	value(t, s, id, sessionSetup)
+	blobSum := sh(t, s, id, "sha256sum /root/data/blob").Stdout
+
+	sb := pauseAndWait(t, s, id)
+	if sb.Pause == nil || sb.Pause.SnapshotBytes < 3000000 {
+		t.Fatalf("pause info: %+v", sb.Pause)
+	}
+	notSaved := fmt.Sprint(sb.Pause.NotSaved)
+	if !strings.Contains(notSaved, "sock") || !strings.Contains(notSaved, "sleep 1000") {
+		t.Errorf("not_saved should name the socket and the background process: %s", notSaved)
+	}
+	// Paused: no processes, calls refused with 409, pause is idempotent.
+	if _, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "1"}); !errors.Is(err, client.ErrConflict) {
+		t.Fatalf("run_code on paused: %v", err)
+	}
+	code, body := raw(t, s, "POST", "/v1/sandboxes/"+id+"/pause", s.Key, nil)
+	if code != 200 || body["status"] != "paused" {
+		t.Fatalf("second pause: %d %v", code, body)
+	}
+	if err := killSandboxProcesses(id); err == nil {
+		t.Fatalf("a paused sandbox still has processes")
+	}
+
+	sb = resumeAndWait(t, s, id)
+	if sb.Metadata["k"] != "v" {
+		t.Errorf("metadata lost: %+v", sb.Metadata)
+	}
+	code, body = raw(t, s, "POST", "/v1/sandboxes/"+id+"/resume", s.Key, nil)
+	if code != 200 || body["status"] != "running" {
+		t.Fatalf("second resume: %d %v", code, body)
+	}
+	if v := value(t, s, id, "(counter + 1, score(df), m.predict(6), type(m).__name__, os.getcwd(), os.environ['STAGE'], df.shape)"); v != "(42, 3746250.0, 42, 'Model', '/srv', 'two', (1000, 2))" {
+		t.Fatalf("session after resume: %s", v)
+	}
+	if ex := run(t, s, id, "sock"); ex.Error == nil || ex.Error.Name != "NameError" {
+		t.Errorf("the unsaved socket should be gone: %+v", ex)
+	}
+	if r := sh(t, s, id, "sha256sum /root/data/blob; cat /srv/note.txt; test -e /etc/motd && echo motd-back || echo motd-gone; ls -a / | grep -c ramify-session"); r.Stdout != blobSum+"hello\nmotd-gone\n0\n" {
+		t.Fatalf("files after resume: %q", r.Stdout)
+	}
+	// Paused sandboxes can be deleted, taking their snapshot with them.
+	pauseAndWait(t, s, id)
+	if err := s.Client.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(s.DataDir, "snapshots", "objects", id, "*")); len(left) != 0 {
+		t.Errorf("snapshot left after delete: %v", left)
+	}
+}
+
+func TestPausedSandboxSurvivesRestartAndForks(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	id := create(t, s, nil)
+	value(t, s, id, "x = [1, 2, 3]; 1")
+	sh(t, s, id, "echo kept > /root/f.txt")
+	pauseAndWait(t, s, id)
+	s.Kill()
+	s.Restart()
+	info, err := s.Client.Get(ctx, id)
+	if err != nil || info.Status != "paused" {
+		t.Fatalf("after restart: %+v %v", info, err)
+	}
+	// Fork of a paused sandbox: start_paused keeps the child paused; by default it resumes.
+	var res struct {
+		Children []string `json:"children"`
+	}
+	if err := s.PostJSON(ctx, "/v1/sandboxes/"+id+"/fork", map[string]any{"start_paused": true}, &res); err != nil || len(res.Children) != 1 {
+		t.Fatalf("fork paused: %v %+v", err, res)
+	}
+	kept := res.Children[0]
+	kinfo, _ := s.Client.Get(ctx, kept)
+	if kinfo.Status != "paused" || kinfo.ForkedFrom != id || kinfo.IP == info.IP {
+		t.Fatalf("start_paused child: %+v", kinfo)
+	}
+	kids, err := s.Client.Fork(ctx, id, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.WaitStatus(ctx, kids[0], "running"); err != nil {
+		t.Fatal(err)
+	}
+	if v := value(t, s, kids[0], "x + [4]"); v != "[1, 2, 3, 4]" {
+		t.Fatalf("fork of paused: %s", v)
+	}
+	value(t, s, kids[0], "x.append(99); 1")
+	resumeAndWait(t, s, id)
+	if v := value(t, s, id, "x"); v != "[1, 2, 3]" {
+		t.Fatalf("original after its fork changed: %s", v)
+	}
+	if r := sh(t, s, id, "cat /root/f.txt"); r.Stdout != "kept\n" {
+		t.Fatalf("file: %q", r.Stdout)
+	}
+	resumeAndWait(t, s, kept)
+	if v := value(t, s, kept, "x"); v != "[1, 2, 3]" {
+		t.Fatalf("start_paused child after resume: %s", v)
+	}
+}
+
+func TestResumeWithCorruptOrMissingSnapshot(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	id := create(t, s, nil)
+	value(t, s, id, "v = 'precious'; 1")
+	pauseAndWait(t, s, id)
+	parts, _ := filepath.Glob(filepath.Join(s.DataDir, "snapshots", "objects", id, "*", "layer.tar"))
+	if len(parts) != 1 {
+		t.Fatalf("snapshot layer parts: %v", parts)
+	}
+	orig, err := os.ReadFile(parts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := append([]byte(nil), orig...)
+	bad[len(bad)/2] ^= 0xff
+	os.WriteFile(parts[0], bad, 0o600)
+
+	s.Client.Resume(ctx, id)
+	sb, err := s.Client.WaitStatus(ctx, id, "running")
+	var se *client.StatusError
+	if !errors.As(err, &se) || !strings.Contains(sb.Error, "corrupt") {
+		t.Fatalf("corrupt resume: %+v %v", sb, err)
+	}
+	if now, _ := os.ReadFile(parts[0]); sha(now) != sha(bad) {
+		t.Fatal("the failed resume touched the snapshot")
+	}
+	// Missing part.
+	os.Rename(parts[0], parts[0]+".away")
+	s.Client.Resume(ctx, id)
+	sb, err = s.Client.WaitStatus(ctx, id, "running")
+	if !errors.As(err, &se) || !strings.Contains(sb.Error, "missing") {
+		t.Fatalf("missing part resume: %+v %v", sb, err)
+	}
+	// Repaired, the resume works: nothing was lost.
+	os.Rename(parts[0]+".away", parts[0])
+	os.WriteFile(parts[0], orig, 0o600)
+	resumeAndWait(t, s, id)
+	if v := value(t, s, id, "v"); v != "'precious'" {
+		t.Fatalf("after repaired resume: %s", v)
+	}
+}
+
+func sha(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
+
+func TestPauseRacesStayConsistent(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	for round, racer := range []string{"exec", "fork", "destroy", "merge"} {
+		id := create(t, s, nil)
+		value(t, s, id, fmt.Sprintf("r = %d; 1", round))
+		var kid string
+		if racer == "merge" {
+			kids, err := s.Client.Fork(ctx, id, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kid = kids[0]
+		}
+		done := make(chan error, 1)
+		go func() {
+			c, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var err error
+			switch racer {
+			case "exec":
+				_, err = s.Client.Exec(c, id, client.ExecRequest{Cmd: "echo hi"})
+			case "fork":
+				_, err = s.Client.Fork(c, id, 1)
+			case "destroy":
+				err = s.Client.Delete(c, id)
+			case "merge":
+				err = s.Client.MergeInto(c, id, kid)
+			}
+			done <- err
+		}()
+		_, _, perr := s.Client.Pause(ctx, id)
+		rerr := <-done
+		// Whatever the order, the end state is one of the legal ones and the sandbox works after a resume.
+		info, gerr := s.Client.Get(ctx, id)
+		if racer == "destroy" && errors.Is(gerr, client.ErrNotFound) {
+			continue
+		}
+		if gerr != nil {
+			t.Fatalf("%s: get: %v (pause %v, racer %v)", racer, gerr, perr, rerr)
+		}
+		if info.Status == "pausing" {
+			info, _ = s.Client.WaitStatus(ctx, id, "paused")
+		}
+		if info.Status == "paused" {
+			resumeAndWait(t, s, id)
+		}
+		if v := value(t, s, id, "r"); v != fmt.Sprint(round) {
+			t.Fatalf("%s: state after race: %s", racer, v)
+		}
+	}
+}
+
+func TestPauseResumeSoak(t *testing.T) {
+	cycles := 200
+	if testing.Short() {
+		cycles = 20
+	}
+	s := testserver.Start(t)
+	id := create(t, s, nil)
+	value(t, s, id, "import hashlib\nstate = {'n': 0, 'blob': bytes(range(256)) * 4096}\n1")
+	sh(t, s, id, "mkdir -p /root/soak && for i in $(seq 1 50); do head -c $((i * 1000)) /dev/urandom > /root/soak/f$i; done")
+	want := sh(t, s, id, "cd /root/soak && sha256sum * | sha256sum").Stdout
+	start := time.Now()
+	for i := 1; i <= cycles; i++ {
+		pauseAndWait(t, s, id)
+		resumeAndWait(t, s, id)
+		if got := sh(t, s, id, "cd /root/soak && sha256sum * | sha256sum").Stdout; got != want {
+			t.Fatalf("cycle %d: files changed: %q != %q", i, got, want)
+		}
+		if v := value(t, s, id, "state['n'] += 1; (state['n'], hashlib.sha256(state['blob']).hexdigest()[:12])"); v != fmt.Sprintf("(%d, 'fbbab289f7f9')", i) {
+			t.Fatalf("cycle %d: variables: %s", i, v)
+		}
+	}
+	t.Logf("%d pause/resume cycles in %s", cycles, time.Since(start))
+}
