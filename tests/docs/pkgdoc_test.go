@@ -1,0 +1,47 @@
+// Package docs checks the documentation that is meant to stay true: every package says what it owns.
+package docs
+
+import (
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Every package under internal/ (and the client) has a package doc comment saying what it owns.
+func TestEveryPackageHasADocComment(t *testing.T) {
+	roots := []string{"../../internal", "../../client", "../../cmd"}
+	checked := 0
+	for _, root := range roots {
+		filepath.WalkDir(root, func(dir string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() || strings.Contains(dir, "testdata") {
+				return nil
+			}
+			pkgs, err := parser.ParseDir(token.NewFileSet(), dir, func(fi os.FileInfo) bool {
+				return !strings.HasSuffix(fi.Name(), "_test.go")
+			}, parser.ParseComments|parser.PackageClauseOnly)
+			if err != nil {
+				t.Errorf("%s: %v", dir, err)
+				return nil
+			}
+			for name, p := range pkgs {
+				checked++
+				doc := ""
+				for _, f := range p.Files {
+					if f.Doc != nil {
+						doc += f.Doc.Text()
+					}
+				}
+				if len(strings.TrimSpace(doc)) < 40 {
+					t.Errorf("package %s (%s) has no doc comment saying what it owns", name, dir)
+				}
+			}
+			return nil
+		})
+	}
+	if checked < 15 {
+		t.Fatalf("checked only %d packages: is the walk broken?", checked)
+	}
+}
