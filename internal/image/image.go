@@ -309,7 +309,7 @@ func build(ctx context.Context, o Options) (img Image, err error) {
 	return Image{Name: defaultName, Rootfs: filepath.Join(o.Dir, defaultName, rootfsName), ID: m.ID, BuiltAt: m.BuiltAt}, nil
 }
 
-// install moves the finished build tmp to dst, atomically replacing an existing image, and removes the old one.
+// install moves the finished build tmp to dst, atomically replacing an existing image, and sets the old one aside.
 func install(tmp, dst string, o Options) error {
 	if _, err := os.Lstat(dst); errors.Is(err, fs.ErrNotExist) {
 		if err := os.Rename(tmp, dst); err != nil {
@@ -336,11 +336,19 @@ func install(tmp, dst string, o Options) error {
 	if err := syncDir(filepath.Dir(dst)); err != nil {
 		o.Logger.Warn("image: fsync images dir", "err", err)
 	}
-	if err := removeTree(tmp); err != nil {
-		o.Logger.Warn("image: cannot remove the replaced image", "dir", tmp, "err", err)
+	// The replaced image may still be the lower layer of running sandboxes (their overlays hold it open by
+	// path): keep it, renamed, rather than pull files from under them.
+	kept := filepath.Join(filepath.Dir(dst), fmt.Sprintf("%s%d", replacedPrefix, time.Now().UnixNano()))
+	if err := os.Rename(tmp, kept); err != nil {
+		o.Logger.Warn("image: cannot set the replaced image aside", "dir", tmp, "err", err)
+		return nil
 	}
+	fmt.Fprintf(o.Progress, "image: the previous image is kept at %s for sandboxes that still use it; remove it once none runs\n", kept)
 	return nil
 }
+
+// replacedPrefix names the directories of images replaced by a rebuild.
+const replacedPrefix = ".replaced-"
 
 // removeStale removes temporary directories left by builds that crashed (the caller holds the lock, so no
 // build is running).
