@@ -57,6 +57,7 @@ func (s *Server) routes() {
 	m.Handle("GET /v1/sandboxes/{id}/files/archive", s.auth(s.downloadArchive))
 	m.Handle("PUT /v1/sandboxes/{id}/files/archive", s.auth(s.uploadArchive))
 	s.extraRoutes(m)
+	s.docRoutes(m)
 }
 
 // ServeHTTP implements http.Handler. Requests no route matches get a JSON 404 or 405 like every other error.
