@@ -30,6 +30,8 @@ type Server struct {
 	log     *slog.Logger
 	version string
 	mux     *http.ServeMux
+	// patterns lists every pattern registered on mux, in order (the OpenAPI test compares them to the document).
+	patterns []string
 }
 
 // New returns the API handler.
@@ -41,23 +43,29 @@ func New(svc *sandbox.Service, apiKey, version string, log *slog.Logger) *Server
 
 func (s *Server) routes() {
 	m := s.mux
-	m.HandleFunc("GET /healthz", s.health)
-	m.Handle("POST /v1/sandboxes", s.auth(s.create))
-	m.Handle("GET /v1/sandboxes", s.auth(s.list))
-	m.Handle("GET /v1/sandboxes/{id}", s.auth(s.get))
-	m.Handle("DELETE /v1/sandboxes/{id}", s.auth(s.delete))
-	m.Handle("POST /v1/sandboxes/{id}/run_code", s.auth(s.runCode))
-	m.Handle("POST /v1/sandboxes/{id}/exec", s.auth(s.exec))
-	m.Handle("GET /v1/sandboxes/{id}/files", s.auth(s.readFile))
-	m.Handle("PUT /v1/sandboxes/{id}/files", s.auth(s.writeFile))
-	m.Handle("DELETE /v1/sandboxes/{id}/files", s.auth(s.removeFile))
-	m.Handle("GET /v1/sandboxes/{id}/files/list", s.auth(s.listFiles))
-	m.Handle("GET /v1/sandboxes/{id}/files/stat", s.auth(s.statFile))
-	m.Handle("POST /v1/sandboxes/{id}/files/mkdir", s.auth(s.mkdir))
-	m.Handle("GET /v1/sandboxes/{id}/files/archive", s.auth(s.downloadArchive))
-	m.Handle("PUT /v1/sandboxes/{id}/files/archive", s.auth(s.uploadArchive))
+	s.handle("GET /healthz", http.HandlerFunc(s.health))
+	s.handle("POST /v1/sandboxes", s.auth(s.create))
+	s.handle("GET /v1/sandboxes", s.auth(s.list))
+	s.handle("GET /v1/sandboxes/{id}", s.auth(s.get))
+	s.handle("DELETE /v1/sandboxes/{id}", s.auth(s.delete))
+	s.handle("POST /v1/sandboxes/{id}/run_code", s.auth(s.runCode))
+	s.handle("POST /v1/sandboxes/{id}/exec", s.auth(s.exec))
+	s.handle("GET /v1/sandboxes/{id}/files", s.auth(s.readFile))
+	s.handle("PUT /v1/sandboxes/{id}/files", s.auth(s.writeFile))
+	s.handle("DELETE /v1/sandboxes/{id}/files", s.auth(s.removeFile))
+	s.handle("GET /v1/sandboxes/{id}/files/list", s.auth(s.listFiles))
+	s.handle("GET /v1/sandboxes/{id}/files/stat", s.auth(s.statFile))
+	s.handle("POST /v1/sandboxes/{id}/files/mkdir", s.auth(s.mkdir))
+	s.handle("GET /v1/sandboxes/{id}/files/archive", s.auth(s.downloadArchive))
+	s.handle("PUT /v1/sandboxes/{id}/files/archive", s.auth(s.uploadArchive))
 	s.extraRoutes(m)
 	s.docRoutes(m)
+}
+
+// handle registers h for pattern on the mux and records the pattern.
+func (s *Server) handle(pattern string, h http.Handler) {
+	s.patterns = append(s.patterns, pattern)
+	s.mux.Handle(pattern, h)
 }
 
 // ServeHTTP implements http.Handler. Requests no route matches get a JSON 404 or 405 like every other error.

@@ -10,12 +10,12 @@ import (
 
 // extraRoutes registers the fork family's routes: fork, merge_into and diff.
 func (s *Server) extraRoutes(m *http.ServeMux) {
-	m.Handle("POST /v1/sandboxes/{id}/fork", s.auth(s.fork))
-	m.Handle("POST /v1/sandboxes/{id}/merge_into/{winner}", s.auth(s.mergeInto))
-	m.Handle("GET /v1/sandboxes/{id}/diff/{other}", s.auth(s.diff))
-	m.Handle("POST /v1/sandboxes/{id}/diff/{other}", s.auth(s.diff))
-	m.Handle("POST /v1/sandboxes/{id}/pause", s.auth(s.pause))
-	m.Handle("POST /v1/sandboxes/{id}/resume", s.auth(s.resume))
+	s.handle("POST /v1/sandboxes/{id}/fork", s.auth(s.fork))
+	s.handle("POST /v1/sandboxes/{id}/merge_into/{winner}", s.auth(s.mergeInto))
+	s.handle("GET /v1/sandboxes/{id}/diff/{other}", s.auth(s.diff))
+	s.handle("POST /v1/sandboxes/{id}/diff/{other}", s.auth(s.diff))
+	s.handle("POST /v1/sandboxes/{id}/pause", s.auth(s.pause))
+	s.handle("POST /v1/sandboxes/{id}/resume", s.auth(s.resume))
 }
 
 // lifecycleReply answers pause and resume: 202 with the new status and X-Poll-After when work started, 200 when
