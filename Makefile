@@ -5,7 +5,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 IMAGE_DIR ?= /var/cache/ramify/images
 DATA_DIR  ?= /var/lib/ramify
 
-.PHONY: all build setup run image test test-go test-race test-sdk bench vet clean
+.PHONY: all build setup run image test test-go test-race test-sdk test-ts test-examples bench vet clean
 
 all: build
 
@@ -27,7 +27,7 @@ vet:
 
 # The whole suite: Go unit and integration tests (real sandboxes), the race detector on the service layer,
 # and the Python SDK against a real server.
-test: setup build image vet test-go test-race test-sdk
+test: setup build image vet test-go test-race test-sdk test-ts test-examples
 
 # RAMIFY_REQUIRE_S3=1: the S3 snapshot store's tests fail, rather than skip, if their real S3 server (versitygw,
 # built from the Go module proxy on first use) cannot be built.
@@ -44,6 +44,14 @@ test-race: build
 
 test-sdk:
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-sdk
+
+# The TypeScript SDK (node's test runner) against a real server.
+test-ts:
+	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-ts
+
+# Every example in examples/ against a real server.
+test-examples:
+	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-examples
 
 bench: build image
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./tests/bench/

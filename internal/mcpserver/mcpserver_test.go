@@ -1,0 +1,340 @@
+package mcpserver_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/mcpserver"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+var allTools = []string{"create_sandbox", "list_sandboxes", "get_sandbox", "destroy_sandbox", "run_code", "exec",
+	"read_file", "write_file", "list_files", "fork", "merge_into", "diff", "pause", "resume"}
+
+// session is an MCP client session with `ramify mcp` run as a subprocess against a real server.
+type session struct {
+	t  *testing.T
+	cs *mcp.ClientSession
+}
+
+// call calls a tool that must succeed and decodes its structured result into out (if non-nil).
+func (s *session) call(ctx context.Context, name string, args map[string]any, out any) {
+	s.t.Helper()
+	res, err := s.cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		s.t.Fatalf("%s(%v): protocol error: %v", name, args, err)
+	}
+	if res.IsError {
+		s.t.Fatalf("%s(%v): tool error: %s", name, args, text(res))
+	}
+	if out == nil {
+		return
+	}
+	b, err := json.Marshal(res.StructuredContent)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		s.t.Fatalf("%s: decode %s: %v", name, b, err)
+	}
+	// The text content carries the same JSON, for clients that ignore structured content.
+	if !json.Valid([]byte(text(res))) {
+		s.t.Errorf("%s: text content is not JSON: %q", name, text(res))
+	}
+}
+
+// callErr calls a tool that must fail with a tool error (not a protocol error) and returns its message.
+func (s *session) callErr(ctx context.Context, name string, args map[string]any) string {
+	s.t.Helper()
+	res, err := s.cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		s.t.Fatalf("%s(%v): want a tool error, got a protocol error: %v", name, args, err)
+	}
+	if !res.IsError {
+		s.t.Fatalf("%s(%v): want a tool error, got success: %s", name, args, text(res))
+	}
+	return text(res)
+}
+
+func text(res *mcp.CallToolResult) string {
+	var sb strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			sb.WriteString(tc.Text)
+		}
+	}
+	return sb.String()
+}
+
+func TestMCPSession(t *testing.T) {
+	srv := testserver.Start(t)
+	bin := testserver.Binary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	cmd := exec.Command(bin, "mcp")
+	cmd.Env = append(os.Environ(), "RAMIFY_API_URL="+srv.URL, "RAMIFY_API_KEY="+srv.Key)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	c := mcp.NewClient(&mcp.Implementation{Name: "ramify-test", Version: "0"}, nil)
+	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connect to 'ramify mcp': %v\nstderr: %s", err, stderr.String())
+	}
+	defer func() {
+		if err := cs.Close(); err != nil {
+			t.Logf("close: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("ramify mcp stderr:\n%s", stderr.String())
+		}
+	}()
+	s := &session{t: t, cs: cs}
+
+	// Initialize (done by Connect) and list the tools.
+	if ir := cs.InitializeResult(); ir == nil || ir.ServerInfo == nil || ir.ServerInfo.Name != "ramify" {
+		t.Fatalf("initialize result: %+v", ir)
+	}
+	lt, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tool := range lt.Tools {
+		names = append(names, tool.Name)
+		if tool.Description == "" || tool.InputSchema == nil {
+			t.Errorf("tool %s: no description or input schema", tool.Name)
+		}
+	}
+	sort.Strings(names)
+	want := slices.Clone(allTools)
+	sort.Strings(want)
+	if !slices.Equal(names, want) {
+		t.Fatalf("tools = %v, want %v", names, want)
+	}
+
+	// Create.
+	var sb client.Sandbox
+	s.call(ctx, "create_sandbox", map[string]any{"metadata": map[string]string{"suite": "mcp"}, "env": map[string]string{"GREETING": "hi"}}, &sb)
+	if sb.ID == "" || sb.Status != client.StatusRunning || sb.Metadata["suite"] != "mcp" {
+		t.Fatalf("create_sandbox = %+v", sb)
+	}
+	id := sb.ID
+	t.Logf("sandbox %s", id)
+
+	// run_code twice: the interpreter persists.
+	var ex client.Execution
+	s.call(ctx, "run_code", map[string]any{"id": id, "code": "x = 21\nprint('set')"}, &ex)
+	if ex.Stdout != "set\n" || ex.Error != nil {
+		t.Fatalf("run_code 1 = %+v", ex)
+	}
+	ex = client.Execution{}
+	s.call(ctx, "run_code", map[string]any{"id": id, "code": "x * 2", "timeout_s": 30}, &ex)
+	if ex.Value == nil || *ex.Value != "42" {
+		t.Fatalf("run_code 2 = %+v, want value 42", ex)
+	}
+	// A Python exception is a result, not a tool error.
+	ex = client.Execution{}
+	s.call(ctx, "run_code", map[string]any{"id": id, "code": "1/0"}, &ex)
+	if ex.Error == nil || ex.Error.Name != "ZeroDivisionError" {
+		t.Fatalf("run_code 1/0 = %+v", ex)
+	}
+
+	// exec: cmd (with the sandbox's env) and argv.
+	var er struct {
+		ExitCode int    `json:"exit_code"`
+		Stdout   string `json:"stdout"`
+		Stderr   string `json:"stderr"`
+	}
+	s.call(ctx, "exec", map[string]any{"id": id, "cmd": "echo $GREETING $EXTRA; echo oops >&2; exit 3", "env": map[string]string{"EXTRA": "there"}}, &er)
+	if er.ExitCode != 3 || er.Stdout != "hi there\n" || er.Stderr != "oops\n" {
+		t.Fatalf("exec cmd = %+v", er)
+	}
+	er.Stdout = ""
+	s.call(ctx, "exec", map[string]any{"id": id, "argv": []string{"pwd"}, "cwd": "/tmp"}, &er)
+	if er.ExitCode != 0 || er.Stdout != "/tmp\n" {
+		t.Fatalf("exec argv = %+v", er)
+	}
+	if msg := s.callErr(ctx, "exec", map[string]any{"id": id}); !strings.Contains(msg, "cmd") {
+		t.Errorf("exec without cmd or argv: %q", msg)
+	}
+
+	// write_file / read_file, text and binary; list_files.
+	var wf struct {
+		Size int64 `json:"size"`
+	}
+	s.call(ctx, "write_file", map[string]any{"id": id, "path": "/root/notes/hello.txt", "content": "hello, mcp\n"}, &wf)
+	if wf.Size != 11 {
+		t.Errorf("write_file size = %d", wf.Size)
+	}
+	var rf struct {
+		Content string `json:"content"`
+		Base64  bool   `json:"base64"`
+		Size    int    `json:"size"`
+	}
+	s.call(ctx, "read_file", map[string]any{"id": id, "path": "/root/notes/hello.txt"}, &rf)
+	if rf.Content != "hello, mcp\n" || rf.Base64 {
+		t.Fatalf("read_file text = %+v", rf)
+	}
+	bin3 := []byte{0, 0xff, 0xfe, 1, 2}
+	s.call(ctx, "write_file", map[string]any{"id": id, "path": "/root/notes/blob.bin", "content": base64.StdEncoding.EncodeToString(bin3), "base64": true}, nil)
+	rf = struct {
+		Content string `json:"content"`
+		Base64  bool   `json:"base64"`
+		Size    int    `json:"size"`
+	}{}
+	s.call(ctx, "read_file", map[string]any{"id": id, "path": "/root/notes/blob.bin"}, &rf)
+	if got, _ := base64.StdEncoding.DecodeString(rf.Content); !rf.Base64 || !bytes.Equal(got, bin3) || rf.Size != len(bin3) {
+		t.Fatalf("read_file binary = %+v", rf)
+	}
+	// The interpreter sees the file written through the tools.
+	ex = client.Execution{}
+	s.call(ctx, "run_code", map[string]any{"id": id, "code": "open('/root/notes/hello.txt').read()"}, &ex)
+	if ex.Value == nil || *ex.Value != `'hello, mcp\n'` {
+		t.Fatalf("run_code read = %+v", ex)
+	}
+	var lf struct {
+		Entries []client.Entry `json:"entries"`
+	}
+	s.call(ctx, "list_files", map[string]any{"id": id, "path": "/root/notes"}, &lf)
+	var files []string
+	for _, e := range lf.Entries {
+		files = append(files, e.Name)
+	}
+	if !slices.Equal(files, []string{"blob.bin", "hello.txt"}) {
+		t.Fatalf("list_files = %v", files)
+	}
+	if msg := s.callErr(ctx, "read_file", map[string]any{"id": id, "path": "/root/nope.txt"}); msg == "" {
+		t.Error("read_file of a missing file: empty error")
+	}
+
+	// fork n=2, change the children differently, diff them, merge one into the parent.
+	var fk struct {
+		Children []string `json:"children"`
+	}
+	s.call(ctx, "fork", map[string]any{"id": id, "n": 2}, &fk)
+	if len(fk.Children) != 2 {
+		t.Fatalf("fork = %+v", fk)
+	}
+	c1, c2 := fk.Children[0], fk.Children[1]
+	s.call(ctx, "run_code", map[string]any{"id": c1, "code": "x = 1\nopen('/root/one.txt', 'w').write('1')"}, nil)
+	s.call(ctx, "run_code", map[string]any{"id": c2, "code": "x = 2\nopen('/root/two.txt', 'w').write('2')"}, nil)
+	s.call(ctx, "write_file", map[string]any{"id": c2, "path": "/root/notes/hello.txt", "content": "changed\n"}, nil)
+	var df client.Diff
+	s.call(ctx, "diff", map[string]any{"a": c1, "b": c2, "paths": []string{"/root"}}, &df)
+	if !slices.Contains(df.Added, "/root/two.txt") || !slices.Contains(df.Removed, "/root/one.txt") || !slices.Contains(df.Modified, "/root/notes/hello.txt") {
+		t.Fatalf("diff = %+v", df)
+	}
+	var mg struct {
+		Merged bool `json:"merged"`
+	}
+	s.call(ctx, "merge_into", map[string]any{"parent": id, "winner": c2}, &mg)
+	if !mg.Merged {
+		t.Fatalf("merge_into = %+v", mg)
+	}
+	ex = client.Execution{}
+	s.call(ctx, "run_code", map[string]any{"id": id, "code": "(x, open('/root/two.txt').read())"}, &ex)
+	if ex.Value == nil || *ex.Value != "(2, '2')" {
+		t.Fatalf("parent after merge = %+v", ex)
+	}
+	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": c2}); !strings.Contains(msg, "not found") {
+		t.Errorf("get_sandbox of the merged winner: %q", msg)
+	}
+	s.call(ctx, "destroy_sandbox", map[string]any{"id": c1}, nil)
+
+	// pause and resume, waiting; the interpreter's state survives.
+	sb = client.Sandbox{}
+	s.call(ctx, "pause", map[string]any{"id": id, "wait": true}, &sb)
+	if sb.Status != client.StatusPaused {
+		t.Fatalf("pause = %+v", sb)
+	}
+	sb = client.Sandbox{}
+	s.call(ctx, "get_sandbox", map[string]any{"id": id}, &sb)
+	if sb.Status != client.StatusPaused {
+		t.Fatalf("get_sandbox after pause = %+v", sb)
+	}
+	sb = client.Sandbox{}
+	s.call(ctx, "resume", map[string]any{"id": id, "wait": true}, &sb)
+	if sb.Status != client.StatusRunning {
+		t.Fatalf("resume = %+v", sb)
+	}
+	ex = client.Execution{}
+	s.call(ctx, "run_code", map[string]any{"id": id, "code": "x"}, &ex)
+	if ex.Value == nil || *ex.Value != "2" {
+		t.Fatalf("run_code after resume = %+v", ex)
+	}
+
+	// list_sandboxes sees the sandbox (and not the retired or destroyed ones).
+	var ls struct {
+		Sandboxes []client.Sandbox `json:"sandboxes"`
+	}
+	s.call(ctx, "list_sandboxes", map[string]any{"metadata": map[string]string{"suite": "mcp"}}, &ls)
+	var ids []string
+	for _, x := range ls.Sandboxes {
+		ids = append(ids, x.ID)
+	}
+	if !slices.Contains(ids, id) || slices.Contains(ids, c1) || slices.Contains(ids, c2) {
+		t.Fatalf("list_sandboxes = %v (want %s, not %s or %s)", ids, id, c1, c2)
+	}
+
+	// destroy.
+	s.call(ctx, "destroy_sandbox", map[string]any{"id": id}, nil)
+	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": id}); !strings.Contains(msg, "sandbox not found") {
+		t.Errorf("get_sandbox after destroy: %q", msg)
+	}
+
+	// Errors of the API are tool errors carrying the server's message.
+	if msg := s.callErr(ctx, "run_code", map[string]any{"id": "sb-does-not-exist", "code": "1"}); !strings.Contains(msg, "sandbox not found") {
+		t.Errorf("run_code on an unknown id: %q, want it to contain %q", msg, "sandbox not found")
+	}
+	// A missing required argument is a tool error too.
+	if msg := s.callErr(ctx, "run_code", map[string]any{"code": "1"}); !strings.Contains(msg, "id") {
+		t.Errorf("run_code without id: %q", msg)
+	}
+}
+
+// TestNewInMemory checks the server built by New without a ramify server: the tool list and the error of an
+// unreachable API, through in-memory transports.
+func TestNewInMemory(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A port nothing listens on: every API call fails.
+	srv := mcpserver.New(client.New("http://127.0.0.1:1", "k"), "test")
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := srv.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	lt, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lt.Tools) != len(allTools) {
+		t.Errorf("%d tools, want %d", len(lt.Tools), len(allTools))
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "get_sandbox", Arguments: map[string]any{"id": "x"}})
+	if err != nil {
+		t.Fatalf("protocol error: %v", err)
+	}
+	if !res.IsError || !strings.Contains(text(res), "connect") {
+		t.Errorf("get_sandbox with no server: IsError=%v %q", res.IsError, text(res))
+	}
+}

@@ -1,0 +1,430 @@
+/** The `Sandbox` client. */
+import {
+  RamifyError,
+  SandboxDefunct,
+  SandboxErrorState,
+  SandboxNotFound,
+  ServerError,
+  TimeoutError,
+} from "./errors.js";
+import { Files } from "./files.js";
+import { HttpClient, iterNdjson, pollAfter, readJson, type ClientOptions } from "./http.js";
+import {
+  commandResultFrom,
+  executionFrom,
+  type CommandResult,
+  type DiffResult,
+  type Execution,
+  type SandboxInfo,
+} from "./models.js";
+
+/** Called with each chunk of output as it arrives. */
+export type OutputCallback = (data: string) => unknown;
+
+/** Options of `Sandbox.create` (all optional; server defaults apply). */
+export interface CreateOptions extends ClientOptions {
+  /** CPU quota in cores (0.1 .. 64). */
+  vcpu?: number;
+  /** Memory limit in MiB. */
+  memMib?: number;
+  /** Max processes and threads. */
+  maxProcs?: number;
+  /** Destroy (or pause) the sandbox this many seconds after creation; 0 = never. */
+  timeoutS?: number;
+  /** What happens when `timeoutS` fires. */
+  onTimeout?: "destroy" | "pause";
+  env?: Record<string, string>;
+  cwd?: string;
+  metadata?: Record<string, string>;
+}
+
+export interface ListOptions extends ClientOptions {
+  /** Only sandboxes whose metadata has all these labels. */
+  metadata?: Record<string, string>;
+  status?: string;
+}
+
+export interface RunCodeOptions {
+  /** Server-side timeout in seconds (server default 300; 0 = none). */
+  timeoutS?: number;
+  /** With a callback, the output is streamed and the callback called before the result. */
+  onStdout?: OutputCallback;
+  onStderr?: OutputCallback;
+}
+
+export interface ExecOptions extends RunCodeOptions {
+  /** Added to the sandbox's environment. */
+  env?: Record<string, string>;
+  /** Absolute working directory (default the sandbox's cwd). */
+  cwd?: string;
+  stdin?: string | Uint8Array;
+}
+
+export interface WaitOptions {
+  /** Poll until the target status is reached (default true). */
+  wait?: boolean;
+  /** Give up waiting after this many seconds (default 300): throws `TimeoutError`. */
+  pollTimeoutS?: number;
+}
+
+const SERVER_DEFAULT_RUN_TIMEOUT_S = 300;
+const RUN_TIMEOUT_MARGIN_S = 30;
+export const DEFAULT_POLL_TIMEOUT_S = 300;
+const DEFAULT_POLL_INTERVAL_S = 0.2;
+const MAX_POLL_INTERVAL_S = 2;
+const MAX_POLL_AFTER_S = 30;
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+function sandboxId(x: Sandbox | string): string {
+  if (typeof x === "string") return x;
+  if (x instanceof Sandbox) return x.id;
+  throw new TypeError("expected a Sandbox or a sandbox id");
+}
+
+function isNdjson(res: Response): boolean {
+  // Anything but plain JSON is read as NDJSON (one event per line).
+  const ct = (res.headers.get("content-type") ?? "").split(";")[0]!.trim().toLowerCase();
+  return ct !== "application/json";
+}
+
+function enc(s: string): string {
+  return encodeURIComponent(s);
+}
+
+/**
+ * A ramify sandbox. Create one with `await Sandbox.create()`, attach to an existing one with
+ * `await Sandbox.connect(id)`, enumerate them with `await Sandbox.list()`.
+ */
+export class Sandbox {
+  /** The sandbox id (`sbx_...`). */
+  readonly id: string;
+  /** The last sandbox object read from the server (wire field names). */
+  info: SandboxInfo;
+  /** File operations. */
+  readonly files: Files;
+  /** @internal */
+  readonly _client: HttpClient;
+  private _closed = false;
+  private _mergedInto: string | null = null;
+
+  /** Use `Sandbox.create`, `Sandbox.connect` or `Sandbox.list`. */
+  private constructor(client: HttpClient, info: SandboxInfo) {
+    if (!info || typeof info.id !== "string") throw new RamifyError(`unexpected sandbox object: ${JSON.stringify(info)}`);
+    this._client = client;
+    this.info = { ...info };
+    this.id = info.id;
+    this.files = new Files(this);
+  }
+
+  /** Create a sandbox (`POST /v1/sandboxes`); resolves once it is running. */
+  static async create(opts: CreateOptions = {}): Promise<Sandbox> {
+    const client = new HttpClient(opts);
+    const body: Record<string, unknown> = {};
+    const fields: Array<[string, unknown]> = [
+      ["vcpu", opts.vcpu],
+      ["mem_mib", opts.memMib],
+      ["max_procs", opts.maxProcs],
+      ["timeout_s", opts.timeoutS],
+      ["on_timeout", opts.onTimeout],
+      ["cwd", opts.cwd],
+      ["env", opts.env],
+      ["metadata", opts.metadata],
+    ];
+    for (const [k, v] of fields) if (v !== undefined && v !== null) body[k] = v;
+    const res = await client.request("POST", "/v1/sandboxes", { json: body, timeoutS: client.longer(120) });
+    const info = (await readJson(res, "POST", "/v1/sandboxes")) as SandboxInfo | null;
+    if (!info || typeof info !== "object" || typeof info.id !== "string") {
+      throw new RamifyError(`unexpected create response: ${JSON.stringify(info)}`, res.status, info);
+    }
+    const sb = new Sandbox(client, info);
+    if (info.status === "creating" || info.status === "resuming") {
+      try {
+        await sb._waitFor("running", DEFAULT_POLL_TIMEOUT_S, pollAfter(res.headers));
+      } catch (e) {
+        await sb.close().catch(() => {});
+        throw e;
+      }
+    }
+    return sb;
+  }
+
+  /** Attach to an existing sandbox (`GET /v1/sandboxes/{id}`); throws `SandboxNotFound`. */
+  static async connect(id: string, opts: ClientOptions = {}): Promise<Sandbox> {
+    const client = new HttpClient(opts);
+    const info = await client.json<SandboxInfo>("GET", `/v1/sandboxes/${enc(id)}`);
+    return new Sandbox(client, info);
+  }
+
+  /** List sandboxes (oldest first), optionally filtered by metadata labels and status. */
+  static async list(opts: ListOptions = {}): Promise<Sandbox[]> {
+    const client = new HttpClient(opts);
+    const query: Array<[string, string]> = Object.entries(opts.metadata ?? {}).map(([k, v]) => [`metadata.${k}`, String(v)]);
+    if (opts.status !== undefined) query.push(["status", opts.status]);
+    const data = await client.json<{ sandboxes?: SandboxInfo[] } | null>("GET", "/v1/sandboxes", { query });
+    return (data?.sandboxes ?? []).map((info) => new Sandbox(client, info));
+  }
+
+  // -- state --------------------------------------------------------------------------------------
+  /** @internal */
+  _path(suffix = ""): string {
+    return `/v1/sandboxes/${enc(this.id)}${suffix}`;
+  }
+
+  /** @internal */
+  _check(): void {
+    if (this._mergedInto !== null) {
+      throw new SandboxDefunct(
+        `sandbox ${this.id} was merged into ${this._mergedInto} and is defunct; use the parent sandbox (${this._mergedInto}) instead`,
+      );
+    }
+    if (this._closed) throw new SandboxNotFound(`sandbox ${this.id} is closed`);
+  }
+
+  /** True once this sandbox was the winner of a `mergeInto` (its id is retired). */
+  get defunct(): boolean {
+    return this._mergedInto !== null;
+  }
+
+  get closed(): boolean {
+    return this._closed;
+  }
+
+  /** Re-read the sandbox (`GET`), update `info` and return it. */
+  async refresh(): Promise<SandboxInfo> {
+    this._check();
+    const info = await this._client.json<SandboxInfo | null>("GET", this._path());
+    if (info && typeof info === "object") this.info = info;
+    return this.info;
+  }
+
+  /** Current status, fetched from the server (`running`, `paused`, ...). */
+  async status(): Promise<string> {
+    return String((await this.refresh()).status ?? "");
+  }
+
+  private runTimeout(timeoutS: number | undefined): number | null {
+    const rt = this._client.requestTimeoutS;
+    if (timeoutS === 0 || rt === null) return null;
+    const server = timeoutS === undefined ? SERVER_DEFAULT_RUN_TIMEOUT_S : timeoutS;
+    return Math.max(rt, server + RUN_TIMEOUT_MARGIN_S);
+  }
+
+  // -- code ---------------------------------------------------------------------------------------
+  /**
+   * Run Python code in the sandbox's persistent interpreter. With `onStdout` / `onStderr` the
+   * output is streamed (NDJSON) and the callbacks are called with each chunk as it arrives, before
+   * the promise resolves.
+   */
+  async runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
+    this._check();
+    const body: Record<string, unknown> = { code };
+    if (opts.timeoutS !== undefined) body.timeout_s = opts.timeoutS;
+    const d = await this.call("/run_code", body, opts, ["result"], "run_code stream ended without a result event");
+    return executionFrom(d);
+  }
+
+  /** Run a command: a string goes through `/bin/sh -c`, an array is an argv (no shell). */
+  async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<CommandResult> {
+    this._check();
+    const body: Record<string, unknown> = {};
+    if (typeof cmd === "string") body.cmd = cmd;
+    else if (Array.isArray(cmd)) {
+      if (cmd.length === 0) throw new TypeError("argv must not be empty");
+      body.argv = cmd.map(String);
+    } else throw new TypeError("cmd must be a string or an array of strings");
+    if (opts.env !== undefined) body.env = opts.env;
+    if (opts.cwd !== undefined) body.cwd = opts.cwd;
+    if (opts.timeoutS !== undefined) body.timeout_s = opts.timeoutS;
+    if (opts.stdin !== undefined) body.stdin = typeof opts.stdin === "string" ? opts.stdin : new TextDecoder().decode(opts.stdin);
+    const d = await this.call("/exec", body, opts, ["exit", "result"], "exec stream ended without an exit event");
+    return commandResultFrom(d);
+  }
+
+  private async call(
+    suffix: string,
+    body: Record<string, unknown>,
+    opts: RunCodeOptions,
+    finalTypes: string[],
+    noFinal: string,
+  ): Promise<Record<string, unknown>> {
+    const path = this._path(suffix);
+    const timeoutS = this.runTimeout(opts.timeoutS);
+    const { onStdout, onStderr } = opts;
+    if (!onStdout && !onStderr) {
+      return ((await this._client.json("POST", path, { json: body, timeoutS })) ?? {}) as Record<string, unknown>;
+    }
+    body.stream = true;
+    const res = await this._client.request("POST", path, {
+      json: body,
+      timeoutS,
+      headers: { Accept: "application/x-ndjson" },
+    });
+    if (!isNdjson(res)) {
+      // The server ignored "stream": deliver the output in one go.
+      const d = ((await readJson(res, "POST", path)) ?? {}) as Record<string, unknown>;
+      if (d.stdout && onStdout) await onStdout(String(d.stdout));
+      if (d.stderr && onStderr) await onStderr(String(d.stderr));
+      return d;
+    }
+    const out: string[] = [];
+    const err: string[] = [];
+    for await (const ev of iterNdjson(res, `POST ${path}`)) {
+      const type = ev.type;
+      if (type === "stdout" || type === "stderr") {
+        const data = ev.data === undefined || ev.data === null ? "" : String(ev.data);
+        (type === "stdout" ? out : err).push(data);
+        const cb = type === "stdout" ? onStdout : onStderr;
+        if (cb) await cb(data);
+      } else if (typeof type === "string" && finalTypes.includes(type)) {
+        return { stdout: out.join(""), stderr: err.join(""), ...ev };
+      } else if (type === "error") {
+        throw new ServerError(String(ev.error ?? ev.data ?? "stream error"), res.status, ev);
+      }
+    }
+    throw new RamifyError(noFinal, res.status);
+  }
+
+  // -- fork / merge / diff --------------------------------------------------------------------------
+  /** Fork this sandbox into `n` children (1..32, default 1) that inherit its memory and files. */
+  async fork(opts: { n?: number } = {}): Promise<Sandbox[]> {
+    this._check();
+    const n = opts.n ?? 1;
+    if (!Number.isInteger(n)) throw new TypeError("n must be an integer");
+    const data = await this._client.json<{ children?: unknown } | null>("POST", this._path("/fork"), {
+      json: { n },
+      timeoutS: this._client.longer(300),
+    });
+    const children = data?.children;
+    if (!Array.isArray(children)) throw new RamifyError(`unexpected fork response: ${JSON.stringify(data)}`, undefined, data);
+    return children.map((c) => new Sandbox(this._client, typeof c === "string" ? { id: c } : (c as SandboxInfo)));
+  }
+
+  /**
+   * Replace this sandbox's state with `winner`'s (typically a fork child). This sandbox keeps its
+   * id; the winner's id is retired and the winner object becomes defunct (`close()` is a no-op,
+   * other calls throw `SandboxDefunct`). Siblings are untouched: close them yourself.
+   */
+  async mergeInto(winner: Sandbox | string): Promise<void> {
+    this._check();
+    const wid = sandboxId(winner);
+    if (winner instanceof Sandbox) winner._check();
+    const res = await this._client.request("POST", this._path(`/merge_into/${enc(wid)}`), {
+      timeoutS: this._client.longer(300),
+    });
+    await res.body?.cancel().catch(() => {});
+    if (winner instanceof Sandbox) winner._mergedInto = this.id;
+    try {
+      await this.refresh();
+    } catch (e) {
+      if (!(e instanceof RamifyError)) throw e;
+    }
+  }
+
+  /**
+   * Compare file-system state with another sandbox: `added` = only in `other`, `removed` = only in
+   * this one, `modified` = different content. `paths` default to the server's (`/root`, `/tmp`).
+   */
+  async diff(other: Sandbox | string, opts: { paths?: string[] | string } = {}): Promise<DiffResult> {
+    this._check();
+    const paths = typeof opts.paths === "string" ? [opts.paths] : (opts.paths ?? []);
+    const d = await this._client.json<Partial<DiffResult> | null>("GET", this._path(`/diff/${enc(sandboxId(other))}`), {
+      query: paths.map((p): [string, string] => ["paths", p]),
+      timeoutS: this._client.longer(300),
+    });
+    return { ...(d ?? {}), added: d?.added ?? [], removed: d?.removed ?? [], modified: d?.modified ?? [] };
+  }
+
+  // -- pause / resume -------------------------------------------------------------------------------
+  /** Pause (snapshot) the sandbox; with `wait` (default) poll until it is `paused`. */
+  async pause(opts: WaitOptions = {}): Promise<SandboxInfo> {
+    return this.transition("/pause", "paused", opts);
+  }
+
+  /** Resume a paused sandbox; with `wait` (default) poll until it is `running`. */
+  async resume(opts: WaitOptions = {}): Promise<SandboxInfo> {
+    return this.transition("/resume", "running", opts);
+  }
+
+  private async transition(suffix: string, target: string, opts: WaitOptions): Promise<SandboxInfo> {
+    this._check();
+    const res = await this._client.request("POST", this._path(suffix), { timeoutS: this._client.longer(120) });
+    let data: unknown = null;
+    try {
+      data = await readJson(res, "POST", this._path(suffix));
+    } catch (e) {
+      if (!(e instanceof RamifyError)) throw e;
+    }
+    if (data && typeof data === "object" && (data as SandboxInfo).id === this.id) this.info = data as SandboxInfo;
+    if (opts.wait ?? true) {
+      if (data && typeof data === "object" && (data as SandboxInfo).status === target) return this.info;
+      await this._waitFor(target, opts.pollTimeoutS ?? DEFAULT_POLL_TIMEOUT_S, pollAfter(res.headers));
+    }
+    return this.info;
+  }
+
+  /** Poll until the sandbox reaches `target` status; throws on `error` or after `timeoutS`. */
+  async waitForStatus(target: string, opts: { timeoutS?: number } = {}): Promise<SandboxInfo> {
+    this._check();
+    return this._waitFor(target, opts.timeoutS ?? DEFAULT_POLL_TIMEOUT_S, undefined);
+  }
+
+  /** @internal */
+  async _waitFor(target: string, timeoutS: number, firstDelayS: number | undefined): Promise<SandboxInfo> {
+    const deadline = Date.now() + timeoutS * 1000;
+    let delayS = firstDelayS ?? DEFAULT_POLL_INTERVAL_S;
+    let backoffS = DEFAULT_POLL_INTERVAL_S;
+    for (;;) {
+      const remainingMs = deadline - Date.now();
+      if (remainingMs <= 0) {
+        throw new TimeoutError(
+          `sandbox ${this.id} did not become '${target}' within ${timeoutS}s (last status '${this.info.status}')`,
+        );
+      }
+      await sleep(Math.max(0, Math.min(delayS * 1000, remainingMs, MAX_POLL_AFTER_S * 1000)));
+      const res = await this._client.request("GET", this._path());
+      const info = (await readJson(res, "GET", this._path())) as SandboxInfo | null;
+      if (info && typeof info === "object") this.info = info;
+      const status = this.info.status;
+      if (status === target) return this.info;
+      if (status === "error") {
+        throw new SandboxErrorState(
+          `sandbox ${this.id} went to status 'error' while waiting for '${target}': ${this.info.error || "unknown error"}`,
+          undefined,
+          this.info,
+        );
+      }
+      const hinted = pollAfter(res.headers);
+      if (hinted !== undefined) delayS = hinted;
+      else {
+        backoffS = Math.min(backoffS * 1.5, MAX_POLL_INTERVAL_S);
+        delayS = backoffS;
+      }
+    }
+  }
+
+  // -- lifecycle ------------------------------------------------------------------------------------
+  /** Destroy the sandbox (`DELETE`). Idempotent; a 404 is ignored; a no-op when defunct. */
+  async close(): Promise<void> {
+    if (this._closed || this._mergedInto !== null) return;
+    try {
+      const res = await this._client.request("DELETE", this._path());
+      await res.body?.cancel().catch(() => {});
+    } catch (e) {
+      if (!(e instanceof SandboxNotFound)) throw e;
+    }
+    this._closed = true;
+  }
+
+  /** Alias of `close`. */
+  kill(): Promise<void> {
+    return this.close();
+  }
+
+  toString(): string {
+    let state: unknown = this.info.status;
+    if (this._mergedInto !== null) state = `defunct (merged into ${this._mergedInto})`;
+    else if (this._closed) state = "closed";
+    return `Sandbox(id=${this.id}, status=${String(state)})`;
+  }
+}

@@ -1,0 +1,259 @@
+// Integration tests against a real ramify server: run when RAMIFY_API_URL and RAMIFY_API_KEY are set
+// (scripts/test-ts starts one), skipped otherwise. Fork/merge/diff tests also need RAMIFY_TEST_FORK=1
+// and pause/resume tests RAMIFY_TEST_PAUSE=1 (scripts/test-ts sets both).
+import { test, describe } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtemp, readFile, writeFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import {
+  Sandbox,
+  AuthError,
+  Conflict,
+  FileNotFound,
+  InvalidRequest,
+  SandboxDefunct,
+  SandboxNotFound,
+} from "../dist/index.js";
+
+const HAVE_SERVER = Boolean(process.env.RAMIFY_API_URL && process.env.RAMIFY_API_KEY);
+const SKIP = HAVE_SERVER ? false : "set RAMIFY_API_URL and RAMIFY_API_KEY (scripts/test-ts does)";
+const FORK = HAVE_SERVER && process.env.RAMIFY_TEST_FORK === "1" ? false : SKIP || "set RAMIFY_TEST_FORK=1";
+const PAUSE = HAVE_SERVER && process.env.RAMIFY_TEST_PAUSE === "1" ? false : SKIP || "set RAMIFY_TEST_PAUSE=1";
+const META = { suite: "ts-sdk-integration" };
+
+/** Run fn with a fresh sandbox, closing it afterwards. */
+async function withSandbox(fn, opts = {}) {
+  const sb = await Sandbox.create({ metadata: META, ...opts });
+  try {
+    return await fn(sb);
+  } finally {
+    await sb.close();
+  }
+}
+
+describe("integration: sandboxes", { skip: SKIP }, () => {
+  test("create and close", async () => {
+    const sb = await Sandbox.create({ metadata: META, env: { GREETING: "hi" } });
+    assert.match(sb.id, /^sbx_[0-9a-f]{32}$/);
+    assert.equal(sb.info.status, "running");
+    assert.deepEqual(sb.info.metadata, META);
+    const listed = await Sandbox.list({ metadata: META });
+    assert.ok(listed.some((s) => s.id === sb.id));
+    const again = await Sandbox.connect(sb.id);
+    assert.equal(again.info.ip, sb.info.ip);
+    assert.equal((await sb.exec("echo $GREETING")).stdout, "hi\n");
+    await sb.close();
+    await sb.close(); // idempotent
+    await assert.rejects(Sandbox.connect(sb.id), SandboxNotFound);
+  });
+
+  test("errors: bad key, unknown id, bad value", async () => {
+    await assert.rejects(Sandbox.list({ apiKey: "wrong" }), (e) => e instanceof AuthError && e.status === 401 && e.message === "invalid api key");
+    await assert.rejects(
+      Sandbox.connect("sbx_00000000000000000000000000000000"),
+      (e) => e instanceof SandboxNotFound && e.status === 404 && e.message === "sandbox not found",
+    );
+    await assert.rejects(Sandbox.connect("nope"), SandboxNotFound);
+    await assert.rejects(Sandbox.create({ memMib: 1 }), (e) => e instanceof InvalidRequest && e.status === 400);
+  });
+});
+
+describe("integration: run_code and exec", { skip: SKIP }, () => {
+  test("runCode persistence, values, exceptions", () =>
+    withSandbox(async (sb) => {
+      await sb.runCode("x = 20\ndef f(y): return x + y");
+      const r = await sb.runCode("f(22)");
+      assert.equal(r.value, "42");
+      assert.equal(r.error, null);
+      assert.ok(r.executionCount >= 2);
+      const p = await sb.runCode("print('out'); import sys; print('err', file=sys.stderr)");
+      assert.equal(p.stdout, "out\n");
+      assert.equal(p.stderr, "err\n");
+      assert.equal(p.value, null);
+      const e = await sb.runCode("1/0");
+      assert.equal(e.error.name, "ZeroDivisionError");
+      assert.equal(e.error.value, "division by zero");
+      assert.match(e.error.traceback, /Traceback/);
+      const t = await sb.runCode("import time\nwhile True: time.sleep(0.05)", { timeoutS: 1 });
+      assert.equal(t.error.name, "TimeoutError");
+      assert.equal((await sb.runCode("x")).value, "20");
+    }));
+
+  test("streaming callbacks arrive before the result, in order", () =>
+    withSandbox(async (sb) => {
+      const events = [];
+      const t0 = Date.now();
+      const r = await sb.runCode("import time, sys\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.3)\nprint('e', file=sys.stderr, flush=True)\n'done'", {
+        onStdout: (d) => events.push(["out", d, Date.now() - t0]),
+        onStderr: (d) => events.push(["err", d, Date.now() - t0]),
+      });
+      const end = Date.now() - t0;
+      assert.equal(r.value, "'done'");
+      assert.equal(events.filter((e) => e[0] === "out").map((e) => e[1]).join(""), "0\n1\n2\n");
+      assert.equal(events.filter((e) => e[0] === "err").map((e) => e[1]).join(""), "e\n");
+      assert.equal(r.stdout, "0\n1\n2\n");
+      // The first chunk was delivered well before the call finished (streamed, not buffered).
+      assert.ok(events[0][2] < end - 400, `first event at ${events[0][2]}ms, end at ${end}ms`);
+      const out = [];
+      const x = await sb.exec("echo a; sleep 0.2; echo b >&2; exit 3", { onStdout: (d) => out.push(d), onStderr: (d) => out.push(d) });
+      assert.equal(out.join(""), "a\nb\n");
+      assert.equal(x.exitCode, 3);
+    }));
+
+  test("exec: exit codes, argv, env, cwd, stdin, timeout", () =>
+    withSandbox(async (sb) => {
+      assert.deepEqual(await sb.exec("echo hi"), { exitCode: 0, stdout: "hi\n", stderr: "", timedOut: false });
+      assert.equal((await sb.exec("exit 7")).exitCode, 7);
+      assert.equal((await sb.exec(["sh", "-c", "kill -9 $$"])).exitCode, 137);
+      assert.equal((await sb.exec(["printf", "%s|", "a b", "c"])).stdout, "a b|c|");
+      const r = await sb.exec("echo $FOO; pwd; cat", { env: { FOO: "bar" }, cwd: "/tmp", stdin: "input" });
+      assert.equal(r.stdout, "bar\n/tmp\ninput");
+      const t = await sb.exec("sleep 30", { timeoutS: 1 });
+      assert.equal(t.timedOut, true);
+    }));
+});
+
+describe("integration: files", { skip: SKIP }, () => {
+  test("binary round trip, text, streams, local files", () =>
+    withSandbox(async (sb) => {
+      const bytes = new Uint8Array(3 * 1024 * 1024 + 17);
+      for (let i = 0; i < bytes.length; i++) bytes[i] = (i * 7 + (i >> 8)) & 0xff;
+      const w = await sb.files.write("/root/data/blob.bin", bytes, { mode: 0o600 });
+      assert.deepEqual(w, { path: "/root/data/blob.bin", size: bytes.length });
+      const back = await sb.files.read("/root/data/blob.bin");
+      assert.equal(back.length, bytes.length);
+      assert.ok(Buffer.from(back).equals(Buffer.from(bytes)));
+      assert.equal((await sb.files.stat("/root/data/blob.bin")).mode, "0600");
+      assert.equal((await sb.runCode("len(open('/root/data/blob.bin','rb').read())")).value, String(bytes.length));
+
+      await sb.files.write("/root/t.txt", "héllo ✓");
+      assert.equal(await sb.files.readText("/root/t.txt"), "héllo ✓");
+
+      const enc = new TextEncoder();
+      const stream = new ReadableStream({
+        start(c) {
+          for (let i = 0; i < 5; i++) c.enqueue(enc.encode(`line ${i}\n`));
+          c.close();
+        },
+      });
+      await sb.files.write("/root/s.txt", stream);
+      const chunks = [];
+      for await (const c of await sb.files.readStream("/root/s.txt")) chunks.push(c);
+      assert.equal(Buffer.concat(chunks).toString(), "line 0\nline 1\nline 2\nline 3\nline 4\n");
+
+      const dir = await mkdtemp(join(tmpdir(), "ramify-ts-"));
+      try {
+        await writeFile(join(dir, "up.bin"), Buffer.from(bytes.subarray(0, 100000)));
+        await sb.files.uploadFile(join(dir, "up.bin"), "/root/up.bin");
+        assert.equal(await sb.files.downloadFile("/root/up.bin", join(dir, "down.bin")), 100000);
+        assert.ok((await readFile(join(dir, "down.bin"))).equals(Buffer.from(bytes.subarray(0, 100000))));
+      } finally {
+        await rm(dir, { recursive: true, force: true });
+      }
+    }));
+
+  test("list, stat, mkdir, remove, missing files", () =>
+    withSandbox(async (sb) => {
+      const d = await sb.files.mkdir("/root/d/e");
+      assert.equal(d.type, "dir");
+      await sb.files.write("/root/d/b.txt", "b");
+      await sb.files.write("/root/d/a.txt", "aa");
+      const names = (await sb.files.list("/root/d")).map((e) => [e.name, e.type]);
+      assert.deepEqual(names, [["a.txt", "file"], ["b.txt", "file"], ["e", "dir"]]);
+      const st = await sb.files.stat("/root/d/a.txt");
+      assert.equal(st.size, 2);
+      assert.equal(st.path, "/root/d/a.txt");
+      assert.equal(await sb.files.exists("/root/d/a.txt"), true);
+      await sb.files.remove("/root/d/a.txt");
+      assert.equal(await sb.files.exists("/root/d/a.txt"), false);
+      await assert.rejects(sb.files.read("/root/d/a.txt"), FileNotFound);
+      await assert.rejects(sb.files.read("/root/d"), InvalidRequest);
+      await assert.rejects(sb.files.read("relative"), InvalidRequest);
+      await sb.files.remove("/root/d", { recursive: true });
+      assert.equal(await sb.files.exists("/root/d"), false);
+    }));
+});
+
+describe("integration: fork, diff, mergeInto", { skip: FORK }, () => {
+  test("fork inherits memory and files, children are isolated", () =>
+    withSandbox(async (parent) => {
+      await parent.runCode("x = 42; import json");
+      await parent.files.write("/root/base.txt", "base");
+      const kids = await parent.fork({ n: 3 });
+      try {
+        assert.equal(new Set([parent.id, ...kids.map((k) => k.id)]).size, 4);
+        for (const [i, k] of kids.entries()) {
+          assert.equal((await k.runCode("x + 1")).value, "43");
+          assert.equal(await k.files.readText("/root/base.txt"), "base");
+          await k.runCode(`x = ${i}`);
+          await k.files.write("/root/base.txt", `child ${i}`);
+        }
+        assert.equal((await parent.runCode("x")).value, "42");
+        assert.equal(await parent.files.readText("/root/base.txt"), "base");
+        const values = await Promise.all(kids.map(async (k) => (await k.runCode("x")).value));
+        assert.deepEqual(values, ["0", "1", "2"]);
+        assert.equal((await kids[0].refresh()).parent_id, parent.id);
+        await assert.rejects(parent.fork({ n: 33 }), InvalidRequest);
+      } finally {
+        await Promise.all(kids.map((k) => k.close()));
+      }
+    }));
+
+  test("diff and mergeInto", () =>
+    withSandbox(async (parent) => {
+      await parent.runCode("v = 'parent'");
+      await parent.files.write("/root/same.txt", "same");
+      await parent.files.write("/root/mod.txt", "v1");
+      const [a, b, c] = await parent.fork({ n: 3 });
+      try {
+        await a.runCode("open('/root/a.txt','w').write('from a')");
+        await b.runCode("open('/root/b.txt','w').write('from b'); v = 'winner'");
+        await b.files.write("/root/mod.txt", "v2");
+        const d = await a.diff(b);
+        assert.ok(d.added.includes("/root/b.txt"));
+        assert.ok(d.removed.includes("/root/a.txt"));
+        assert.ok(d.modified.includes("/root/mod.txt"));
+        assert.ok(![...d.added, ...d.removed, ...d.modified].includes("/root/same.txt"));
+        await b.files.write("/srv/x.txt", "x");
+        assert.deepEqual((await a.diff(b, { paths: ["/srv"] })).added, ["/srv/x.txt"]);
+
+        await parent.mergeInto(b);
+        assert.equal((await parent.runCode("v")).value, "'winner'");
+        assert.equal(await parent.files.readText("/root/b.txt"), "from b");
+        assert.equal(b.defunct, true);
+        await assert.rejects(b.runCode("1"), SandboxDefunct);
+        await assert.rejects(Sandbox.connect(b.id), SandboxNotFound);
+        await assert.rejects(parent.mergeInto(b.id), SandboxNotFound); // the winner id is retired
+        await assert.rejects(parent.mergeInto(parent), InvalidRequest);
+        assert.equal((await c.runCode("v")).value, "'parent'"); // siblings untouched
+      } finally {
+        for (const k of [a, b, c]) await k.close(); // a no-op for the defunct winner
+      }
+    }));
+});
+
+describe("integration: pause and resume", { skip: PAUSE }, () => {
+  test("pause/resume round trip keeps variables and files", () =>
+    withSandbox(async (sb) => {
+      await sb.runCode("kept = [1, 2, 3]");
+      await sb.files.write("/root/kept.txt", "kept");
+      assert.equal((await sb.pause()).status, "paused");
+      assert.equal(await sb.status(), "paused");
+      assert.equal((await sb.pause()).status, "paused"); // already paused: 200
+      await assert.rejects(sb.runCode("1"), Conflict);
+      assert.equal((await sb.resume()).status, "running");
+      assert.equal((await sb.resume()).status, "running");
+      assert.equal((await sb.runCode("sum(kept)")).value, "6");
+      assert.equal(await sb.files.readText("/root/kept.txt"), "kept");
+    }));
+
+  test("pause without waiting, then waitForStatus", () =>
+    withSandbox(async (sb) => {
+      const info = await sb.pause({ wait: false });
+      assert.ok(["pausing", "paused"].includes(info.status), info.status);
+      await sb.waitForStatus("paused", { timeoutS: 120 });
+      await sb.resume();
+      assert.equal((await sb.runCode("1 + 1")).value, "2");
+    }));
+});
