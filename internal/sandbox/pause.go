@@ -83,6 +83,14 @@ func (s *Service) snapshots() error {
 
 // Pause starts pausing a running sandbox. accepted is false when it was already paused (nothing to do).
 func (s *Service) Pause(ctx context.Context, id string) (info Info, accepted bool, err error) {
+	return s.startLifecycle(ctx, id, OpPause, StatusPaused, StatusPausing, nil, s.pause)
+}
+
+// startLifecycle begins a pause or a resume: it takes the sandbox exclusively and, unless it already is in
+// status done (then it answers at once, accepted false), checks op against the state table and ready (if set),
+// records status busy, and runs work in the background, which holds the sandbox until it is finished: other
+// calls wait, then see the outcome.
+func (s *Service) startLifecycle(ctx context.Context, id string, op Op, done, busy Status, ready func(*entry) error, work func(*entry)) (Info, bool, error) {
 	if err := s.snapshots(); err != nil {
 		return Info{}, false, err
 	}
@@ -90,7 +98,7 @@ func (s *Service) Pause(ctx context.Context, id string) (info Info, accepted boo
 	if err != nil {
 		return Info{}, false, err
 	}
-	e.op.Lock() // held by the pause goroutine until it is done
+	e.op.Lock()
 	s.mu.Lock()
 	st := Status(e.rec.Status)
 	if e.gone {
@@ -98,24 +106,28 @@ func (s *Service) Pause(ctx context.Context, id string) (info Info, accepted boo
 		e.op.Unlock()
 		return Info{}, false, errNotFound
 	}
-	if st == StatusPaused {
+	if st == done {
 		in := s.info(e)
 		s.mu.Unlock()
 		e.op.Unlock()
 		return in, false, nil
 	}
-	if err := check(OpPause, st); err != nil {
+	err = check(op, st)
+	if err == nil && ready != nil {
+		err = ready(e)
+	}
+	if err != nil {
 		s.mu.Unlock()
 		e.op.Unlock()
 		return Info{}, false, err
 	}
-	e.rec.Status = string(StatusPausing)
+	e.rec.Status = string(busy)
 	rec := e.rec
 	in := s.info(e)
 	s.mu.Unlock()
 	if err := s.cfg.Store.Put(ctx, rec); err != nil {
 		s.mu.Lock()
-		e.rec.Status = string(StatusRunning)
+		e.rec.Status = string(st)
 		s.mu.Unlock()
 		e.op.Unlock()
 		return Info{}, false, err
@@ -124,7 +136,7 @@ func (s *Service) Pause(ctx context.Context, id string) (info Info, accepted boo
 	go func() {
 		defer s.wg.Done()
 		defer e.op.Unlock()
-		s.pause(e)
+		work(e)
 	}()
 	return in, true, nil
 }
@@ -202,10 +214,22 @@ func (s *Service) pause(e *entry) {
 		fail(fmt.Errorf("write manifest: %w", err))
 		return
 	}
-	// The snapshot is complete: record it, then free the host.
+	// The snapshot is complete: free the host, then record it. (A crash in between leaves a "pausing" record
+	// whose sandbox is gone: the next start sees its snapshot and marks it paused.)
+	s.mu.Lock()
+	prev := e.rec.Snapshot
+	e.rec.Snapshot = prefix
+	rec0 := e.rec
+	s.mu.Unlock()
+	if err := s.cfg.Store.Put(ctx, rec0); err != nil {
+		s.log.Error("pause: record the snapshot", "sandbox", id, "err", err)
+	}
+	if err := s.cfg.Runtime.Destroy(ctx, h); err != nil {
+		s.log.Warn("pause: free the sandbox", "sandbox", id, "err", err)
+	}
 	now := time.Now().UTC()
 	s.mu.Lock()
-	old := e.rec.Snapshot
+	old := prev
 	e.rec.Status = string(StatusPaused)
 	e.rec.Snapshot = prefix
 	e.rec.Handle = nil
@@ -219,9 +243,6 @@ func (s *Service) pause(e *entry) {
 	s.mu.Unlock()
 	if err := s.cfg.Store.Put(ctx, rec); err != nil {
 		s.log.Error("pause: record the snapshot", "sandbox", id, "err", err)
-	}
-	if err := s.cfg.Runtime.Destroy(ctx, h); err != nil {
-		s.log.Warn("pause: free the sandbox", "sandbox", id, "err", err)
 	}
 	if old != "" && old != prefix {
 		s.cfg.Snapshots.Delete(ctx, old) //nolint:errcheck // superseded
@@ -267,47 +288,13 @@ func (s *Service) putTar(ctx context.Context, key, dir string, skip func(string)
 
 // Resume starts resuming a paused (or failed) sandbox. accepted is false when it was already running.
 func (s *Service) Resume(ctx context.Context, id string) (info Info, accepted bool, err error) {
-	if err := s.snapshots(); err != nil {
-		return Info{}, false, err
-	}
-	e, err := s.lookup(id)
-	if err != nil {
-		return Info{}, false, err
-	}
-	e.op.Lock()
-	s.mu.Lock()
-	st := Status(e.rec.Status)
-	if e.gone {
-		s.mu.Unlock()
-		e.op.Unlock()
-		return Info{}, false, errNotFound
-	}
-	if st == StatusRunning {
-		in := s.info(e)
-		s.mu.Unlock()
-		e.op.Unlock()
-		return in, false, nil
-	}
-	if err := check(OpResume, st); err != nil || e.rec.Snapshot == "" {
-		s.mu.Unlock()
-		e.op.Unlock()
-		if err == nil {
-			err = errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error (it has no snapshot to resume)")
+	hasSnapshot := func(e *entry) error {
+		if e.rec.Snapshot == "" {
+			return errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error (it has no snapshot to resume)")
 		}
-		return Info{}, false, err
+		return nil
 	}
-	e.rec.Status = string(StatusResuming)
-	rec := e.rec
-	in := s.info(e)
-	s.mu.Unlock()
-	s.cfg.Store.Put(ctx, rec) //nolint:errcheck // best effort; the goroutine records the outcome
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer e.op.Unlock()
-		s.resume(e)
-	}()
-	return in, true, nil
+	return s.startLifecycle(ctx, id, OpResume, StatusRunning, StatusResuming, hasSnapshot, s.resume)
 }
 
 func (s *Service) resume(e *entry) {
@@ -330,6 +317,8 @@ func (s *Service) resume(e *entry) {
 		fail(err)
 		return
 	}
+	// Nothing of this id may exist while it is paused; clear what a crash may have left (a layer, a cgroup).
+	s.cfg.Runtime.Destroy(ctx, runtime.Handle{ID: id}) //nolint:errcheck // usually there is nothing to remove
 	ip := parseIP(ipStr)
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID: id, Hostname: hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,

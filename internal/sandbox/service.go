@@ -114,6 +114,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 				pi := s.pauseInfo(e)
 				pi.Error = "pause interrupted by a server restart"
 				s.setPauseInfo(e, pi)
+			} else if rec.Snapshot != "" {
+				// The snapshot was complete and the sandbox already freed: it is paused.
+				s.stopQuietly(e)
+				e.rec.Status, e.rec.Handle, e.handle = string(StatusPaused), nil, runtime.Handle{}
 			} else {
 				s.stopQuietly(e)
 				e.rec.Status, e.rec.Error = string(StatusError), "interrupted by a server restart while pausing: "+err.Error()
