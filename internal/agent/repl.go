@@ -34,7 +34,11 @@ type repl struct {
 	cmd     *exec.Cmd // nil for an attached (forked) interpreter
 	sink    func(Event)
 	running bool
-	dead    chan struct{} // closed when the current interpreter's connection fails
+
+	syncMu   sync.Mutex
+	syncCond *sync.Cond
+	synced   map[string]int // per stream, the last run whose fd-level output has been forwarded
+	dead     chan struct{}  // closed when the current interpreter's connection fails
 }
 
 func (p *repl) currentPid() int {
@@ -140,6 +144,9 @@ func (p *repl) install(conn net.Conn, r *bufio.Reader, pid int, cmd *exec.Cmd) {
 	defer p.mu.Unlock()
 	p.conn, p.r, p.pid, p.cmd = conn, r, pid, cmd
 	p.dead = make(chan struct{})
+	p.syncMu.Lock()
+	p.synced = nil // a new interpreter counts its runs afresh
+	p.syncMu.Unlock()
 }
 
 // drop forgets the current interpreter, killing it.
@@ -174,20 +181,91 @@ func (a *Agent) attachRepl(c net.Conn, r *bufio.Reader, req Request) bool {
 	return true
 }
 
-// streamWriter forwards the interpreter's fd 1/2 output (subprocesses, C extensions) to the current run.
+// streamWriter forwards the interpreter's fd 1/2 output (subprocesses, C extensions) to the current run. At the
+// end of each run the interpreter writes a sync marker carrying the run's execution count on both pipes; the
+// writer strips it and records it, so that the run can wait until every byte written before it was forwarded.
 type streamWriter struct {
-	p   *repl
-	typ string
+	p       *repl
+	typ     string
+	pending []byte // a possible start of a marker, held back until the next write
 }
 
+var syncPrefix = []byte("\x00ramify-sync:")
+
 func (s *streamWriter) Write(b []byte) (int, error) {
+	data := append(s.pending, b...)
+	s.pending = nil
+	for len(data) > 0 {
+		i := bytes.Index(data, syncPrefix)
+		if i < 0 {
+			// Hold back a tail that could be the start of a marker split across writes.
+			keep := 0
+			for k := min(len(syncPrefix)-1, len(data)); k > 0; k-- {
+				if bytes.HasSuffix(data, syncPrefix[:k]) {
+					keep = k
+					break
+				}
+			}
+			s.forward(data[:len(data)-keep])
+			s.pending = append([]byte(nil), data[len(data)-keep:]...)
+			break
+		}
+		s.forward(data[:i])
+		rest := data[i+len(syncPrefix):]
+		end := bytes.IndexByte(rest, 0)
+		if end < 0 {
+			s.pending = append([]byte(nil), data[i:]...)
+			break
+		}
+		n, _ := strconv.Atoi(string(rest[:end]))
+		s.p.noteSync(s.typ, n)
+		data = rest[end+1:]
+	}
+	return len(b), nil
+}
+
+func (s *streamWriter) forward(b []byte) {
+	if len(b) == 0 {
+		return
+	}
 	s.p.mu.Lock()
 	sink := s.p.sink
 	s.p.mu.Unlock()
 	if sink != nil {
 		sink(Event{Type: s.typ, Data: string(b)})
 	}
-	return len(b), nil
+}
+
+// noteSync records that stream typ has forwarded everything up to the end of run n.
+func (p *repl) noteSync(typ string, n int) {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
+	if p.synced == nil {
+		p.synced = map[string]int{}
+	}
+	p.synced[typ] = n
+	if p.syncCond != nil {
+		p.syncCond.Broadcast()
+	}
+}
+
+// waitSync waits (a bounded time) until both streams have forwarded the fd-level output of run n.
+func (p *repl) waitSync(n int, limit time.Duration) {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
+	if p.syncCond == nil {
+		p.syncCond = sync.NewCond(&p.syncMu)
+	}
+	deadline := time.Now().Add(limit)
+	t := time.AfterFunc(limit, func() {
+		p.syncMu.Lock()
+		p.syncCond.Broadcast()
+		p.syncMu.Unlock()
+	})
+	defer t.Stop()
+	for (p.synced["stdout"] < n || p.synced["stderr"] < n) && time.Now().Before(deadline) {
+		p.syncCond.Wait()
+	}
 }
 
 func (p *repl) send(v any) error {
@@ -302,8 +380,13 @@ func (p *repl) run(code string, timeoutS float64, emit func(Event)) Event {
 				m.Error.Name = "TimeoutError"
 				m.Error.Value = fmt.Sprintf("execution exceeded %gs and was interrupted", timeoutS)
 			}
-			// Let fd-level output that raced with the result land before answering.
-			time.Sleep(0)
+			// Let the run's fd-level output (read from the pipes by other goroutines) land before answering.
+			p.mu.Lock()
+			spawned := p.cmd != nil
+			p.mu.Unlock()
+			if spawned {
+				p.waitSync(m.ExecutionCount, 2*time.Second)
+			}
 			sinkMu.Lock()
 			ev := Event{Type: "result", Stdout: out.sb.String(), Stderr: errOut.sb.String(), Value: m.Value, Error: m.Error, ExecutionCount: m.ExecutionCount}
 			sinkMu.Unlock()

@@ -12,6 +12,7 @@ _main_mod.__dict__["__builtins__"] = __builtins__
 sys.modules["__main__"] = _main_mod
 _ns = _main_mod.__dict__
 _count = 0
+_emit_sync = True  # false in fork children: their fd 1/2 are still the parent's pipes
 _forked = []  # pids of fork children this process made; reaped lazily
 
 
@@ -94,6 +95,15 @@ def _run(code):
         except Exception:
             pass
         sys.stdout, sys.stderr = out, err
+        if _emit_sync:
+            # Mark the end of this run's fd-level output (subprocesses, C code) on both pipes, so that the agent
+            # can tell it has read all of it before it answers.
+            marker = ("\x00ramify-sync:%d\x00" % _count).encode()
+            for fd in (1, 2):
+                try:
+                    os.write(fd, marker)
+                except OSError:
+                    pass
     return {"type": "result", "value": value, "error": error, "execution_count": _count}
 
 
@@ -223,7 +233,8 @@ def _log_failure(msg):
 
 
 def _become_child(t, files):
-    global _sock, _rfile
+    global _sock, _rfile, _emit_sync
+    _emit_sync = False
     old = _sock
     holder = t["agent_pid"]
     # Wait until the server has moved this process into the child's cgroup.
