@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -35,6 +36,9 @@ type Config struct {
 // fdRootMount is the descriptor of the detached overlay mount (the sandbox's root file system) a new agent
 // receives from the family init.
 const fdRootMount = 3
+
+// unstartedAgentLimit is how long an agent waits for its "start" before it concludes its server is gone.
+const unstartedAgentLimit = 2 * time.Minute
 
 // fdInit is the agent's end of a socketpair to the family init, over which it hands seccomp listeners.
 const fdInit = 4
@@ -71,6 +75,17 @@ func Main(args []string) error {
 	if err := a.runSpawner(); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	// The server starts every sandbox right after spawning its agent; an agent never started belongs to a
+	// server that died mid-create, and nothing will ever use or find it: it exits (and its family init with it).
+	time.AfterFunc(unstartedAgentLimit, func() {
+		a.mu.Lock()
+		started := a.started
+		a.mu.Unlock()
+		if !started {
+			log.Warn("agent was never started; exiting")
+			os.Exit(0)
+		}
+	})
 	return a.serve(ln)
 }
 

@@ -201,14 +201,24 @@ func (r *Runtime) Swap(ctx context.Context, parent, winner runtime.Handle) (runt
 	}
 	r.mu.Unlock()
 
-	// Then destroy the parent's old state.
-	r.teardown(psb)
-	if dead != nil {
-		dead.kill()
+	// Then destroy the parent's old state: its processes die now; the slower clean-up (waiting for the cgroup
+	// to empty, removing it, the veth and the layer) finishes in the background.
+	if pids, err := psb.cg.Procs(); err == nil {
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
-	if err := r.cfg.Layers.Remove(ctx, parent.Layer()); err != nil {
-		r.log.Warn("merge: remove the parent's old layer", "sandbox", parent.ID, "err", err)
-	}
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		r.teardown(psb)
+		if dead != nil {
+			dead.kill()
+		}
+		if err := r.cfg.Layers.Remove(context.Background(), parent.Layer()); err != nil {
+			r.log.Warn("merge: remove the parent's old layer", "sandbox", parent.ID, "err", err)
+		}
+	}()
 	return nh, nil
 }
 

@@ -57,6 +57,8 @@ type Runtime struct {
 	mu        sync.Mutex
 	families  map[string]*family
 	sandboxes map[string]*sandbox
+
+	bg sync.WaitGroup // clean-up finishing in the background (after a merge)
 }
 
 type sandbox struct {
@@ -503,8 +505,16 @@ func (r *Runtime) Usage(h runtime.Handle) (runtime.Usage, error) {
 	return runtime.Usage{MemoryBytes: st.MemoryBytes, Pids: st.Pids, OOMKills: st.OOMKills}, nil
 }
 
-// Close implements runtime.Runtime: sandboxes keep running and are recovered by the next server.
+// Close implements runtime.Runtime: sandboxes keep running and are recovered by the next server. It waits (a
+// bounded time) for clean-up still running in the background.
 func (r *Runtime) Close() error {
+	done := make(chan struct{})
+	go func() { r.bg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		r.log.Warn("background clean-up still running at shutdown")
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, sb := range r.sandboxes {
