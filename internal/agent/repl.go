@@ -399,74 +399,47 @@ func died(msg string) Event {
 	return Event{Type: "result", Error: &ExecError{Name: "InterpreterDied", Value: msg}}
 }
 
-// configure sets the interpreter's environment and working directory.
-func (p *repl) configure(env map[string]string, cwd string) error {
+// call sends one request that is not a code run (configure, fork, snapshot, restore) to the interpreter,
+// starting one first if needed, and returns its result. A dead interpreter is dropped.
+func (p *repl) call(req map[string]any) (replMsg, error) {
 	p.runMu.Lock()
 	defer p.runMu.Unlock()
-	if err := p.send(map[string]any{"op": "configure", "env": env, "cwd": cwd}); err != nil {
+	if _, err := p.ensure(); err != nil {
+		return replMsg{}, err
+	}
+	if err := p.send(req); err != nil {
 		p.drop()
-		return err
+		return replMsg{}, err
 	}
 	for {
 		m, err := p.recv()
 		if err != nil {
 			p.drop()
-			return err
+			return replMsg{}, fmt.Errorf("interpreter died during %s: %w", req["op"], err)
 		}
 		if m.Type == "result" {
-			return nil
+			if m.Error != nil {
+				return m, fmt.Errorf("%s: %s: %s", req["op"], m.Error.Name, m.Error.Value)
+			}
+			return m, nil
 		}
 	}
+}
+
+// configure sets the interpreter's environment and working directory.
+func (p *repl) configure(env map[string]string, cwd string) error {
+	_, err := p.call(map[string]any{"op": "configure", "env": env, "cwd": cwd})
+	return err
 }
 
 // fork asks the interpreter to fork once per target; it returns the children's pids (family PID namespace).
 func (p *repl) fork(targets []ForkTarget) ([]int, error) {
-	p.runMu.Lock()
-	defer p.runMu.Unlock()
-	if _, err := p.ensure(); err != nil {
-		return nil, err
-	}
-	if err := p.send(map[string]any{"op": "fork", "targets": targets}); err != nil {
-		p.drop()
-		return nil, err
-	}
-	for {
-		m, err := p.recv()
-		if err != nil {
-			p.drop()
-			return nil, fmt.Errorf("interpreter died during fork: %w", err)
-		}
-		if m.Type == "result" {
-			if m.Error != nil {
-				return nil, fmt.Errorf("%s: %s", m.Error.Name, m.Error.Value)
-			}
-			return m.Pids, nil
-		}
-	}
+	m, err := p.call(map[string]any{"op": "fork", "targets": targets})
+	return m.Pids, err
 }
 
 // session runs the interpreter's snapshot or restore op on dir and returns what it could not handle.
 func (p *repl) session(op, dir string) ([]Skipped, error) {
-	p.runMu.Lock()
-	defer p.runMu.Unlock()
-	if _, err := p.ensure(); err != nil {
-		return nil, err
-	}
-	if err := p.send(map[string]any{"op": op, "dir": dir}); err != nil {
-		p.drop()
-		return nil, err
-	}
-	for {
-		m, err := p.recv()
-		if err != nil {
-			p.drop()
-			return nil, fmt.Errorf("interpreter died during %s: %w", op, err)
-		}
-		if m.Type == "result" {
-			if m.Error != nil {
-				return nil, fmt.Errorf("%s: %s: %s", op, m.Error.Name, m.Error.Value)
-			}
-			return m.Skipped, nil
-		}
-	}
+	m, err := p.call(map[string]any{"op": op, "dir": dir})
+	return m.Skipped, err
 }

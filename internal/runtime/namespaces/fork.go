@@ -232,22 +232,18 @@ func (r *Runtime) LowerDir() string { return r.cfg.ImageRootfs }
 
 // Freeze implements runtime.Forker.
 func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {
-	r.mu.Lock()
-	sb := r.sandboxes[h.ID]
-	r.mu.Unlock()
-	if sb == nil {
-		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	sb, err := r.running(h.ID)
+	if err != nil {
+		return err
 	}
 	return sb.cg.Freeze(ctx)
 }
 
 // Thaw implements runtime.Forker.
 func (r *Runtime) Thaw(ctx context.Context, h runtime.Handle) error {
-	r.mu.Lock()
-	sb := r.sandboxes[h.ID]
-	r.mu.Unlock()
-	if sb == nil {
-		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	sb, err := r.running(h.ID)
+	if err != nil {
+		return err
 	}
 	return sb.cg.Thaw(ctx)
 }

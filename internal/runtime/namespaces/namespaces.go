@@ -459,11 +459,9 @@ func vethOf(h runtime.Handle) string {
 
 // Agent implements runtime.Runtime.
 func (r *Runtime) Agent(id string) (*agent.Client, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb := r.sandboxes[id]
-	if sb == nil {
-		return nil, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	sb, err := r.running(id)
+	if err != nil {
+		return nil, err
 	}
 	return sb.client, nil
 }
@@ -473,13 +471,22 @@ func (r *Runtime) RootPath(h runtime.Handle) string {
 	return "/proc/" + strconv.Itoa(h.AgentPid) + "/root"
 }
 
+// running returns the runtime's live sandbox id, or a "not running" conflict.
+func (r *Runtime) running(id string) (*sandbox, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb := r.sandboxes[id]
+	if sb == nil {
+		return nil, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	return sb, nil
+}
+
 // Configure implements runtime.Runtime.
 func (r *Runtime) Configure(ctx context.Context, h runtime.Handle, spec runtime.Spec) error {
-	r.mu.Lock()
-	sb := r.sandboxes[h.ID]
-	r.mu.Unlock()
-	if sb == nil {
-		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	sb, err := r.running(h.ID)
+	if err != nil {
+		return err
 	}
 	if err := sb.cg.Update(limitsOf(spec)); err != nil {
 		return err
