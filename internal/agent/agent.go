@@ -169,13 +169,23 @@ func (a *Agent) serve(ln net.Listener) error {
 }
 
 func (a *Agent) handleConn(c net.Conn) {
-	r := bufio.NewReaderSize(c, 64<<10)
 	keep := false
 	defer func() {
 		if !keep {
 			c.Close()
 		}
 	}()
+	// The first message of a connection may carry a descriptor for its request (Client.CallWithFile).
+	first, fd, err := recvFD(c.(*net.UnixConn))
+	if err != nil {
+		return
+	}
+	var file *os.File
+	if fd >= 0 {
+		file = os.NewFile(uintptr(fd), "request-file")
+		defer file.Close()
+	}
+	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(first), c), 64<<10)
 	w := &eventWriter{w: bufio.NewWriterSize(c, 32<<10)}
 	for {
 		line, err := readLine(r, maxRequest)
@@ -187,12 +197,16 @@ func (a *Agent) handleConn(c net.Conn) {
 			w.emit(Event{Type: "error", Message: "bad request: " + err.Error()})
 			return
 		}
+		req.file, file = file, nil
 		if req.Op == "attach_repl" {
 			// The connection now belongs to the interpreter: hand it over and stop reading it here.
 			keep = a.attachRepl(c, r, req)
 			return
 		}
 		a.handle(context.Background(), req, w)
+		if req.file != nil {
+			req.file.Close()
+		}
 		if w.err != nil {
 			return
 		}
@@ -274,14 +288,22 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 	case "exec":
 		w.emit(a.exec(ctx, req, w.emit))
 	case "snapshot_repl":
-		skipped, err := a.repl.session("snapshot", req.Dir)
+		if !req.Stream || req.file == nil {
+			w.emit(Event{Type: "error", Message: "snapshot_repl needs a stream"})
+			return
+		}
+		skipped, err := a.repl.session("snapshot", req)
 		if err != nil {
 			w.emit(Event{Type: "error", Message: "save interpreter: " + err.Error()})
 			return
 		}
 		w.emit(Event{Type: "ok", Skipped: append(skipped, a.otherProcesses()...)})
 	case "restore_repl":
-		skipped, err := a.repl.session("restore", req.Dir)
+		if req.Stream && req.file == nil {
+			w.emit(Event{Type: "error", Message: "restore_repl: the stream did not arrive"})
+			return
+		}
+		skipped, err := a.repl.session("restore", req)
 		if err != nil {
 			w.emit(Event{Type: "error", Message: "restore interpreter: " + err.Error()})
 			return

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Client is the server's side of the agent protocol for one sandbox. It keeps a few idle connections for
@@ -101,6 +104,33 @@ func (c *Client) Call(ctx context.Context, req Request, onEvent func(Event)) (Ev
 	return ev, nil
 }
 
+// CallWithFile is Call on a connection of its own whose request carries f's descriptor (SCM_RIGHTS): the way
+// a session stream's pipe reaches the interpreter. It takes f and closes it once sent, so that the other end of
+// a pipe sees EOF when the agent's side is done with it.
+func (c *Client) CallWithFile(ctx context.Context, req Request, f *os.File, onEvent func(Event)) (Event, error) {
+	defer f.Close()
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: %v", ErrAgentGone, err)
+	}
+	defer conn.Close()
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return Event{}, errors.New("agent connection cannot carry a file")
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return Event{}, err
+	}
+	_, _, err = uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(int(f.Fd())), nil)
+	f.Close()
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: %v", ErrAgentGone, err)
+	}
+	cc := &clientConn{c: conn, r: bufio.NewReaderSize(conn, 64<<10)}
+	return c.events(ctx, cc, onEvent)
+}
+
 type staleErr struct{ err error }
 
 func (s *staleErr) Error() string { return s.err.Error() }
@@ -119,6 +149,13 @@ func (c *Client) call(ctx context.Context, cc *clientConn, req Request, onEvent 
 		}
 		return Event{}, &staleErr{err}
 	}
+	return c.events(ctx, cc, onEvent)
+}
+
+// events reads a call's events up to the terminal one.
+func (c *Client) events(ctx context.Context, cc *clientConn, onEvent func(Event)) (Event, error) {
+	stop := context.AfterFunc(ctx, func() { cc.c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	first := true
 	for {
 		line, err := readLine(cc.r, maxRequest)

@@ -5,7 +5,10 @@
 // a terminal type ("result", "exit", "ok" or "error"). A connection may carry many requests in turn.
 package agent
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"os"
+)
 
 // SocketName is the abstract unix socket the agent listens on inside the sandbox's network namespace.
 const SocketName = "ramify-agent"
@@ -33,8 +36,13 @@ type Request struct {
 	// fork_repl: one target per child sandbox
 	Targets []ForkTarget `json:"targets,omitempty"`
 
-	// snapshot_repl and restore_repl: the directory (inside the sandbox) of the interpreter's saved session
-	Dir string `json:"dir,omitempty"`
+	// snapshot_repl and restore_repl: Stream means the session travels as a session stream through the pipe
+	// sent with the request (CallWithFile); else restore_repl loads a saved session from Dir, inside the sandbox
+	// (snapshots made before session streams).
+	Stream bool   `json:"stream,omitempty"`
+	Dir    string `json:"dir,omitempty"`
+	// file is the descriptor that came with the request (SCM_RIGHTS), if any.
+	file *os.File
 
 	// attach_repl (sent by a forked interpreter) and expect_repl (sent by the server to a child's agent)
 	Token string `json:"token,omitempty"`

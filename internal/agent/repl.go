@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
@@ -268,7 +270,10 @@ func (p *repl) waitSync(n int, limit time.Duration) {
 	}
 }
 
-func (p *repl) send(v any) error {
+func (p *repl) send(v any) error { return p.sendFile(v, -1) }
+
+// sendFile sends one request line, with descriptor fd attached unless it is negative.
+func (p *repl) sendFile(v any, fd int) error {
 	b, _ := json.Marshal(v)
 	b = append(b, '\n')
 	p.mu.Lock()
@@ -276,6 +281,10 @@ func (p *repl) send(v any) error {
 	p.mu.Unlock()
 	if conn == nil {
 		return errors.New("no interpreter")
+	}
+	if fd >= 0 {
+		_, _, err := conn.(*net.UnixConn).WriteMsgUnix(b, unix.UnixRights(fd), nil)
+		return err
 	}
 	_, err := conn.Write(b)
 	return err
@@ -401,13 +410,16 @@ func died(msg string) Event {
 
 // call sends one request that is not a code run (configure, fork, snapshot, restore) to the interpreter,
 // starting one first if needed, and returns its result. A dead interpreter is dropped.
-func (p *repl) call(req map[string]any) (replMsg, error) {
+func (p *repl) call(req map[string]any) (replMsg, error) { return p.callFile(req, -1) }
+
+// callFile is call with descriptor fd sent along with the request (unless negative).
+func (p *repl) callFile(req map[string]any, fd int) (replMsg, error) {
 	p.runMu.Lock()
 	defer p.runMu.Unlock()
 	if _, err := p.ensure(); err != nil {
 		return replMsg{}, err
 	}
-	if err := p.send(req); err != nil {
+	if err := p.sendFile(req, fd); err != nil {
 		p.drop()
 		return replMsg{}, err
 	}
@@ -438,8 +450,13 @@ func (p *repl) fork(targets []ForkTarget) ([]int, error) {
 	return m.Pids, err
 }
 
-// session runs the interpreter's snapshot or restore op on dir and returns what it could not handle.
-func (p *repl) session(op, dir string) ([]Skipped, error) {
-	m, err := p.call(map[string]any{"op": op, "dir": dir})
+// session runs the interpreter's snapshot or restore op, on the session stream sent with req or (restore of an
+// older snapshot) on req.Dir, and returns what it could not handle.
+func (p *repl) session(op string, req Request) ([]Skipped, error) {
+	if req.Stream {
+		m, err := p.callFile(map[string]any{"op": op, "stream": true}, int(req.file.Fd()))
+		return m.Skipped, err
+	}
+	m, err := p.call(map[string]any{"op": op, "dir": req.Dir})
 	return m.Skipped, err
 }

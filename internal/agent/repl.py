@@ -1,7 +1,7 @@
 # ramify's in-sandbox Python interpreter loop (embedded in the ramify binary, run as `python3 -c`).
 # It talks JSON lines with the sandbox agent over the socket on fd 3 (or, in a forked child, over a socket it
 # connects itself): {"op": "run", "code": ...} -> stream events, then one {"type": "result", ...}.
-import ast, ctypes, json, os, signal, socket, sys, time, traceback
+import array, ast, ctypes, fcntl, io, json, mmap, os, signal, socket, stat, struct, sys, time, traceback
 
 _sock = None
 _rfile = None
@@ -18,6 +18,37 @@ _forked = []  # pids of fork children this process made; reaped lazily
 
 def _send(obj):
     _sock.sendall((json.dumps(obj) + "\n").encode("utf-8", "surrogatepass"))
+
+
+class _Reader:
+    """Reads the agent's JSON lines from a socket, keeping any file descriptors sent along (SCM_RIGHTS)."""
+
+    def __init__(self, sock):
+        self.sock, self.buf, self.fds = sock, bytearray(), []
+
+    def readline(self):
+        while True:
+            i = self.buf.find(b"\n")
+            if i >= 0:
+                line = bytes(self.buf[:i + 1])
+                del self.buf[:i + 1]
+                return line
+            data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(8 * 4))
+            for level, typ, payload in anc:
+                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(payload[:len(payload) - len(payload) % a.itemsize])
+                    self.fds.extend(a)
+            if not data:
+                line = bytes(self.buf)
+                self.buf.clear()
+                return line
+            self.buf += data
+
+    def take_fd(self):
+        if not self.fds:
+            raise OSError("the agent sent no stream descriptor")
+        return self.fds.pop(0)
 
 
 class _Stream:
@@ -262,7 +293,7 @@ def _become_child(t, files):
     s.connect("\0ramify-agent")
     old.close()
     _sock = s
-    _rfile = s.makefile("rb")
+    _rfile = _Reader(s)
     del _forked[:]
     _send({"op": "attach_repl", "token": t["token"], "pid": os.getpid()})
     line = _rfile.readline()
@@ -278,29 +309,263 @@ def _become_child(t, files):
 _SKIP_NAMES = {"__builtins__", "__name__", "__loader__", "__spec__", "__package__"}
 
 
-def _snapshot(directory):
-    """Save the session's variables, one dill pickle per name, to directory; return what could not be saved."""
-    import dill
-    os.makedirs(directory, exist_ok=True)
-    names, skipped = [], []
-    for i, (name, value) in enumerate(list(_ns.items())):
-        if name in _SKIP_NAMES:
-            continue
-        path = os.path.join(directory, "%06d.pkl" % i)
+# A session stream (what a pause stores as session.bin) is b"RMFYSES1" and then records of one kind byte, a
+# big-endian u64 length and the payload:
+#   V name        a variable begins      P bytes   a chunk of its pickle    B bytes   an out-of-band buffer
+#   E             the variable is complete           X json    it could not be saved: drop what came since V
+#   M json        cwd, env, execution count          Z         the end               _ bytes   padding
+# Large numpy arrays (also inside data frames) travel as out-of-band buffers: written straight from the array's
+# memory and read straight into the restored array's, never copied into a pickle. Padding puts every large
+# buffer at a 4 KiB-aligned offset, so that a reader given the stored file can read it with direct I/O.
+_MAGIC = b"RMFYSES1"
+_HDR = struct.Struct(">cQ")
+_ALIGN = 4096
+_BIG = 1 << 21  # buffers from this size on are aligned, and read into fresh memory of their own
+
+
+def _write_all(fd, data):
+    mv = memoryview(data).cast("B")
+    while mv:
+        mv = mv[os.write(fd, mv):]
+
+
+class _StreamOut:
+    """The write side of a session stream: small records are batched, buffers are written in place."""
+
+    def __init__(self, fd):
+        self.fd, self.pending, self.off = fd, bytearray(_MAGIC), len(_MAGIC)
+
+    def record(self, kind, payload=b""):
+        self.pending += _HDR.pack(kind, len(payload))
+        self.pending += payload
+        self.off += _HDR.size + len(payload)
+        if len(self.pending) >= 1 << 20:
+            self.flush()
+
+    def direct(self, kind, mv):
+        if mv.nbytes >= _BIG:
+            pad = -(self.off + 2 * _HDR.size) % _ALIGN
+            self.record(b"_", bytes(pad))
+        self.pending += _HDR.pack(kind, mv.nbytes)
+        self.off += _HDR.size + mv.nbytes
+        self.flush()
+        _write_all(self.fd, mv)
+
+    def flush(self):
+        if self.pending:
+            _write_all(self.fd, self.pending)
+            self.pending = bytearray()
+
+
+class _StreamIn:
+    """The read side of a session stream, from a pipe or (faster) from the stored file itself."""
+
+    def __init__(self, fd):
+        self.fd, self.file = fd, stat.S_ISREG(os.fstat(fd).st_mode)
+        self.off = 0  # stream offset of the next byte to hand out
+        self.ahead = bytearray()  # bytes read ahead of self.off
+
+    def _more(self, want):
+        want = max(want, 1 << 16)
+        if self.file:
+            data = os.pread(self.fd, want, self.off + len(self.ahead))
+        else:
+            data = os.read(self.fd, want)
+        if not data:
+            raise EOFError("session stream ends early")
+        self.ahead += data
+
+    def read(self, n):
+        while len(self.ahead) < n:
+            self._more(n - len(self.ahead))
+        out = bytes(self.ahead[:n])
+        del self.ahead[:n]
+        self.off += n
+        return out
+
+    def skip(self, n):
+        if n <= len(self.ahead):
+            self.read(n)
+        elif self.file:
+            self.off += n - len(self.ahead)
+            self.ahead.clear()
+        else:
+            while n:
+                n -= len(self.read(min(n, 1 << 20)))
+
+    def buffer(self, n):
+        """Read n bytes into a buffer of their own (a large one: fresh, populated, huge-page memory)."""
+        if n < _BIG:
+            return bytearray(self.read(n))
         try:
-            with open(path, "wb") as f:
-                dill.dump(value, f, protocol=5)
-            names.append((name, os.path.basename(path)))
-        except Exception as e:  # an object that does not serialize: listed, never silently dropped
+            buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+        except (AttributeError, OSError):
+            buf = mmap.mmap(-1, n)
+        mv = memoryview(buf)
+        got = min(len(self.ahead), n)
+        mv[:got] = self.ahead[:got]
+        del self.ahead[:got]
+        if self.file:
+            got = self._direct(mv, got, n)
+        while got < n:
+            if self.file:
+                k = os.preadv(self.fd, [mv[got:]], self.off + got)
+            else:
+                k = os.readv(self.fd, [mv[got:]])
+            if not k:
+                raise EOFError("session stream ends early")
+            got += k
+        self.off += n
+        mv.release()
+        return buf
+
+    def _direct(self, mv, got, n):
+        """Read what it can of mv[got:n] with O_DIRECT (file and memory offsets must both be 4 KiB-aligned)."""
+        start = got + (-(self.off + got) % _ALIGN)  # memory offset of the first aligned file offset
+        if self.off % _ALIGN or start >= n:
+            return got
+        end = start + (n - start) // _ALIGN * _ALIGN
+        while got < start:
+            k = os.preadv(self.fd, [mv[got:start]], self.off + got)
+            if not k:
+                raise EOFError("session stream ends early")
+            got += k
+        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags | os.O_DIRECT)
+        except OSError:
+            return got
+        try:
+            while got < end:
+                k = os.preadv(self.fd, [mv[got:min(end, got + (8 << 20))]], self.off + got)
+                if not k:
+                    raise EOFError("session stream ends early")
+                got += k
+        except OSError:
+            pass  # the rest goes through the page cache
+        finally:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags)
+        return got
+
+
+class _PickleChunks:
+    """A file for the pickler: its bytes become P records."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, b):
+        if len(b) >= 1 << 20:
+            self.out.direct(b"P", memoryview(b))
+        else:
+            self.out.record(b"P", bytes(b))
+        return len(b)
+
+
+def _session_pickler():
+    import dill
+
+    class Pickler(dill.Pickler):
+        # dill pickles numpy arrays through ndarray.__reduce__, which copies the data into the pickle; plain
+        # contiguous arrays go through protocol 5's out-of-band buffers instead.
+        def save(self, obj, save_persistent_id=True):
+            np = sys.modules.get("numpy")
+            if (np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.nbytes >= 1 << 16
+                    and (obj.flags.c_contiguous or obj.flags.f_contiguous)):
+                x = self.memo.get(id(obj))
+                if x is not None:
+                    self.write(self.get(x[0]))
+                    return
+                self.save_reduce(*obj.__reduce_ex__(5), obj=obj)
+                return
+            dill.Pickler.save(self, obj, save_persistent_id)
+
+    return Pickler
+
+
+def _snapshot_stream(fd):
+    """Write the session's variables to fd as a session stream; return what could not be saved."""
+    Pickler = _session_pickler()
+    out = _StreamOut(fd)
+    skipped = []
+    try:
+        for name, value in list(_ns.items()):
+            if name in _SKIP_NAMES:
+                continue
+            out.record(b"V", name.encode("utf-8", "surrogatepass"))
+
+            def oob(buf):
+                with buf.raw() as m:
+                    out.direct(b"B", m)
+                return False
+
             try:
-                os.unlink(path)
+                Pickler(_PickleChunks(out), protocol=5, buffer_callback=oob).dump(value)
             except OSError:
-                pass
-            skipped.append({"name": name, "type": type(value).__name__, "reason": ("%s: %s" % (type(e).__name__, e))[:300]})
-    meta = {"names": names, "cwd": os.getcwd(), "env": dict(os.environ), "execution_count": _count}
-    with open(os.path.join(directory, "session.json"), "w") as f:
-        json.dump(meta, f)
+                raise  # the stream itself failed: the pause fails
+            except Exception as e:  # an object that does not serialize: listed, never silently dropped
+                entry = {"name": name, "type": type(value).__name__, "reason": ("%s: %s" % (type(e).__name__, e))[:300]}
+                skipped.append(entry)
+                out.record(b"X", json.dumps(entry).encode())
+                continue
+            out.record(b"E")
+        meta = {"cwd": os.getcwd(), "env": dict(os.environ), "execution_count": _count}
+        out.record(b"M", json.dumps(meta).encode("utf-8", "surrogatepass"))
+        out.record(b"Z")
+        out.flush()
+    finally:
+        os.close(fd)
     return skipped
+
+
+def _restore_stream(fd):
+    """Load a session stream from fd (a pipe or the stored file) into the session; return what failed to load."""
+    global _count
+    import dill
+    failed = []
+    try:
+        f = _StreamIn(fd)
+        if f.read(len(_MAGIC)) != _MAGIC:
+            raise ValueError("not a session stream")
+        name, chunks, bufs, meta = None, [], [], None
+        while True:
+            kind, n = _HDR.unpack(f.read(_HDR.size))
+            if kind == b"B":
+                bufs.append(f.buffer(n))
+                continue
+            if kind == b"_":
+                f.skip(n)
+                continue
+            payload = f.read(n)
+            if kind == b"V":
+                name, chunks, bufs = payload.decode("utf-8", "surrogatepass"), [], []
+            elif kind == b"P":
+                chunks.append(payload)
+            elif kind == b"X":
+                name, chunks, bufs = None, [], []
+            elif kind == b"E":
+                try:
+                    _ns[name] = dill.Unpickler(io.BytesIO(b"".join(chunks)), buffers=bufs).load()
+                except Exception as e:
+                    failed.append({"name": name, "reason": ("%s: %s" % (type(e).__name__, e))[:300]})
+                name, chunks, bufs = None, [], []
+            elif kind == b"M":
+                meta = json.loads(payload)
+            elif kind == b"Z":
+                break
+            else:
+                raise ValueError("session stream: unknown record %r" % kind)
+    finally:
+        os.close(fd)
+    meta = meta or {}
+    try:
+        os.chdir(meta.get("cwd") or "/root")
+    except OSError:
+        pass
+    os.environ.clear()
+    os.environ.update(meta.get("env") or {})
+    _count = meta.get("execution_count", _count)
+    return failed
 
 
 def _restore(directory):
@@ -350,8 +615,10 @@ def _serve():
                     pass
                 resp = {"type": "result"}
             elif op == "snapshot":
-                resp = {"type": "result", "skipped": _snapshot(req["dir"])}
-            elif op == "restore":
+                resp = {"type": "result", "skipped": _snapshot_stream(_rfile.take_fd())}
+            elif op == "restore" and req.get("stream"):
+                resp = {"type": "result", "skipped": _restore_stream(_rfile.take_fd())}
+            elif op == "restore":  # a snapshot made before session streams: one pickle file per variable
                 resp = {"type": "result", "skipped": _restore(req["dir"])}
             elif op == "ping":
                 resp = {"type": "result", "pid": os.getpid()}
@@ -360,6 +627,8 @@ def _serve():
         except KeyboardInterrupt as e:  # an interrupt that landed just after user code ended
             resp = {"type": "result", "value": None, "execution_count": _count,
                     "error": {"name": "KeyboardInterrupt", "value": str(e), "traceback": ""}}
+        except Exception as e:  # an op that failed (a broken session stream, say): the interpreter lives on
+            resp = {"type": "result", "error": {"name": type(e).__name__, "value": str(e)[:1000], "traceback": ""}}
         _send(resp)
 
 
@@ -372,7 +641,7 @@ def main():
         pass
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     _sock = socket.socket(fileno=3)
-    _rfile = _sock.makefile("rb")
+    _rfile = _Reader(_sock)
     sys.stdin = open(os.devnull)
     del sys.argv[:]
     sys.argv.append("")

@@ -12,24 +12,30 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/layertar"
 	"github.com/ramify-dev/ramify/internal/runtime"
+	"github.com/ramify-dev/ramify/internal/snapstore"
 	"github.com/ramify-dev/ramify/internal/store"
 )
 
 // A pause writes a snapshot to the snapshot store and frees the host: three objects under one key prefix,
 //
+//	session.bin    the interpreter's session as a session stream (see repl.py): one dill pickle per variable,
+//	               large numpy arrays as raw out-of-band buffers, plus cwd, env, execution count
 //	layer.tar      the sandbox's writable layer (its overlay upper directory)
-//	session.tar    the interpreter's session: one dill pickle per variable, plus cwd, env, execution count
 //	manifest.json  the sandbox's spec, what could not be saved, and the size and SHA-256 of the other two
 //
-// The manifest is written last: a snapshot without one is incomplete and never resumed. A resume checks every
-// part against the manifest while it extracts it into a fresh layer, so a corrupt or missing part fails the
-// resume with a clear error and leaves the snapshot untouched.
+// The session goes from the interpreter's memory through a pipe straight into the store: nothing of it touches
+// the sandbox's disk. The manifest is written last: a snapshot without one is incomplete and never resumed. A
+// resume checks every part against the manifest as it streams it in, so a corrupt or missing part fails the
+// resume with a clear error and leaves the snapshot untouched. (Snapshots made before session streams hold a
+// session.tar of pickle files instead; resume still reads them.)
 
-// sessionDir is where, inside the sandbox, the interpreter saves and loads its session.
+// sessionDir is where, inside the sandbox, an older snapshot's session.tar is unpacked for the interpreter.
 const sessionDir = "/.ramify-session"
 
 // PauseInfo is what the last pause and resume reported (the sandbox's "pause" field).
@@ -160,9 +166,6 @@ func (s *Service) pause(e *entry) {
 		if fk != nil {
 			fk.Thaw(ctx, h) //nolint:errcheck // best effort: it may not be frozen
 		}
-		if c, cerr := s.cfg.Runtime.Agent(id); cerr == nil {
-			c.Call(ctx, agent.Request{Op: "exec", Argv: []string{"rm", "-rf", sessionDir}}, nil) //nolint:errcheck
-		}
 		s.mu.Lock()
 		e.rec.Status = string(StatusRunning)
 		pi := s.pauseInfo(e)
@@ -181,33 +184,27 @@ func (s *Service) pause(e *entry) {
 		fail(err)
 		return
 	}
-	ev, err := c.Call(ctx, agent.Request{Op: "snapshot_repl", Dir: sessionDir}, nil)
+	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
+	session, notSaved, err := s.saveSession(ctx, c, prefix+"session.bin")
 	if err != nil {
+		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("save the interpreter: %w", err))
 		return
 	}
 	if err := fk.Freeze(ctx, h); err != nil {
+		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("freeze: %w", err))
 		return
 	}
-	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
-	upper := fk.UpperDir(h)
-	m := Manifest{Version: 1, Sandbox: id, CreatedAt: time.Now().UTC(), Spec: specJSON, Parts: map[string]Part{}, NotSaved: ev.Skipped}
-	for _, part := range []struct {
-		name, dir string
-		skip      func(string) bool
-	}{
-		{"layer.tar", upper, func(rel string) bool { return rel == sessionDir[1:] }},
-		{"session.tar", filepath.Join(upper, sessionDir), nil},
-	} {
-		p, err := s.putTar(ctx, prefix+part.name, part.dir, part.skip)
-		if err != nil {
-			s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
-			fail(fmt.Errorf("write %s: %w", part.name, err))
-			return
-		}
-		m.Parts[part.name] = p
+	m := Manifest{Version: 1, Sandbox: id, CreatedAt: time.Now().UTC(), Spec: specJSON,
+		Parts: map[string]Part{"session.bin": session}, NotSaved: notSaved}
+	layerPart, err := s.putTar(ctx, prefix+"layer.tar", fk.UpperDir(h), nil)
+	if err != nil {
+		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
+		fail(fmt.Errorf("write layer.tar: %w", err))
+		return
 	}
+	m.Parts["layer.tar"] = layerPart
 	mb, _ := json.MarshalIndent(m, "", "  ")
 	if _, err := s.cfg.Snapshots.Put(ctx, prefix+"manifest.json", bytesReader(mb)); err != nil {
 		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
@@ -268,6 +265,126 @@ func (r *bytesReaderT) Read(p []byte) (int, error) {
 
 func bytesReader(b []byte) io.Reader { return &bytesReaderT{b: b} }
 
+// newPipe returns a pipe with a 1 MiB buffer (fewer wake-ups when a session of gigabytes goes through it).
+func newPipe() (r, w *os.File, err error) {
+	r, w, err = os.Pipe()
+	if err == nil {
+		unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 1<<20) //nolint:errcheck // a smaller pipe only costs speed
+	}
+	return r, w, err
+}
+
+// saveSession has the interpreter write its session as a session stream into a pipe whose other end goes
+// straight into the snapshot store under key. It returns the stored part and what could not be saved.
+func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) (Part, []agent.Skipped, error) {
+	pr, pw, err := newPipe()
+	if err != nil {
+		return Part{}, nil, err
+	}
+	type put struct {
+		obj snapstore.Object
+		err error
+	}
+	done := make(chan put, 1)
+	go func() {
+		obj, err := s.cfg.Snapshots.Put(ctx, key, pr)
+		pr.Close() // a failed store stops the interpreter's writes (EPIPE)
+		done <- put{obj, err}
+	}()
+	ev, err := c.CallWithFile(ctx, agent.Request{Op: "snapshot_repl", Stream: true}, pw, nil)
+	p := <-done
+	if err != nil {
+		return Part{}, nil, err
+	}
+	if p.err != nil {
+		return Part{}, nil, fmt.Errorf("write session.bin: %w", p.err)
+	}
+	return Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, ev.Skipped, nil
+}
+
+// fileOpener is a snapshot store that can hand out an object's file (the local store).
+type fileOpener interface {
+	OpenFile(ctx context.Context, key string) (*os.File, error)
+}
+
+// loadSession has the interpreter load the snapshot's session.bin while the server checks its size and SHA-256
+// against the manifest; a mismatch fails the load (the caller then discards the sandbox). From a local store the
+// interpreter gets the file itself (read-only) and reads it with direct I/O while the server hashes it
+// alongside; from any other store the part streams through a pipe, hashed on the way.
+func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix string, m Manifest) (agent.Event, error) {
+	want := m.Parts["session.bin"]
+	key := prefix + "session.bin"
+	rc, err := s.cfg.Snapshots.Get(ctx, key)
+	if err != nil {
+		return agent.Event{}, fmt.Errorf("snapshot part session.bin is missing: %w", err)
+	}
+	var give, pw *os.File
+	if fo, ok := s.cfg.Snapshots.(fileOpener); ok {
+		give, err = fo.OpenFile(ctx, key)
+	} else {
+		give, pw, err = newPipe()
+	}
+	if err != nil {
+		rc.Close()
+		return agent.Event{}, fmt.Errorf("snapshot part session.bin: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer rc.Close()
+		h := sha256.New()
+		var n int64
+		var werr error
+		if pw != nil {
+			n, werr = copyHashed(pw, rc, h)
+			pw.Close()
+		} else {
+			n, werr = copyHashed(io.Discard, rc, h)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); n != want.Size || got != want.SHA256 {
+			done <- errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot part session.bin is corrupt: %d bytes with sha256 %s, manifest says %d bytes with sha256 %s", n, got, want.Size, want.SHA256))
+			return
+		}
+		if werr != nil && !errors.Is(werr, errReaderGone) {
+			done <- werr
+			return
+		}
+		done <- nil
+	}()
+	ev, err := c.CallWithFile(ctx, agent.Request{Op: "restore_repl", Stream: true}, give, nil)
+	if cerr := <-done; cerr != nil {
+		return ev, cerr // the cause, when the interpreter choked on a corrupt stream
+	}
+	return ev, err
+}
+
+var errReaderGone = errors.New("the interpreter stopped reading")
+
+// copyHashed copies r to w through h with a large buffer. When w fails (the interpreter stopped reading) it
+// goes on reading r into h, so that the caller can still tell a corrupt part from a refused one.
+func copyHashed(w io.Writer, r io.Reader, h io.Writer) (int64, error) {
+	buf := make([]byte, 1<<20)
+	var n int64
+	var werr error
+	for {
+		k, err := r.Read(buf)
+		if k > 0 {
+			h.Write(buf[:k])
+			n += int64(k)
+			if werr == nil {
+				if _, err := w.Write(buf[:k]); err != nil {
+					werr = errReaderGone
+				}
+			}
+		}
+		if err == io.EOF {
+			return n, werr
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
 // putTar streams a tar of dir into the snapshot store.
 func (s *Service) putTar(ctx context.Context, key, dir string, skip func(string) bool) (Part, error) {
 	if _, err := os.Stat(dir); err != nil {
@@ -317,6 +434,7 @@ func (s *Service) resume(e *entry) {
 		fail(err)
 		return
 	}
+	_, streamed := m.Parts["session.bin"]
 	// Nothing of this id may exist while it is paused; clear what a crash may have left (a layer, a cgroup).
 	s.cfg.Runtime.Destroy(ctx, runtime.Handle{ID: id}) //nolint:errcheck // usually there is nothing to remove
 	ip := parseIP(ipStr)
@@ -326,6 +444,9 @@ func (s *Service) resume(e *entry) {
 		Populate: func(upper string) error {
 			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
 				return err
+			}
+			if streamed {
+				return nil
 			}
 			sd := filepath.Join(upper, sessionDir)
 			if err := os.Mkdir(sd, 0o700); err != nil {
@@ -339,19 +460,25 @@ func (s *Service) resume(e *entry) {
 		fail(err)
 		return
 	}
+	s.log.Debug("resume phase", "sandbox", id, "phase", "sandbox created", "ms", ms(time.Since(start)))
 	c, err := s.cfg.Runtime.Agent(id)
 	var ev agent.Event
-	if err == nil {
+	switch {
+	case err != nil:
+	case streamed:
+		ev, err = s.loadSession(ctx, c, prefix, m)
+	default:
 		ev, err = c.Call(ctx, agent.Request{Op: "restore_repl", Dir: sessionDir}, nil)
-	}
-	if err == nil {
-		_, err = c.Call(ctx, agent.Request{Op: "exec", Argv: []string{"rm", "-rf", sessionDir}}, nil)
+		if err == nil {
+			_, err = c.Call(ctx, agent.Request{Op: "exec", Argv: []string{"rm", "-rf", sessionDir}}, nil)
+		}
 	}
 	if err != nil {
 		s.cfg.Runtime.Destroy(ctx, h) //nolint:errcheck // undo the half-resumed sandbox
 		fail(fmt.Errorf("restore the interpreter: %w", err))
 		return
 	}
+	s.log.Debug("resume phase", "sandbox", id, "phase", "interpreter restored", "ms", ms(time.Since(start)))
 	hj, _ := json.Marshal(h)
 	s.mu.Lock()
 	e.handle = h
@@ -403,12 +530,15 @@ func (s *Service) extractPart(ctx context.Context, prefix, name string, m Manife
 	defer rc.Close()
 	h := sha256.New()
 	cr := &countingReader{r: io.TeeReader(rc, h)}
-	if _, err := layertar.Extract(cr, dir); err != nil {
-		return fmt.Errorf("snapshot part %s: %w", name, err)
-	}
-	io.Copy(io.Discard, cr) //nolint:errcheck // tar padding after the end marker counts too
+	_, xerr := layertar.Extract(cr, dir)
+	// Read the rest (tar padding after the end marker counts too; after a failed extract, it tells a corrupt
+	// part from a bad one).
+	io.Copy(io.Discard, cr) //nolint:errcheck
 	if got := hex.EncodeToString(h.Sum(nil)); cr.n != want.Size || got != want.SHA256 {
 		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot part %s is corrupt: %d bytes with sha256 %s, manifest says %d bytes with sha256 %s", name, cr.n, got, want.Size, want.SHA256))
+	}
+	if xerr != nil {
+		return fmt.Errorf("snapshot part %s: %w", name, xerr)
 	}
 	return nil
 }
@@ -436,7 +566,15 @@ func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused b
 	for i := 0; i < n; i++ {
 		cid := NewID()
 		prefix := fmt.Sprintf("%s/%d/", cid, time.Now().UnixNano())
-		for _, part := range []string{"layer.tar", "session.tar", "manifest.json"} {
+		m, err := s.readManifest(ctx, parent.Snapshot)
+		if err != nil {
+			return out, err
+		}
+		parts := []string{}
+		for name := range m.Parts {
+			parts = append(parts, name)
+		}
+		for _, part := range append(parts, "manifest.json") { // the manifest last, as a pause writes it
 			if err := s.cfg.Snapshots.Copy(ctx, parent.Snapshot+part, prefix+part); err != nil {
 				s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 				return out, fmt.Errorf("copy snapshot: %w", err)

@@ -86,12 +86,7 @@ func (l *Local) Put(ctx context.Context, key string, r io.Reader) (Object, error
 		return Object{}, err
 	}
 	return l.publish(ctx, key, func(f *os.File) (int64, string, error) {
-		h := sha256.New()
-		n, err := io.CopyBuffer(io.MultiWriter(f, h), ctxReader{ctx, r}, make([]byte, 1<<20))
-		if err != nil {
-			return n, "", err
-		}
-		return n, hex.EncodeToString(h.Sum(nil)), nil
+		return fillDirect(ctx, f, r)
 	})
 }
 
@@ -275,7 +270,17 @@ func (l *Local) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, err
 	}
-	return f, nil
+	return openDirect(f), nil
+}
+
+// OpenFile opens the object's file read-only, for a reader that wants the file itself (the interpreter reads a
+// session from it with direct I/O); the caller closes it. errdefs.ErrNotFound when absent.
+func (l *Local) OpenFile(ctx context.Context, key string) (*os.File, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f, _, err := l.open(key)
+	return f, err
 }
 
 // Stat returns the object's size and recorded SHA-256.

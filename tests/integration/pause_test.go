@@ -173,41 +173,47 @@ func TestResumeWithCorruptOrMissingSnapshot(t *testing.T) {
 	s := testserver.Start(t)
 	ctx := ctxT(t)
 	id := create(t, s, nil)
-	value(t, s, id, "v = 'precious'; 1")
+	// A large array travels as a raw buffer, read with direct I/O on resume: corrupt its bytes too.
+	value(t, s, id, "import numpy as np\nv = 'precious'\nbig = np.arange(1 << 20)\n1")
 	pauseAndWait(t, s, id)
-	parts, _ := filepath.Glob(filepath.Join(s.DataDir, "snapshots", "objects", id, "*", "layer.tar"))
-	if len(parts) != 1 {
-		t.Fatalf("snapshot layer parts: %v", parts)
-	}
-	orig, err := os.ReadFile(parts[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	bad := append([]byte(nil), orig...)
-	bad[len(bad)/2] ^= 0xff
-	os.WriteFile(parts[0], bad, 0o600)
+	for _, name := range []string{"layer.tar", "session.bin"} {
+		parts, _ := filepath.Glob(filepath.Join(s.DataDir, "snapshots", "objects", id, "*", name))
+		if len(parts) != 1 {
+			t.Fatalf("snapshot %s parts: %v", name, parts)
+		}
+		orig, err := os.ReadFile(parts[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, where := range []int{len(orig) / 2, 20} { // inside the data; inside a record header
+			bad := append([]byte(nil), orig...)
+			bad[where] ^= 0xff
+			os.WriteFile(parts[0], bad, 0o600)
 
-	s.Client.Resume(ctx, id)
-	sb, err := s.Client.WaitStatus(ctx, id, "running")
-	var se *client.StatusError
-	if !errors.As(err, &se) || !strings.Contains(sb.Error, "corrupt") {
-		t.Fatalf("corrupt resume: %+v %v", sb, err)
-	}
-	if now, _ := os.ReadFile(parts[0]); sha(now) != sha(bad) {
-		t.Fatal("the failed resume touched the snapshot")
-	}
-	// Missing part.
-	os.Rename(parts[0], parts[0]+".away")
-	s.Client.Resume(ctx, id)
-	sb, err = s.Client.WaitStatus(ctx, id, "running")
-	if !errors.As(err, &se) || !strings.Contains(sb.Error, "missing") {
-		t.Fatalf("missing part resume: %+v %v", sb, err)
+			s.Client.Resume(ctx, id)
+			sb, err := s.Client.WaitStatus(ctx, id, "running")
+			var se *client.StatusError
+			if !errors.As(err, &se) || !strings.Contains(sb.Error, "corrupt") {
+				t.Fatalf("resume with %s corrupt at %d: %+v %v", name, where, sb, err)
+			}
+			if now, _ := os.ReadFile(parts[0]); sha(now) != sha(bad) {
+				t.Fatalf("the failed resume touched %s", name)
+			}
+		}
+		// Missing part.
+		os.Rename(parts[0], parts[0]+".away")
+		s.Client.Resume(ctx, id)
+		sb, err := s.Client.WaitStatus(ctx, id, "running")
+		var se *client.StatusError
+		if !errors.As(err, &se) || !strings.Contains(sb.Error, "missing") {
+			t.Fatalf("resume with %s missing: %+v %v", name, sb, err)
+		}
+		os.Rename(parts[0]+".away", parts[0])
+		os.WriteFile(parts[0], orig, 0o600)
 	}
 	// Repaired, the resume works: nothing was lost.
-	os.Rename(parts[0]+".away", parts[0])
-	os.WriteFile(parts[0], orig, 0o600)
 	resumeAndWait(t, s, id)
-	if v := value(t, s, id, "v"); v != "'precious'" {
+	if v := value(t, s, id, "v, int(big.sum())"); v != fmt.Sprintf("('precious', %d)", (1<<20)*((1<<20)-1)/2) {
 		t.Fatalf("after repaired resume: %s", v)
 	}
 }
