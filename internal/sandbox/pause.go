@@ -191,6 +191,7 @@ func (s *Service) pause(e *entry) {
 		fail(fmt.Errorf("save the interpreter: %w", err))
 		return
 	}
+	s.log.Debug("pause phase", "sandbox", id, "phase", "session saved", "ms", ms(time.Since(start)))
 	if err := fk.Freeze(ctx, h); err != nil {
 		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("freeze: %w", err))
@@ -205,6 +206,7 @@ func (s *Service) pause(e *entry) {
 		return
 	}
 	m.Parts["layer.tar"] = layerPart
+	s.log.Debug("pause phase", "sandbox", id, "phase", "layer saved", "ms", ms(time.Since(start)))
 	mb, _ := json.MarshalIndent(m, "", "  ")
 	if _, err := s.cfg.Snapshots.Put(ctx, prefix+"manifest.json", bytesReader(mb)); err != nil {
 		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
@@ -221,9 +223,11 @@ func (s *Service) pause(e *entry) {
 	if err := s.cfg.Store.Put(ctx, rec0); err != nil {
 		s.log.Error("pause: record the snapshot", "sandbox", id, "err", err)
 	}
+	s.log.Debug("pause phase", "sandbox", id, "phase", "snapshot recorded", "ms", ms(time.Since(start)))
 	if err := s.cfg.Runtime.Destroy(ctx, h); err != nil {
 		s.log.Warn("pause: free the sandbox", "sandbox", id, "err", err)
 	}
+	s.log.Debug("pause phase", "sandbox", id, "phase", "sandbox freed", "ms", ms(time.Since(start)))
 	now := time.Now().UTC()
 	s.mu.Lock()
 	old := prev
