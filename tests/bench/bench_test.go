@@ -162,8 +162,8 @@ func BenchmarkRamify(b *testing.B) {
 	parent := must(c.Create(ctx, client.CreateRequest{MemMiB: 8192})).ID
 	must(c.RunCode(ctx, parent, client.RunCodeRequest{Code: setup}))
 	p("\n### fork of a parent holding a 200 MB numpy array\n")
-	p("| n | total p50 | total p99 | parent pause p50 | private memory per child (USS) | PSS per child | fresh sandboxes + same setup (p50) | fork speed-up |")
-	p("| --- | --- | --- | --- | --- | --- | --- | --- |")
+	p("| n | total p50 | total p99 | parent pause p50 | private memory per child (USS) | PSS per child | fresh sandboxes + same setup (p50) | fork speed-up | floor: bare os.fork x n (p50) |")
+	p("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, n := range []int{1, 2, 5, 16, 32} {
 		reps := 5
 		if n >= 16 {
@@ -229,8 +229,8 @@ func BenchmarkRamify(b *testing.B) {
 				c.Delete(ctx, f)
 			}
 		}
-		p("| %d | %s | %s | %.1f ms | %.1f MiB | %.1f MiB | %s | %.1fx |", n, ms(tot.pct(.5)), ms(tot.pct(.99)), pauses[len(pauses)/2],
-			float64(meanUss)/1024, float64(meanPss)/1024, ms(alt.pct(.5)), float64(alt.pct(.5))/float64(tot.pct(.5)))
+		p("| %d | %s | %s | %.1f ms | %.1f MiB | %.1f MiB | %s | %.1fx | %.1f ms |", n, ms(tot.pct(.5)), ms(tot.pct(.99)), pauses[len(pauses)/2],
+			float64(meanUss)/1024, float64(meanPss)/1024, ms(alt.pct(.5)), float64(alt.pct(.5))/float64(tot.pct(.5)), bareFork(ctx, b, c, parent, n))
 	}
 
 	// Merge.
@@ -283,4 +283,37 @@ func forkRaw(ctx context.Context, s *testserver.Server, id string, n int) (forkO
 		return forkOut{}, err
 	}
 	return forkOut{res.Children, res.ParentPauseMs}, nil
+}
+
+// bareFork measures, inside the parent's interpreter, n plain os.fork() calls whose children only report back and
+// exit: the least any fork that copies the interpreter process can cost on this machine (median of 3, ms).
+func bareFork(ctx context.Context, b *testing.B, c *client.Client, parent string, n int) float64 {
+	code := fmt.Sprintf(`import os, time
+def _bare(n):
+    r, w = os.pipe()
+    t = time.perf_counter()
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            os.write(w, b"x")
+            os._exit(0)
+        pids.append(pid)
+    for _ in range(n):
+        os.read(r, 1)
+    took = time.perf_counter() - t
+    for pid in pids:
+        os.waitpid(pid, 0)
+    os.close(r); os.close(w)
+    return took
+sorted(_bare(%d) for _ in range(3))[1] * 1000`, n)
+	ex := must(c.RunCode(ctx, parent, client.RunCodeRequest{Code: code}))
+	if ex.Value == nil {
+		b.Fatalf("bare fork: %+v", ex)
+	}
+	v, err := strconv.ParseFloat(*ex.Value, 64)
+	if err != nil {
+		b.Fatalf("bare fork: %v", err)
+	}
+	return v
 }
