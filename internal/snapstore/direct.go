@@ -23,17 +23,15 @@ const directChunk = 4 << 20
 // chunk is written through the page cache (O_DIRECT needs aligned lengths); the caller fsyncs.
 func fillDirect(ctx context.Context, f *os.File, r io.Reader) (int64, string, error) {
 	fd := int(f.Fd())
-	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	flags, direct, err := setDirect(f)
 	if err != nil {
 		return 0, "", err
 	}
-	_, derr := unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags|unix.O_DIRECT)
-	direct := derr == nil
-	// Page-aligned buffers, as O_DIRECT requires.
+	r = ctxReader{ctx, r}
 	const nbuf = 3
 	free := make(chan []byte, nbuf)
 	for i := 0; i < nbuf; i++ {
-		b, err := unix.Mmap(-1, 0, directChunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		b, err := alignedChunk()
 		if err != nil {
 			return 0, "", err
 		}
@@ -69,10 +67,6 @@ func fillDirect(ctx context.Context, f *os.File, r io.Reader) (int64, string, er
 	var rerr error
 	for {
 		b := <-free
-		if err := ctx.Err(); err != nil {
-			rerr = err
-			break
-		}
 		k, err := io.ReadFull(r, b[:directChunk])
 		if k > 0 {
 			h.Write(b[:k])
@@ -114,20 +108,32 @@ type directReader struct {
 
 // openDirect wraps f; if the file system refuses O_DIRECT, f is returned as it is.
 func openDirect(f *os.File) io.ReadCloser {
-	fd := f.Fd()
-	flags, err := unix.FcntlInt(fd, unix.F_GETFL, 0)
-	if err != nil {
+	flags, direct, err := setDirect(f)
+	if err != nil || !direct {
 		return f
 	}
-	if _, err := unix.FcntlInt(fd, unix.F_SETFL, flags|unix.O_DIRECT); err != nil {
-		return f
-	}
-	buf, err := unix.Mmap(-1, 0, directChunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	buf, err := alignedChunk()
 	if err != nil {
-		unix.FcntlInt(fd, unix.F_SETFL, flags) //nolint:errcheck
+		unix.FcntlInt(f.Fd(), unix.F_SETFL, flags) //nolint:errcheck
 		return f
 	}
 	return &directReader{f: f, buf: buf}
+}
+
+// setDirect turns O_DIRECT on for f and returns its flags from before; direct is false where the file system
+// refuses it (tmpfs, say), and f is then unchanged.
+func setDirect(f *os.File) (flags int, direct bool, err error) {
+	flags, err = unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		return 0, false, err
+	}
+	_, derr := unix.FcntlInt(f.Fd(), unix.F_SETFL, flags|unix.O_DIRECT)
+	return flags, derr == nil, nil
+}
+
+// alignedChunk returns a page-aligned buffer of directChunk bytes, as O_DIRECT requires; unix.Munmap frees it.
+func alignedChunk() ([]byte, error) {
+	return unix.Mmap(-1, 0, directChunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 }
 
 func (d *directReader) Read(p []byte) (int, error) {
