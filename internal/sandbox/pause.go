@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -344,8 +345,8 @@ func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix strin
 		} else {
 			n, werr = copyHashed(io.Discard, rc, h)
 		}
-		if got := hex.EncodeToString(h.Sum(nil)); n != want.Size || got != want.SHA256 {
-			done <- errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot part session.bin is corrupt: %d bytes with sha256 %s, manifest says %d bytes with sha256 %s", n, got, want.Size, want.SHA256))
+		if err := checkPart("session.bin", n, h, want); err != nil {
+			done <- err
 			return
 		}
 		if werr != nil && !errors.Is(werr, errReaderGone) {
@@ -538,11 +539,19 @@ func (s *Service) extractPart(ctx context.Context, prefix, name string, m Manife
 	// Read the rest (tar padding after the end marker counts too; after a failed extract, it tells a corrupt
 	// part from a bad one).
 	io.Copy(io.Discard, cr) //nolint:errcheck
-	if got := hex.EncodeToString(h.Sum(nil)); cr.n != want.Size || got != want.SHA256 {
-		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot part %s is corrupt: %d bytes with sha256 %s, manifest says %d bytes with sha256 %s", name, cr.n, got, want.Size, want.SHA256))
+	if err := checkPart(name, cr.n, h, want); err != nil {
+		return err
 	}
 	if xerr != nil {
 		return fmt.Errorf("snapshot part %s: %w", name, xerr)
+	}
+	return nil
+}
+
+// checkPart compares n bytes read with SHA-256 state h against what the manifest says of part name.
+func checkPart(name string, n int64, h hash.Hash, want Part) error {
+	if got := hex.EncodeToString(h.Sum(nil)); n != want.Size || got != want.SHA256 {
+		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot part %s is corrupt: %d bytes with sha256 %s, manifest says %d bytes with sha256 %s", name, n, got, want.Size, want.SHA256))
 	}
 	return nil
 }
