@@ -6,10 +6,11 @@ into the parent, the others are closed.
     PYTHONPATH=sdk/python/src RAMIFY_API_URL=... RAMIFY_API_KEY=... python3 examples/code_synthesis.py
 """
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from ramify import Sandbox
+
+from _checks import check, check_none_left, run  # examples/_checks.py: the self-checks, not part of the pattern
 
 TAG = f"code_synthesis-{os.getpid()}"
 
@@ -86,11 +87,6 @@ def merge_intervals(xs)
 }
 
 
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
-
-
 def main():
     with Sandbox(metadata={"example": TAG}, env={"PYTHONDONTWRITEBYTECODE": "1"}) as parent:
         # Set-up paid once: the test suite (and whatever else the task needs) lives in the parent.
@@ -129,14 +125,9 @@ def main():
         check(r.error is None and r.value == "[(1, 4), (5, 7)]", f"parent run: {r}")
         print(f"parent runs the kept solution: merge_intervals([(5, 7), (1, 2), (2, 4)]) = {r.value}")
 
-    left = Sandbox.list(metadata={"example": TAG})
-    check(not left, f"sandboxes left behind: {[s.id for s in left]}")
+    check_none_left(TAG)
     print("ok: 1 of 5 candidates passed and was kept, nothing left behind")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    run(main)

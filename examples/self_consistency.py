@@ -8,11 +8,12 @@ different random sample (its seed), the way an agent's sampled reasoning paths a
     PYTHONPATH=sdk/python/src RAMIFY_API_URL=... RAMIFY_API_KEY=... python3 examples/self_consistency.py
 """
 import os
-import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from ramify import Sandbox
+
+from _checks import check, check_none_left, run  # examples/_checks.py: the self-checks, not part of the pattern
 
 TAG = f"self_consistency-{os.getpid()}"
 SEEDS = [11, 22, 33, 44, 55]
@@ -33,11 +34,6 @@ values, counts = np.unique(sample, return_counts=True)
 answer = str(values[counts.argmax()])
 answer
 """
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
 
 
 def main():
@@ -73,14 +69,9 @@ def main():
         parent.run_code(f"answer = {majority!r}")
         print(f"exact answer on all the data: {exact!r} (the vote agrees); stored as `answer` in the parent")
 
-    left = Sandbox.list(metadata={"example": TAG})
-    check(not left, f"sandboxes left behind: {[s.id for s in left]}")
+    check_none_left(TAG)
     print("ok: majority vote done, nothing left behind")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    run(main)

@@ -8,10 +8,11 @@ into the session's id. The session never sees the failed experiments.
 """
 import json
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from ramify import Sandbox
+
+from _checks import check, check_none_left, run  # examples/_checks.py: the self-checks, not part of the pattern
 
 TAG = f"time_travel-{os.getpid()}"
 
@@ -46,11 +47,6 @@ FIXES = {
         "    e = json.loads(line)\n", "    try:\n        e = json.loads(line)\n    except ValueError:\n        continue\n"
     ).replace("+ e['amount']", "+ float(e['amount'])"),
 }
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
 
 
 def main():
@@ -104,14 +100,9 @@ def main():
         check(log.count("step 3: aggregating") == 1 and log.endswith("step 3: done\n"), f"progress.log: {log!r}")
         print(f"step 4 in the session: top user = {eval(r.value)[0]!r}; progress.log:\n  " + log.strip().replace("\n", "\n  "))
 
-    left = Sandbox.list(metadata={"example": TAG})
-    check(not left, f"sandboxes left behind: {[s.id for s in left]}")
+    check_none_left(TAG)
     print("ok: recovered from the step-3 error via the checkpoint, nothing left behind")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    run(main)

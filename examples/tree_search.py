@@ -6,10 +6,11 @@ keep the best-scoring branch (merge_into the parent) and close the rest.
 """
 import os
 import random
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from ramify import Sandbox, SandboxDefunct, SandboxNotFound
+
+from _checks import check, check_none_left, run  # examples/_checks.py: the self-checks, not part of the pattern
 
 TAG = f"tree_search-{os.getpid()}"   # metadata label; fork children inherit it
 
@@ -42,11 +43,6 @@ def make_csv(rows=300, seed=7):
         revenue = round(price * units * (1 - discount) + rnd.gauss(0, 5), 2)
         lines.append(f"{region},{price},{units},{discount},{revenue}")
     return "\n".join(lines) + "\n"
-
-
-def check(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
 
 
 def main():
@@ -105,14 +101,9 @@ def main():
                     pass
         print(f"parent now holds plan={best!r}: {parent.files.read_text('/root/finding.txt').strip()}")
 
-    left = Sandbox.list(metadata={"example": TAG})
-    check(not left, f"sandboxes left behind: {[s.id for s in left]}")
+    check_none_left(TAG)
     print("ok: tree search done, nothing left behind")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    run(main)
