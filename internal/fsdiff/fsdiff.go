@@ -1,13 +1,14 @@
 // Package fsdiff compares the file systems of two sandboxes from the host, using only their overlay layers:
 // what a sandbox sees at a path is its writable (upper) layer's entry if there is one — a whiteout meaning
 // "deleted", an opaque directory hiding the image below — else the shared read-only image's (lower) entry. Paths
-// that neither upper layer touches are equal by construction, so only what changed since the image needs a look,
-// and files cloned by a btrfs snapshot and untouched since (same inode, same ctime to the nanosecond) are equal
-// without reading them. Everything else is compared by content (SHA-256).
+// that neither upper layer touches are equal by construction, so only what changed since the image needs a look.
+// When both upper layers are btrfs layers with a common history (fork), only inodes changed since that history
+// are looked at (changes.go): a file both inherited and neither changed is equal without reading it. Everything
+// else that could differ is compared by content.
 package fsdiff
 
 import (
-	"crypto/sha256"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,6 +39,14 @@ type Layers struct {
 // Compare returns the differences of b relative to a under paths (absolute, inside the sandboxes). Only
 // non-directory entries (regular files, symlinks, others) are reported.
 func Compare(a, b Layers, paths []string) (Result, error) {
+	if res, ok, err := compareChanges(a, b, paths); ok || err != nil {
+		return res, err
+	}
+	return compareWalk(a, b, paths)
+}
+
+// compareWalk compares a and b by walking both upper layers under paths.
+func compareWalk(a, b Layers, paths []string) (Result, error) {
 	res := Result{Added: []string{}, Removed: []string{}, Modified: []string{}}
 	va, vb := newView(a), newView(b)
 	// The two layers are read concurrently.
@@ -65,17 +75,36 @@ func Compare(a, b Layers, paths []string) (Result, error) {
 	for n := range candB {
 		cands[n] = true
 	}
-	names := make([]string, 0, len(cands))
-	for n := range cands {
+	// Without a common history nothing says whether two files with one inode number are one snapshot-shared
+	// inode (btrfs numbers inodes per subvolume, so numbers collide): compare contents.
+	return diffNames(va, vb, sortedNames(cands), nil)
+}
+
+// resolver tells what a sandbox sees at a path.
+type resolver interface {
+	// resolve returns what the sandbox sees at rel: nil when nothing, or a directory.
+	resolve(rel string) (*entry, error)
+}
+
+func sortedNames(set map[string]bool) []string {
+	names := make([]string, 0, len(set))
+	for n := range set {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	return names
+}
+
+// diffNames compares what a and b see at each of names (sorted). shared, if not nil, reports whether two upper
+// layer entries are one inode inherited unchanged from the common history, hence equal without reading them.
+func diffNames(a, b resolver, names []string, shared func(ea, eb *entry) bool) (Result, error) {
+	res := Result{Added: []string{}, Removed: []string{}, Modified: []string{}}
 	for _, n := range names {
-		ea, err := va.resolve(n)
+		ea, err := a.resolve(n)
 		if err != nil {
 			return res, err
 		}
-		eb, err := vb.resolve(n)
+		eb, err := b.resolve(n)
 		if err != nil {
 			return res, err
 		}
@@ -86,7 +115,7 @@ func Compare(a, b Layers, paths []string) (Result, error) {
 		case eb == nil:
 			res.Removed = append(res.Removed, n)
 		default:
-			same, err := equal(ea, eb)
+			same, err := equal(ea, eb, shared)
 			if err != nil {
 				return res, err
 			}
@@ -100,8 +129,9 @@ func Compare(a, b Layers, paths []string) (Result, error) {
 
 // entry is what a sandbox sees at a path: a non-directory at a host path.
 type entry struct {
-	host string
-	st   unix.Stat_t
+	host  string
+	st    unix.Stat_t
+	upper bool // host is in the upper layer
 }
 
 // view is one sandbox's upper layer as read by collect: its non-directory entries (whiteouts included) and
@@ -163,6 +193,7 @@ func (v *view) collect(p string, cands map[string]bool) error {
 		if st, _ := lstat(root); st != nil {
 			v.files[p] = *st
 			cands[p] = true
+			lowerTree(v.l.Lower, p, cands) // an image directory p replaced or deleted: its files are hidden
 		}
 	default:
 		return fmt.Errorf("open %s: %w", root, err)
@@ -170,7 +201,7 @@ func (v *view) collect(p string, cands map[string]bool) error {
 	// An ancestor of p may be opaque or deleted in the upper layer; then the image's files under p are hidden.
 	for dir := path.Dir(p); dir != p; dir = path.Dir(dir) {
 		hp := filepath.Join(v.l.Upper, dir)
-		if st, _ := lstat(hp); st != nil && (st.Mode&unix.S_IFMT != unix.S_IFDIR || isOpaque(hp)) {
+		if st, _ := lstat(hp); st != nil && (!isDir(st) || isOpaque(hp)) {
 			v.hidden[p] = true
 			lowerTree(v.l.Lower, p, cands)
 			break
@@ -189,6 +220,7 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 	defer f.Close()
 	op := fopaque(fd)
 	v.dirs[rel] = op
+	cands[rel] = true // a directory hides an image file of the same name
 	if op {
 		lowerTree(v.l.Lower, rel, cands)
 	}
@@ -196,6 +228,7 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", filepath.Join(v.l.Upper, rel), err)
 	}
+	var lowerDirs map[string]bool
 	for _, e := range ents {
 		child := path.Join(rel, e.Name())
 		if e.IsDir() {
@@ -214,8 +247,11 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 		}
 		v.files[child] = st
 		cands[child] = true
-		if isWhiteout(&st) {
-			lowerTree(v.l.Lower, child, cands) // a deleted directory hides the image's whole subtree
+		if lowerDirs == nil {
+			lowerDirs = subdirs(filepath.Join(v.l.Lower, rel))
+		}
+		if lowerDirs[e.Name()] {
+			lowerTree(v.l.Lower, child, cands) // a deleted or replaced image directory hides its whole subtree
 		}
 	}
 	return nil
@@ -231,6 +267,19 @@ func fopaque(fd int) bool {
 	return false
 }
 
+// subdirs is the set of names of the directories in dir (none if dir is missing).
+func subdirs(dir string) map[string]bool {
+	set := map[string]bool{}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() {
+			set[e.Name()] = true
+		}
+	}
+	return set
+}
+
+// lowerTree adds every non-directory of the image at or below rel to cands.
 func lowerTree(lower, rel string, cands map[string]bool) {
 	root := filepath.Join(lower, rel)
 	filepath.WalkDir(root, func(hp string, d fs.DirEntry, err error) error { //nolint:errcheck // best effort: missing is fine
@@ -251,12 +300,15 @@ func (v *view) resolve(rel string) (*entry, error) {
 		if isWhiteout(&st) {
 			return nil, nil
 		}
-		return &entry{host: filepath.Join(v.l.Upper, rel), st: st}, nil
+		return &entry{host: filepath.Join(v.l.Upper, rel), st: st, upper: true}, nil
 	}
 	if _, ok := v.dirs[rel]; ok {
 		return nil, nil
 	}
 	// Not in the upper layer: the image shows through unless an ancestor is deleted, a file, or opaque.
+	if v.hidden[rel] {
+		return nil, nil
+	}
 	for dir := path.Dir(rel); ; dir = path.Dir(dir) {
 		if _, ok := v.files[dir]; ok {
 			return nil, nil
@@ -268,15 +320,22 @@ func (v *view) resolve(rel string) (*entry, error) {
 			break
 		}
 	}
-	hp := filepath.Join(v.l.Lower, rel)
+	return lowerEntry(v.l.Lower, rel)
+}
+
+// lowerEntry is the image's non-directory at rel, if any.
+func lowerEntry(lower, rel string) (*entry, error) {
+	hp := filepath.Join(lower, rel)
 	st, err := lstat(hp)
-	if err != nil || st == nil || st.Mode&unix.S_IFMT == unix.S_IFDIR {
+	if err != nil || st == nil || isDir(st) {
 		return nil, err
 	}
 	return &entry{host: hp, st: *st}, nil
 }
 
-func equal(a, b *entry) (bool, error) {
+func isDir(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFDIR }
+
+func equal(a, b *entry, shared func(a, b *entry) bool) (bool, error) {
 	if a.host == b.host {
 		return true, nil // both see the image's file
 	}
@@ -298,33 +357,61 @@ func equal(a, b *entry) (bool, error) {
 	if a.st.Size != b.st.Size {
 		return false, nil
 	}
-	// A file cloned by a layer snapshot and written by neither side since keeps its inode number and its ctime,
-	// which no write can preserve.
-	if a.st.Ino == b.st.Ino && a.st.Ctim == b.st.Ctim && a.st.Mtim == b.st.Mtim {
+	if shared != nil && a.upper && b.upper && shared(a, b) {
 		return true, nil
 	}
-	ha, err := hashFile(a.host)
-	if err != nil {
-		return false, err
-	}
-	hb, err := hashFile(b.host)
-	if err != nil {
-		return false, err
-	}
-	return ha == hb, nil
+	return sameContent(a.host, b.host, a.st.Size)
 }
 
-func hashFile(p string) ([sha256.Size]byte, error) {
-	var sum [sha256.Size]byte
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return sum, fmt.Errorf("open %s: %w", p, err)
+// bufPool holds pairs of read buffers for sameContent.
+var bufPool = sync.Pool{New: func() any { return new([2][64 << 10]byte) }}
+
+// sameContent compares two regular files of the given size byte by byte, stopping at the first difference.
+func sameContent(pa, pb string, size int64) (bool, error) {
+	var fds [2]int
+	for i, p := range []string{pa, pb} {
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			if i == 1 {
+				unix.Close(fds[0])
+			}
+			return false, fmt.Errorf("open %s: %w", p, err)
+		}
+		fds[i] = fd
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return sum, fmt.Errorf("read %s: %w", p, err)
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	bufs := bufPool.Get().(*[2][64 << 10]byte)
+	defer bufPool.Put(bufs)
+	for left := size; left > 0; {
+		n := int(min(left, int64(len(bufs[0]))))
+		for i, p := range []string{pa, pb} {
+			if err := readFull(fds[i], bufs[i][:n]); err != nil {
+				return false, fmt.Errorf("read %s: %w", p, err)
+			}
+		}
+		if !bytes.Equal(bufs[0][:n], bufs[1][:n]) {
+			return false, nil
+		}
+		left -= int64(n)
 	}
-	copy(sum[:], h.Sum(nil))
-	return sum, nil
+	return true, nil
+}
+
+// readFull fills b from fd; a file that ends early (changed under us) is io.ErrUnexpectedEOF.
+func readFull(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Read(fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		b = b[n:]
+	}
+	return nil
 }

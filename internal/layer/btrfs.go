@@ -48,17 +48,23 @@ var (
 	_ [unsafe.Sizeof(btrfsVolArgsV2{}) - 4096]struct{}
 )
 
-// iow is the kernel's _IOW(type, nr, size) for the generic ioctl encoding (x86, arm, riscv...).
-func iow(typ, nr, size uintptr) uintptr {
+// ioc is the kernel's _IOC(dir, type, nr, size) for the generic ioctl encoding (x86, arm, riscv...).
+func ioc(dir, typ, nr, size uintptr) uintptr {
 	const (
 		nrShift   = 0
 		typeShift = 8
 		sizeShift = 16
 		dirShift  = 30
-		dirWrite  = 1
 	)
-	return dirWrite<<dirShift | size<<sizeShift | typ<<typeShift | nr<<nrShift
+	return dir<<dirShift | size<<sizeShift | typ<<typeShift | nr<<nrShift
 }
+
+const (
+	iocWrite = 1
+	iocRead  = 2
+)
+
+func iow(typ, nr, size uintptr) uintptr { return ioc(iocWrite, typ, nr, size) }
 
 var (
 	btrfsIocSubvolCreate = iow(btrfsIoctlMagic, 14, unsafe.Sizeof(btrfsVolArgs{}))   // BTRFS_IOC_SUBVOL_CREATE
@@ -206,6 +212,16 @@ func (d *btrfsDriver) Clone(ctx context.Context, src, dst string) (string, error
 			return "", fmt.Errorf("clone layer %s to %s: %w", src, dst, errdefs.New(errdefs.ErrConflict, "layer "+dst+" already exists"))
 		}
 		return "", fmt.Errorf("clone layer %s to %s: snapshot: %w", src, dst, err)
+	}
+	// The lineage only lets diffs skip unchanged files; without it they walk, so a failure is not fatal.
+	if dstFd, err := unix.Openat(d.rootFd, dst, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+		d.log.Warn("open new layer to record its lineage", "layer", dst, "err", err)
+	} else {
+		if err := recordLineage(srcFd, dstFd); err != nil {
+			d.log.Warn("record layer lineage", "layer", dst, "err", err)
+			_ = unix.Fremovexattr(dstFd, lineageXattr) // the source's, copied by the snapshot, would be wrong
+		}
+		unix.Close(dstFd)
 	}
 	return d.Path(dst), nil
 }

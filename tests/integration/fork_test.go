@@ -228,3 +228,60 @@ func TestConcurrentMergesOnOneParent(t *testing.T) {
 		t.Fatalf("%d sandboxes left after %d merges", len(list), ok)
 	}
 }
+
+// TestDiffCases runs the diff cases on real fork families: same-size content changes with the mtime put back,
+// files deleted and recreated, nested directories, image files, explicit paths, parent against child, and two
+// children that write a new file of the same size at once (on btrfs their first new files get the same inode
+// number in each child, so only a content comparison tells them apart).
+func TestDiffCases(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	sh(t, s, parent, "mkdir -p /root/nested/a/b && echo keep > /root/keep.txt && echo del > /root/del.txt && "+
+		"echo c > /root/nested/a/b/c.txt && echo t > /tmp/t.txt")
+	kids, err := s.Client.Fork(ctx, parent, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k0, k1 := kids[0], kids[1]
+	for i, k := range kids {
+		sh(t, s, k, fmt.Sprintf("printf %s > /root/race.txt && touch -d @1700000000 /root/race.txt", strings.Repeat(string(rune('A'+i)), 4)))
+	}
+	sh(t, s, k1, "touch -r /root/keep.txt /tmp/ref && echo KEEP > /root/keep.txt && touch -r /tmp/ref /root/keep.txt && rm /tmp/ref && "+
+		"rm /root/del.txt && echo del > /root/del.txt && "+
+		"rm /root/nested/a/b/c.txt && mkdir -p /root/nested/a/x && echo y > /root/nested/a/x/y.txt && "+
+		"echo longer > /tmp/t.txt && rm /etc/debian_version")
+
+	check := func(a, b string, paths []string, added, removed, modified []string) {
+		t.Helper()
+		d, err := s.Client.Diff(ctx, a, b, paths)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := &client.Diff{Added: added, Removed: removed, Modified: modified}
+		for _, l := range []*[]string{&want.Added, &want.Removed, &want.Modified} {
+			if *l == nil {
+				*l = []string{}
+			}
+		}
+		if !reflect.DeepEqual(d, want) {
+			t.Fatalf("diff %s %s %v:\n got %+v\nwant %+v", a, b, paths, d, want)
+		}
+	}
+	check(k0, k1, nil, []string{"/root/nested/a/x/y.txt"}, []string{"/root/nested/a/b/c.txt"},
+		[]string{"/root/keep.txt", "/root/race.txt", "/tmp/t.txt"})
+	check(k1, k0, []string{"/root/nested"}, []string{"/root/nested/a/b/c.txt"}, []string{"/root/nested/a/x/y.txt"}, nil)
+	check(k0, k1, []string{"/etc/debian_version", "/root/keep.txt"}, nil, []string{"/etc/debian_version"}, []string{"/root/keep.txt"})
+	check(parent, k0, nil, []string{"/root/race.txt"}, nil, nil)
+	check(k0, k0, nil, nil, nil, nil)
+	// The parent goes on after the fork; the children see none of it, the diff does.
+	sh(t, s, parent, "echo late > /root/late.txt && echo KEEP > /root/keep.txt")
+	check(k1, parent, []string{"/root/keep.txt", "/root/late.txt", "/root/race.txt"}, []string{"/root/late.txt"}, []string{"/root/race.txt"}, nil)
+	// A grandchild against its uncle, through a removed staging snapshot and a second fork.
+	grand, err := s.Client.Fork(ctx, k1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, s, grand[0], "echo g > /root/nested/g.txt")
+	check(k0, grand[0], []string{"/root/nested"}, []string{"/root/nested/a/x/y.txt", "/root/nested/g.txt"}, []string{"/root/nested/a/b/c.txt"}, nil)
+}
