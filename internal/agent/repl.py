@@ -399,7 +399,9 @@ class _StreamIn:
             return bytearray(self.read(n))
         # Populated up front: faulting pages in one by one during the read costs three times as much on a VM.
         # Huge pages where the kernel gives them (as numpy asks for its own large arrays).
-        buf = mmap.mmap(-1, n)
+        # Private memory, like the heap numpy allocates: a fork copies it on write (mmap's default, MAP_SHARED,
+        # would be shared memory that forked children write through, and slow to copy out of on this kernel).
+        buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         try:
             buf.madvise(mmap.MADV_HUGEPAGE)
         except (AttributeError, OSError):

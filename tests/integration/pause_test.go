@@ -296,3 +296,29 @@ func TestPauseResumeSoak(t *testing.T) {
 	}
 	t.Logf("%d pause/resume cycles in %s", cycles, time.Since(start))
 }
+
+// TestResumedArraysForkCopyOnWrite: arrays restored from a snapshot live in memory of the interpreter's own; a
+// fork of the resumed sandbox must still give each child a copy-on-write copy, and writes to it must stay
+// fast (the memory must be ordinary private memory, not shared memory that children would write through).
+func TestResumedArraysForkCopyOnWrite(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	id := create(t, s, nil)
+	value(t, s, id, "import numpy as np\nbig = np.full(8 << 20, 7, dtype=np.uint8)\nsmall = np.arange(10)\n1")
+	pauseAndWait(t, s, id)
+	resumeAndWait(t, s, id)
+	kids, err := s.Client.Fork(ctx, id, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value(t, s, kids[0], "big[:] = 1; small[:] = -1; 1")
+	for _, sb := range []string{id, kids[1]} {
+		if v := value(t, s, sb, "(int(big.sum()), int(small.sum()))"); v != fmt.Sprintf("(%d, 45)", 7*(8<<20)) {
+			t.Fatalf("%s sees a sibling's writes to restored arrays: %s", sb, v)
+		}
+	}
+	value(t, s, id, "big[:] = 3; 1")
+	if v := value(t, s, kids[1], "int(big.sum())"); v != fmt.Sprint(7*(8<<20)) {
+		t.Fatalf("a child sees the parent's later writes to a restored array: %s", v)
+	}
+}
