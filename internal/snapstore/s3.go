@@ -37,14 +37,13 @@ type S3Config struct {
 
 // S3 is a Store in an S3-compatible object store.
 //
-// Put uploads to a temporary object under "<prefix>/.ramify-tmp/" with a streaming multipart upload
-// (parts of s3PartSize buffered one at a time, hence objects up to s3PartSize*10000 = 160 GiB), then
-// publishes it under its key with a server-side copy that sets the "x-amz-meta-sha256" metadata (S3 takes
-// metadata only when an object is created, and the checksum is known only at the end of the stream), and
-// deletes the temporary object. The copy is a single CopyObject up to 5 GiB and a multipart copy
-// (UploadPartCopy, through minio-go's ComposeObject) above, so there is no 5 GiB limit. Both the upload and
-// the copy are atomic on the server: an object is never visible torn, and a failed Put leaves the previous
-// object intact. Temporary objects left by a crash are deleted by NewS3 once a day old.
+// Put streams straight to the object's key with a multipart upload (parts of s3PartSize buffered one at a time,
+// hence objects up to s3PartSize*10000 = 160 GiB), hashing on the way. S3 makes the object visible only when the
+// upload completes, and a failed upload is aborted, so an object is never seen torn and a failed Put leaves the
+// previous one intact. The SHA-256 is known only at the end of the stream, when S3 no longer takes metadata, so
+// Stat and List report it only for objects that carry it (x-amz-meta-sha256, as written by older versions, which
+// published each object by a server-side copy: that copy cost as much as the upload); the snapshot manifest holds
+// every part's checksum. Uploads left incomplete by a crash are aborted by NewS3 once a day old.
 type S3 struct {
 	client *minio.Client
 	bucket string
@@ -97,7 +96,8 @@ func (s *S3) Name() string { return "s3://" + s.bucket + "/" + strings.TrimSuffi
 
 func (s *S3) tmpPrefix() string { return s.prefix + tmpName + "/" }
 
-// cleanTmp deletes temporary objects older than age (best effort).
+// cleanTmp deletes temporary objects (written by older versions) and aborts incomplete uploads older than age
+// (best effort).
 func (s *S3) cleanTmp(ctx context.Context, age time.Duration) {
 	old := make(chan minio.ObjectInfo)
 	go func() {
@@ -113,6 +113,11 @@ func (s *S3) cleanTmp(ctx context.Context, age time.Duration) {
 		}
 	}()
 	for range s.client.RemoveObjects(ctx, s.bucket, old, minio.RemoveObjectsOptions{}) {
+	}
+	for u := range s.client.ListIncompleteUploads(ctx, s.bucket, s.prefix, true) {
+		if u.Err == nil && time.Since(u.Initiated) > age {
+			_ = s.client.RemoveIncompleteUpload(ctx, s.bucket, u.Key)
+		}
 	}
 }
 
@@ -139,24 +144,17 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Put streams r to a temporary object, then publishes it with its checksum by a server-side copy.
+// Put streams r to the object, computing its checksum on the way.
 func (s *S3) Put(ctx context.Context, key string, r io.Reader) (Object, error) {
 	if err := ValidateKey(key); err != nil {
 		return Object{}, err
 	}
-	tmp := s.tmpPrefix() + randomName()
 	h := sha256.New()
 	cr := &countingReader{r: ctxReader{ctx, r}, h: h}
-	info, err := s.client.PutObject(ctx, s.bucket, tmp, cr, -1, minio.PutObjectOptions{
+	info, err := s.client.PutObject(ctx, s.bucket, s.prefix+key, cr, -1, minio.PutObjectOptions{
 		PartSize:    s3PartSize,
 		ContentType: "application/octet-stream",
 	})
-	defer func() {
-		// Also after a failed upload: a single-part upload may have landed.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		_ = s.client.RemoveObject(rctx, s.bucket, tmp, minio.RemoveObjectOptions{})
-	}()
 	if err != nil {
 		return Object{}, fmt.Errorf("put %s: %w", key, err)
 	}
@@ -166,11 +164,7 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader) (Object, error) {
 	if info.Size != cr.n {
 		return Object{}, fmt.Errorf("put %s: uploaded %d bytes but read %d", key, info.Size, cr.n)
 	}
-	sum := hex.EncodeToString(h.Sum(nil))
-	if err := s.copy(ctx, tmp, info.ETag, s.prefix+key, sum); err != nil {
-		return Object{}, fmt.Errorf("put %s: publish: %w", key, err)
-	}
-	return Object{Key: key, Size: cr.n, SHA256: sum}, nil
+	return Object{Key: key, Size: cr.n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
 }
 
 // copy copies object src (which must still have etag, if given) to dst with sha256 metadata, server-side.
@@ -333,7 +327,7 @@ func (s *S3) List(ctx context.Context, prefix string) ([]Object, error) {
 	return out, nil
 }
 
-// tmpObjects lists the temporary objects of unfinished Puts (for tests).
+// tmpObjects lists the temporary objects and incomplete uploads of unfinished Puts (for tests).
 func (s *S3) tmpObjects(ctx context.Context) ([]string, error) {
 	var out []string
 	for o := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.tmpPrefix(), Recursive: true}) {
@@ -341,6 +335,12 @@ func (s *S3) tmpObjects(ctx context.Context) ([]string, error) {
 			return nil, o.Err
 		}
 		out = append(out, o.Key)
+	}
+	for u := range s.client.ListIncompleteUploads(ctx, s.bucket, s.prefix, true) {
+		if u.Err != nil {
+			return nil, u.Err
+		}
+		out = append(out, "upload of "+u.Key)
 	}
 	return out, nil
 }

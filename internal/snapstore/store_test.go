@@ -124,6 +124,12 @@ func heapLimit(s Store) uint64 {
 	return 16 << 20
 }
 
+// sumOK reports whether got is what Stat or List may report for an object whose SHA-256 is want: want itself,
+// or nothing for S3, which keeps no checksum of objects it cannot label at creation.
+func sumOK(s Store, got, want string) bool {
+	return got == want || got == "" && strings.HasPrefix(s.Name(), "s3://")
+}
+
 func put(t *testing.T, s Store, key string, data []byte) Object {
 	t.Helper()
 	o, err := s.Put(context.Background(), key, bytes.NewReader(data))
@@ -185,7 +191,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatalf("got %q", got)
 		}
 		o, err := s.Stat(ctx, "sandboxes/sb1/upper.tar")
-		if err != nil || o.Size != int64(len(data)) || o.SHA256 != hexSHA(data) || o.Key != "sandboxes/sb1/upper.tar" {
+		if err != nil || o.Size != int64(len(data)) || !sumOK(s, o.SHA256, hexSHA(data)) || o.Key != "sandboxes/sb1/upper.tar" {
 			t.Fatalf("stat = %+v, %v", o, err)
 		}
 		put(t, s, "empty", nil)
@@ -241,7 +247,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Errorf("get: peak heap growth %d MB, want <= %d MB", gpeak>>20, heapLimit(s)>>20)
 		}
 		st, err := s.Stat(ctx, "big/object")
-		if err != nil || st.Size != bigObject || st.SHA256 != want {
+		if err != nil || st.Size != bigObject || !sumOK(s, st.SHA256, want) {
 			t.Fatalf("stat = %+v, %v", st, err)
 		}
 		t.Logf("%s: %d MB put in %v (heap +%d MB), get in %v (heap +%d MB)", s.Name(), bigObject>>20,
@@ -273,7 +279,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatalf("got %q", got)
 		}
 		o, err := s.Stat(ctx, "k")
-		if err != nil || o.Size != 6 || o.SHA256 != hexSHA([]byte("second")) {
+		if err != nil || o.Size != 6 || !sumOK(s, o.SHA256, hexSHA([]byte("second"))) {
 			t.Fatalf("stat = %+v, %v", o, err)
 		}
 	})
@@ -289,7 +295,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatal("copy is not byte-identical")
 		}
 		o, err := s.Stat(ctx, "snap/b/upper.tar")
-		if err != nil || o.Size != int64(len(data)) || o.SHA256 != hexSHA(data) {
+		if err != nil || o.Size != int64(len(data)) || !sumOK(s, o.SHA256, hexSHA(data)) {
 			t.Fatalf("stat copy = %+v, %v", o, err)
 		}
 		// Copy over an existing object, and the source stays.
@@ -325,7 +331,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 				t.Fatalf("list %q = %v, want %v", prefix, got, want)
 			}
 			for _, o := range objs {
-				if o.Size < 1 || len(o.SHA256) != 64 {
+				if o.Size < 1 || len(o.SHA256) != 64 && !sumOK(s, o.SHA256, "(none)") {
 					t.Fatalf("list %q: %+v", prefix, o)
 				}
 			}
@@ -337,7 +343,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 		check("nothing/")
 		check("snap/1/a/")
 		objs, _ := s.List(ctx, "zz")
-		if len(objs) != 1 || objs[0].Size != 5 || objs[0].SHA256 != hexSHA([]byte("xxxxx")) {
+		if len(objs) != 1 || objs[0].Size != 5 || !sumOK(s, objs[0].SHA256, hexSHA([]byte("xxxxx"))) {
 			t.Fatalf("list zz = %+v", objs)
 		}
 		if err := s.Delete(ctx, "snap/1/"); err != nil {
@@ -374,7 +380,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatalf("previous object damaged: %q", got)
 		}
 		o, err := s.Stat(ctx, "k")
-		if err != nil || o.SHA256 != hexSHA([]byte("original")) || o.Size != 8 {
+		if err != nil || !sumOK(s, o.SHA256, hexSHA([]byte("original"))) || o.Size != 8 {
 			t.Fatalf("stat = %+v, %v", o, err)
 		}
 		_, err = s.Put(ctx, "new", &failingReader{r: randReader(5, 1<<30), n: 1 << 20})
