@@ -60,12 +60,16 @@ func mutate(rng *rand.Rand, root string, upper bool) {
 		os.MkdirAll(filepath.Dir(p), 0o755)
 		os.WriteFile(p, []byte(fmt.Sprintf("content %d", rng.IntN(4))), 0o644)
 	case 2:
-		// Same size, same mtime, different content: only a content comparison sees it.
+		// Same size, same mtime, different content: only a content comparison sees it. Written in place (no
+		// truncation), or appended to: btrfs records those only at writeback.
 		if st, err := os.Lstat(p); err == nil && st.Mode().IsRegular() {
-			b, _ := os.ReadFile(p)
-			if len(b) > 0 {
-				b[len(b)-1] ^= 1
-				os.WriteFile(p, b, 0o644)
+			if f, err := os.OpenFile(p, os.O_WRONLY, 0); err == nil {
+				if rng.IntN(2) == 0 {
+					f.WriteAt([]byte{byte('a' + rng.IntN(26))}, 0)
+				} else {
+					f.WriteAt([]byte("+"), st.Size())
+				}
+				f.Close()
 				os.Chtimes(p, st.ModTime(), st.ModTime())
 			}
 		}

@@ -242,14 +242,11 @@ func ChangedSince(dir string, gen uint64, limit int) (changes []Change, ok bool,
 	if gen == math.MaxUint64 {
 		return nil, true, nil
 	}
-	// Updates of existing inodes reach the b-tree only when their transaction commits (btrfs delays them):
-	// commit the running transaction, if there is one, before searching. With nothing pending this is free.
-	var transid uint64
-	if err := ioctlPtr(fd, btrfsIocStartSync, unsafe.Pointer(&transid)); err != nil {
-		return nil, false, fmt.Errorf("changes of %s: commit: %w", dir, err)
-	}
-	if err := ioctlPtr(fd, btrfsIocWaitSync, unsafe.Pointer(&transid)); err != nil {
-		return nil, false, fmt.Errorf("changes of %s: wait for commit %d: %w", dir, transid, err)
+	// Buffered writes reach the b-tree (the inode's new transid, its extents) only at writeback, and other inode
+	// updates when their transaction commits: flush the file system's dirty data and commit first. This waits
+	// for whatever the layers' file system has pending, as the kernel would within seconds anyway.
+	if err := unix.Syncfs(fd); err != nil {
+		return nil, false, fmt.Errorf("changes of %s: sync: %w", dir, err)
 	}
 	type inode struct {
 		dir   bool
