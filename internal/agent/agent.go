@@ -45,9 +45,23 @@ const fdInit = 4
 
 // Main is the agent process's entry point (`ramify __agent <config-json>`). It runs as root in the family's
 // user namespace, in fresh mount, network, UTS and IPC namespaces created by the family init.
+//
+// With `--spare` in place of the config, the agent is a spare, started before any sandbox needs it so that a
+// fork does not wait for a process to start: it waits on descriptor 3, a socket from the init, for its config
+// and its root mount, then carries on as any agent. It exits quietly if the init closes the socket instead.
 func Main(args []string) error {
 	if len(args) < 1 {
 		return errors.New("agent: missing config")
+	}
+	if args[0] == SpareArg {
+		cfg, err := awaitClaim()
+		if err != nil {
+			if errors.Is(err, errNotClaimed) {
+				return nil
+			}
+			return err
+		}
+		args = []string{cfg}
 	}
 	var cfg Config
 	if err := json.Unmarshal([]byte(args[0]), &cfg); err != nil {
@@ -87,6 +101,49 @@ func Main(args []string) error {
 		}
 	})
 	return a.serve(ln)
+}
+
+// SpareArg is the argument that starts a spare agent.
+const SpareArg = "--spare"
+
+var errNotClaimed = errors.New("agent: spare closed without work")
+
+// awaitClaim waits for a spare's work: one message on descriptor fdRootMount holding the config, with the
+// root mount's descriptor attached, which then takes descriptor fdRootMount's place.
+func awaitClaim() (string, error) {
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(fdRootMount, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("agent: wait for work: %w", err)
+		}
+		if n == 0 && oobn == 0 {
+			return "", errNotClaimed
+		}
+		var fds []int
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, m := range msgs {
+				got, _ := unix.ParseUnixRights(&m)
+				fds = append(fds, got...)
+			}
+		}
+		if len(fds) != 1 {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			return "", fmt.Errorf("agent: claimed with %d descriptors, want the root mount", len(fds))
+		}
+		// The root mount replaces the claim socket: the rest of the agent finds it where a spawned agent has it.
+		if err := unix.Dup3(fds[0], fdRootMount, 0); err != nil {
+			return "", fmt.Errorf("agent: take the root mount: %w", err)
+		}
+		unix.Close(fds[0])
+		return string(buf[:n]), nil
+	}
 }
 
 // Agent serves requests inside one sandbox.

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/testserver"
@@ -287,4 +290,98 @@ func TestDiffCases(t *testing.T) {
 	}
 	sh(t, s, grand[0], "echo g > /root/nested/g.txt")
 	check(k0, grand[0], []string{"/root/nested"}, []string{"/root/nested/a/x/y.txt", "/root/nested/g.txt"}, []string{"/root/nested/a/b/c.txt"}, nil)
+}
+
+// TestSpareAgents: after a fork the family keeps spare agents running; the next fork's children run on them and
+// are as complete and isolated as any; spares are refilled, and go when the family's last sandbox goes.
+func TestSpareAgents(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	value(t, s, parent, "x = 10; 1")
+	initPid := familyInit(t, parent)
+	if n := len(spareAgents(initPid)); n != 0 {
+		t.Fatalf("%d spares before any fork", n)
+	}
+	first, err := s.Client.Fork(ctx, parent, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSpares := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for len(spareAgents(initPid)) < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d spare agents after 15 s, want %d", len(spareAgents(initPid)), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitSpares(3)
+	idle := spareAgents(initPid)
+	second, err := s.Client.Fork(ctx, parent, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second fork's agents are the spares (now in the children's cgroups).
+	var claimed []int
+	for _, k := range second {
+		for _, pid := range sandboxPids(k) {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if strings.Contains(string(cmd), "__agent") {
+				claimed = append(claimed, pid)
+			}
+		}
+	}
+	slices.Sort(idle)
+	slices.Sort(claimed)
+	if !slices.Equal(idle, claimed) {
+		t.Fatalf("second fork's agents %v, want the spares %v", claimed, idle)
+	}
+	hosts := map[string]bool{}
+	for i, k := range second {
+		if v := value(t, s, k, fmt.Sprintf("x += %d; x", i)); v != fmt.Sprint(10+i) {
+			t.Fatalf("child %d: x = %s", i, v)
+		}
+		r := sh(t, s, k, fmt.Sprintf("echo %d > /root/mine.txt && hostname && cat /root/mine.txt && ls /root", i))
+		lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+		if len(lines) != 3 || lines[1] != fmt.Sprint(i) || lines[2] != "mine.txt" {
+			t.Fatalf("child %d on a spare agent: %q", i, r.Stdout)
+		}
+		hosts[lines[0]] = true
+	}
+	if len(hosts) != 3 {
+		t.Fatalf("hostnames %v", hosts)
+	}
+	if err := killOther(t, s, second[0], second[1]); err != nil {
+		t.Fatal(err)
+	}
+	waitSpares(3)
+	// The family goes with its last sandbox, spares and all.
+	for _, id := range append(append([]string{parent}, first...), second...) {
+		if err := s.Client.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for procField(initPid, "PPid") != "" || len(spareAgents(initPid)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("family init %d or its spares %v outlive the family", initPid, spareAgents(initPid))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// killOther checks that a sandbox cannot kill another's interpreter (here: on agents that were spares).
+func killOther(t *testing.T, s *testserver.Server, from, to string) error {
+	t.Helper()
+	pid := strings.TrimSpace(value(t, s, to, "import os; os.getpid()"))
+	r := sh(t, s, from, "kill -9 "+pid+" 2>&1; echo rc=$?")
+	if !strings.Contains(r.Stdout, "rc=1") {
+		return fmt.Errorf("kill of another sandbox's interpreter: %q", r.Stdout)
+	}
+	if v := value(t, s, to, "1 + 1"); v != "2" {
+		return fmt.Errorf("the other interpreter: %s", v)
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 )
 
 // killSandboxProcesses SIGKILLs, from the host, every process in the sandbox's cgroup (its agent and
@@ -31,4 +32,70 @@ func killSandboxProcesses(id string) error {
 		return fmt.Errorf("no process of %s found", id)
 	}
 	return nil
+}
+
+// sandboxPids returns the host pids of a sandbox's processes (from its cgroup).
+func sandboxPids(id string) []int {
+	files, _ := filepath.Glob("/sys/fs/cgroup/*/ramify/*/" + id + "/cgroup.procs")
+	more, _ := filepath.Glob("/sys/fs/cgroup/ramify/*/" + id + "/cgroup.procs")
+	seen := map[int]bool{}
+	var out []int
+	for _, f := range append(files, more...) {
+		b, _ := os.ReadFile(f)
+		for _, p := range strings.Fields(string(b)) {
+			if pid, _ := strconv.Atoi(p); pid > 0 && !seen[pid] {
+				seen[pid] = true
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// procField returns a field of /proc/<pid>/status ("" if the process is gone).
+func procField(pid int, field string) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return ""
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// familyInit returns the host pid of the family init of sandbox id: the parent of its agent.
+func familyInit(t testing.TB, id string) int {
+	t.Helper()
+	for _, pid := range sandboxPids(id) {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(cmd), "__agent") {
+			ppid, _ := strconv.Atoi(procField(pid, "PPid"))
+			return ppid
+		}
+	}
+	t.Fatalf("no agent process found for %s", id)
+	return 0
+}
+
+// spareAgents returns the host pids of the idle (unclaimed: in no sandbox's cgroup) spare agents of the family whose init is initPid.
+func spareAgents(initPid int) []int {
+	var out []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		cmd, err := os.ReadFile(f)
+		if err != nil || !strings.Contains(string(cmd), "__agent\x00--spare") {
+			continue
+		}
+		pid, _ := strconv.Atoi(strings.Split(f, "/")[2])
+		if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); strings.Contains(string(cg), "/ramify/") {
+			continue // claimed: it is a sandbox's agent now
+		}
+		if ppid, _ := strconv.Atoi(procField(pid, "PPid")); ppid == initPid {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

@@ -161,7 +161,26 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	}
 	r.mu.Unlock()
 	res.Total = time.Since(start)
+	r.refillSpares(f, len(kids))
 	return res, nil
+}
+
+// refillSpares has the family's init start spares, in the background, for a next fork like this one: a family
+// that forked n children once is likely to do so again (search rounds, fork and merge loops).
+func (r *Runtime) refillSpares(f *family, n int) {
+	n = min(n, r.cfg.SpareAgents)
+	if n <= 0 {
+		return
+	}
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := f.call(ctx, initRequest{Op: "spares", Count: n}, nil); err != nil {
+			r.log.Debug("start spare agents", "family", f.id, "err", err)
+		}
+	}()
 }
 
 // cgroupMarker is the path fragment a forked interpreter waits to see in /proc/self/cgroup before it enters

@@ -11,6 +11,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -29,14 +32,32 @@ import (
 const initSocket = "ramify-init"
 
 type initRequest struct {
-	Op     string        `json:"op"` // ping, spawn
+	Op     string        `json:"op"` // ping, spawn, spares
 	Config *agent.Config `json:"config,omitempty"`
+	Count  int           `json:"count,omitempty"` // spares: how many idle agents to keep ready
 }
 
 type initReply struct {
 	OK      bool   `json:"ok"`
 	Pid     int    `json:"pid,omitempty"`
+	Spare   bool   `json:"spare,omitempty"` // spawn: a spare agent took the work
 	Message string `json:"message,omitempty"`
+}
+
+// maxSpares bounds the idle agents an init keeps.
+const maxSpares = 32
+
+// spares are agents started ahead of need (see agent.SpareArg): exec'd and through the Go runtime's start-up,
+// each waiting on its claim socket. A spawn hands its config and root mount to one of them, if any, instead of
+// starting a process: what a fork of n children would otherwise wait for n times.
+var spares struct {
+	sync.Mutex
+	idle []spareAgent
+}
+
+type spareAgent struct {
+	pid   int
+	claim int // our end of the spare's claim socket
 }
 
 // InitMain is the family init's entry point (`ramify __init`).
@@ -118,6 +139,10 @@ func reapForever() {
 		for {
 			var ws unix.WaitStatus
 			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if spawned.Load() && !errors.Is(err, unix.ECHILD) && pid == 0 && onlySparesLeft() {
+				// Only spares are left: the family's sandboxes are gone. The spares die with this PID 1.
+				os.Exit(0)
+			}
 			if errors.Is(err, unix.ECHILD) && (spawned.Load() || time.Since(started) > idleInitLimit) {
 				// Every sandbox of the family is gone, or the server never gave this init work (it died
 				// mid-create): nothing is left to reap.
@@ -175,30 +200,122 @@ func handleInit(msg []byte, fds []int) initReply {
 			return initReply{Message: "spawn needs a config and the root file system's mount fd"}
 		}
 		cfg, _ := json.Marshal(req.Config)
-		// A channel over which the agent hands this init the seccomp listeners of its sandbox's processes.
-		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return initReply{Message: "socketpair: " + err.Error()}
+		if pid, ok := claimSpare(cfg, fds[0]); ok {
+			return initReply{OK: true, Pid: pid, Spare: true}
 		}
-		defer unix.Close(pair[1])
-		pid, err := syscall.ForkExec("/proc/self/exe", []string{"ramify", "__agent", string(cfg)}, &syscall.ProcAttr{
-			Dir:   "/",
-			Env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GOMAXPROCS=1", "GOGC=50"},
-			Files: []uintptr{devNull(), 2, 2, uintptr(fds[0]), uintptr(pair[1])},
-			Sys: &syscall.SysProcAttr{
-				Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
-				Setsid:     true,
-			},
-		})
+		pid, err := startAgent(string(cfg), fds[0])
 		if err != nil {
-			unix.Close(pair[0])
-			return initReply{Message: "spawn agent: " + err.Error()}
+			return initReply{Message: err.Error()}
 		}
-		go superviseFrom(pair[0])
-		spawned.Store(true)
 		return initReply{OK: true, Pid: pid}
+	case "spares":
+		if err := keepSpares(min(req.Count, maxSpares)); err != nil {
+			return initReply{Message: err.Error()}
+		}
+		return initReply{OK: true}
 	}
 	return initReply{Message: fmt.Sprintf("unknown op %q", req.Op)}
+}
+
+// startAgent starts an agent in fresh mount, network, UTS and IPC namespaces, with fd3 as its descriptor 3 (the
+// root mount, or a spare's claim socket) and a channel over which it hands this init the seccomp listeners of
+// its sandbox's processes.
+func startAgent(arg string, fd3 int) (int, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("socketpair: %w", err)
+	}
+	defer unix.Close(pair[1])
+	pid, err := syscall.ForkExec("/proc/self/exe", []string{"ramify", "__agent", arg}, &syscall.ProcAttr{
+		Dir:   "/",
+		Env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GOMAXPROCS=1", "GOGC=50"},
+		Files: []uintptr{devNull(), 2, 2, uintptr(fd3), uintptr(pair[1])},
+		Sys: &syscall.SysProcAttr{
+			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+			Setsid:     true,
+		},
+	})
+	if err != nil {
+		unix.Close(pair[0])
+		return 0, fmt.Errorf("spawn agent: %w", err)
+	}
+	go superviseFrom(pair[0])
+	spawned.Store(true)
+	return pid, nil
+}
+
+// claimSpare hands cfg and the root mount to an idle spare, if there is a live one, and returns its pid.
+func claimSpare(cfg []byte, mountFd int) (int, bool) {
+	for {
+		spares.Lock()
+		if len(spares.idle) == 0 {
+			spares.Unlock()
+			return 0, false
+		}
+		sp := spares.idle[0]
+		spares.idle = spares.idle[1:]
+		spares.Unlock()
+		err := unix.Sendmsg(sp.claim, cfg, unix.UnixRights(mountFd), nil, unix.MSG_NOSIGNAL)
+		unix.Close(sp.claim)
+		if err == nil {
+			return sp.pid, true
+		}
+		syscall.Kill(sp.pid, syscall.SIGKILL) // gone or broken: try the next
+	}
+}
+
+// keepSpares starts spares until n are idle (forgetting spares that died).
+func keepSpares(n int) error {
+	for {
+		spares.Lock()
+		live := spares.idle[:0]
+		for _, sp := range spares.idle {
+			if err := unix.Kill(sp.pid, 0); errors.Is(err, unix.ESRCH) {
+				unix.Close(sp.claim)
+				continue
+			}
+			live = append(live, sp)
+		}
+		spares.idle = live
+		have := len(spares.idle)
+		spares.Unlock()
+		if have >= n {
+			return nil
+		}
+		claim, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("socketpair: %w", err)
+		}
+		pid, err := startAgent(agent.SpareArg, claim[1])
+		unix.Close(claim[1])
+		if err != nil {
+			unix.Close(claim[0])
+			return err
+		}
+		spares.Lock()
+		spares.idle = append(spares.idle, spareAgent{pid: pid, claim: claim[0]})
+		spares.Unlock()
+	}
+}
+
+// onlySparesLeft reports whether every child of the init is an idle spare (the family's sandboxes are gone).
+func onlySparesLeft() bool {
+	spares.Lock()
+	idle := map[int]bool{}
+	for _, sp := range spares.idle {
+		idle[sp.pid] = true
+	}
+	spares.Unlock()
+	tasks, _ := filepath.Glob("/proc/self/task/*/children")
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(b)) {
+			if pid, _ := strconv.Atoi(f); !idle[pid] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // supervisor judges the process-targeting syscalls of every sandbox of the family (see package seccomp). The

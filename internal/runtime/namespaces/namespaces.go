@@ -47,6 +47,10 @@ type Config struct {
 	Cgroups     cgroups.Manager
 	Network     *network.Manager
 	Logger      *slog.Logger
+	// SpareAgents is how many spare agents a family keeps ready after a fork (up to the number of children
+	// that fork made), so that its next fork hands children to running agents instead of starting processes.
+	// 0 turns spares off.
+	SpareAgents int
 }
 
 // Runtime is the namespaces runtime.
@@ -235,7 +239,7 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 	if err != nil {
 		return nil, fmt.Errorf("spawn agent: %w", err)
 	}
-	phase("init-spawn")
+	phase(map[bool]string{true: "init-claim-spare", false: "init-spawn"}[rep.Spare])
 	hostPid, err := hostPidOf(f.initPid, rep.Pid)
 	if err != nil {
 		return nil, fmt.Errorf("find agent: %w", err)
