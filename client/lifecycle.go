@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -85,38 +86,35 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("sandbox %s is in status error: %s", e.Sandbox.ID, reason)
 }
 
-// WaitStatus polls a sandbox until its status is want and returns it. It waits as long as the server's
-// X-Poll-After header says between polls (growing from 100 ms to 2 s when there is none). If the sandbox goes
-// to status "error" (and want is not "error") it returns the sandbox and a *StatusError. Bound the wait with
-// ctx.
+// WaitStatus waits until the sandbox's status is want and returns it. It asks the server to answer when the
+// status changes (GET /v1/sandboxes/{id}/wait, up to 20 s per request, again until ctx ends), so it returns
+// within milliseconds of the transition. If the sandbox goes to status "error" (and want is not "error") it
+// returns the sandbox and a *StatusError. Bound the wait with ctx.
 func (c *Client) WaitStatus(ctx context.Context, id, want string) (*Sandbox, error) {
-	backoff := 100 * time.Millisecond
 	for {
-		sb, h, err := c.get(ctx, id)
-		if err != nil {
+		timeout := waitChunk
+		if dl, ok := ctx.Deadline(); ok {
+			timeout = min(timeout, time.Until(dl))
+		}
+		q := url.Values{"status": {want}, "timeout_s": {strconv.FormatFloat(max(timeout, 0).Seconds(), 'f', 3, 64)}}
+		var sb Sandbox
+		if _, err := c.do(ctx, request{method: http.MethodGet, path: sandboxPath(id, "/wait"), query: q}, &sb); err != nil {
 			return nil, err
 		}
 		if sb.Status == want {
-			return sb, nil
+			return &sb, nil
 		}
 		if sb.Status == StatusFailed {
-			return sb, &StatusError{Sandbox: sb}
+			return &sb, &StatusError{Sandbox: &sb}
 		}
-		wait := pollAfter(h)
-		if wait <= 0 {
-			wait = backoff
-			backoff = min(backoff*3/2, 2*time.Second)
-		}
-		wait = max(wait, 10*time.Millisecond)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return sb, fmt.Errorf("waiting for sandbox %s to be %s (status %s): %w", id, want, sb.Status, ctx.Err())
-		case <-t.C:
+		if err := ctx.Err(); err != nil {
+			return &sb, fmt.Errorf("waiting for sandbox %s to be %s (status %s): %w", id, want, sb.Status, err)
 		}
 	}
 }
+
+// waitChunk is how long one wait request may take.
+const waitChunk = 20 * time.Second
 
 // DefaultDiffPaths are the directories Diff compares when given none.
 var DefaultDiffPaths = []string{"/root", "/tmp"}

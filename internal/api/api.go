@@ -47,6 +47,7 @@ func (s *Server) routes() {
 	s.handle("POST /v1/sandboxes", s.auth(s.create))
 	s.handle("GET /v1/sandboxes", s.auth(s.list))
 	s.handle("GET /v1/sandboxes/{id}", s.auth(s.get))
+	s.handle("GET /v1/sandboxes/{id}/wait", s.auth(s.wait))
 	s.handle("DELETE /v1/sandboxes/{id}", s.auth(s.delete))
 	s.handle("POST /v1/sandboxes/{id}/run_code", s.auth(s.runCode))
 	s.handle("POST /v1/sandboxes/{id}/exec", s.auth(s.exec))

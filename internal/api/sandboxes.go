@@ -3,9 +3,12 @@ package api
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/sandbox"
 )
 
@@ -35,6 +38,35 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	info, err := s.svc.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, info)
+}
+
+// maxWait bounds a wait request; a client that wants to wait longer asks again.
+const maxWait = 60 * time.Second
+
+// wait answers GET /v1/sandboxes/{id}/wait?status=paused&timeout_s=20 as soon as the sandbox has that status (or
+// "error"), or when the timeout (default 20 s, at most 60 s) passes, with the sandbox as GET shows it then.
+func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	want := sandbox.Status(q.Get("status"))
+	if want == "" {
+		writeError(w, errdefs.New(errdefs.ErrInvalid, "status is required, e.g. ?status=paused"))
+		return
+	}
+	timeout := 20 * time.Second
+	if v := q.Get("timeout_s"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f != f {
+			writeError(w, errdefs.New(errdefs.ErrInvalid, "timeout_s must be a number of seconds >= 0"))
+			return
+		}
+		timeout = min(time.Duration(f*float64(time.Second)), maxWait)
+	}
+	info, err := s.svc.Wait(r.Context(), r.PathValue("id"), want, timeout)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -237,6 +237,37 @@ func (s *Service) Get(ctx context.Context, id string) (Info, error) {
 	return s.info(e), nil
 }
 
+// waitPoll is how often Wait looks at the status.
+const waitPoll = 5 * time.Millisecond
+
+// Wait returns the sandbox's info as soon as its status is want or error (a failed pause or resume), or when
+// timeout has passed or ctx ends (with the status it has then). It lets clients wait for a pause or resume
+// without polling over HTTP.
+func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time.Duration) (Info, error) {
+	switch want {
+	case StatusCreating, StatusRunning, StatusPausing, StatusPaused, StatusResuming, StatusError:
+	default:
+		return Info{}, invalid("unknown status %q", want)
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	tick := time.NewTicker(waitPoll)
+	defer tick.Stop()
+	for {
+		info, err := s.Get(ctx, id)
+		if err != nil || info.Status == want || info.Status == StatusError {
+			return info, err
+		}
+		select {
+		case <-ctx.Done():
+			return info, nil
+		case <-t.C:
+			return info, nil
+		case <-tick.C:
+		}
+	}
+}
+
 // ListOptions filters List.
 type ListOptions struct {
 	Status   Status

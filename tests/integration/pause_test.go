@@ -322,3 +322,40 @@ func TestResumedArraysForkCopyOnWrite(t *testing.T) {
 		t.Fatalf("a child sees the parent's later writes to a restored array: %s", v)
 	}
 }
+
+// TestWaitEndpoint: GET /v1/sandboxes/{id}/wait answers once the status is reached (a pause, a resume), or at its
+// timeout with the status then; bad input is 400, an unknown sandbox 404.
+func TestWaitEndpoint(t *testing.T) {
+	s := testserver.Start(t)
+	id := create(t, s, nil)
+	value(t, s, id, "x = 41; 1")
+	if code, body := raw(t, s, "GET", "/v1/sandboxes/"+id+"/wait?status=paused&timeout_s=0.2", s.Key, nil); code != 200 || body["status"] != "running" {
+		t.Fatalf("wait for a status that does not come: %d %v", code, body)
+	}
+	if code, body := raw(t, s, "POST", "/v1/sandboxes/"+id+"/pause", s.Key, nil); code != 202 {
+		t.Fatalf("pause: %d %v", code, body)
+	}
+	if code, body := raw(t, s, "GET", "/v1/sandboxes/"+id+"/wait?status=paused", s.Key, nil); code != 200 || body["status"] != "paused" {
+		t.Fatalf("wait for paused: %d %v", code, body)
+	}
+	if code, body := raw(t, s, "POST", "/v1/sandboxes/"+id+"/resume", s.Key, nil); code != 202 {
+		t.Fatalf("resume: %d %v", code, body)
+	}
+	if code, body := raw(t, s, "GET", "/v1/sandboxes/"+id+"/wait?status=running&timeout_s=60", s.Key, nil); code != 200 || body["status"] != "running" {
+		t.Fatalf("wait for running: %d %v", code, body)
+	}
+	if v := value(t, s, id, "x + 1"); v != "42" {
+		t.Fatalf("after resume: %s", v)
+	}
+	for path, want := range map[string]int{
+		"/v1/sandboxes/" + id + "/wait":                             400,
+		"/v1/sandboxes/" + id + "/wait?status=sleeping":             400,
+		"/v1/sandboxes/" + id + "/wait?status=paused&timeout_s=-1":  400,
+		"/v1/sandboxes/" + id + "/wait?status=paused&timeout_s=abc": 400,
+		"/v1/sandboxes/sbx_nope/wait?status=paused":                 404,
+	} {
+		if code, body := raw(t, s, "GET", path, s.Key, nil); code != want || body["error"] == nil {
+			t.Errorf("GET %s: %d %v, want %d with an error", path, code, body, want)
+		}
+	}
+}

@@ -123,11 +123,14 @@ class TestCreateAndLifecycle(StubTestCase):
     def test_create_waits_while_creating(self):
         self.stub.on("POST", "/v1/sandboxes",
                      Reply(201, sandbox_json("sbx_1", status="creating"), {"X-Poll-After": "0.01"}))
-        self.stub.on("GET", SBX, [Reply(200, sandbox_json("sbx_1", status="creating")),
-                                  Reply(200, sandbox_json("sbx_1", status="running"))])
+        # The server's wait answers at its timeout with the status then, and the SDK asks again.
+        self.stub.on("GET", SBX + "/wait", [Reply(200, sandbox_json("sbx_1", status="creating")),
+                                            Reply(200, sandbox_json("sbx_1", status="running"))])
         sb = self.sandbox()
         self.assertEqual(sb.info["status"], "running")
-        self.assertEqual(len(self.stub.reqs("GET")), 2)
+        waits = self.stub.reqs("GET")
+        self.assertEqual(len(waits), 2)
+        self.assertEqual(waits[0].query["status"], ["running"])
 
     def test_status_property_gets(self):
         sb = self.sandbox()
@@ -596,22 +599,19 @@ class TestForkMergeDiff(StubTestCase):
 
 
 class TestPauseResume(StubTestCase):
-    def test_pause_polls_honoring_poll_after(self):
+    def test_pause_waits_on_the_server(self):
         self.stub.on("POST", SBX + "/pause",
-                     Reply(202, sandbox_json("sbx_1", status="pausing"), {"X-Poll-After": "0.3"}))
-        seq = [Reply(200, sandbox_json("sbx_1", status="pausing"), {"X-Poll-After": "0.2"}),
-               Reply(200, sandbox_json("sbx_1", status="pausing")),
-               Reply(200, sandbox_json("sbx_1", status="paused"))]
+                     Reply(202, sandbox_json("sbx_1", status="pausing"), {"X-Poll-After": "1"}))
         sb = self.sandbox()
-        self.stub.on("GET", SBX, seq)
+        self.stub.on("GET", SBX + "/wait", Reply(200, sandbox_json("sbx_1", status="paused")))
         t0 = time.monotonic()
         info = sb.pause(poll_timeout=10)
         elapsed = time.monotonic() - t0
         self.assertEqual(info["status"], "paused")
         gets = self.stub.reqs("GET")
-        self.assertEqual(len(gets), 3)
-        self.assertGreaterEqual(elapsed, 0.5)  # 0.3 before the first poll, 0.2 before the second
-        self.assertLess(elapsed, 5)
+        self.assertEqual([(g.path, g.query["status"]) for g in gets], [("/v1/sandboxes/sbx_1/wait", ["paused"])])
+        self.assertLessEqual(float(gets[0].query["timeout_s"][0]), 10)
+        self.assertLess(elapsed, 0.5)  # no sleeping out X-Poll-After: the server answers when it is paused
 
     def test_pause_already_paused(self):
         self.stub.on("POST", SBX + "/pause", Reply(200, sandbox_json("sbx_1", status="paused")))
@@ -627,8 +627,7 @@ class TestPauseResume(StubTestCase):
         self.stub.on("POST", SBX + "/resume", Reply(202, sandbox_json("sbx_1", status="resuming"),
                                                     {"X-Poll-After": "0.01"}))
         sb = self.sandbox()
-        self.stub.on("GET", SBX, [Reply(200, sandbox_json("sbx_1", status="resuming"), {"X-Poll-After": "0.01"}),
-                                  Reply(200, sandbox_json("sbx_1", status="error", error="no host with capacity"))])
+        self.stub.on("GET", SBX + "/wait", Reply(200, sandbox_json("sbx_1", status="error", error="no host with capacity")))
         with self.assertRaises(SandboxErrorState) as cm:
             sb.resume()
         self.assertIn("no host with capacity", str(cm.exception))
@@ -637,9 +636,14 @@ class TestPauseResume(StubTestCase):
         self.stub.on("POST", SBX + "/resume", Reply(202, sandbox_json("sbx_1", status="resuming"),
                                                     {"X-Poll-After": "0.05"}))
         sb = self.sandbox()
-        self.stub.on("GET", SBX, Reply(200, sandbox_json("sbx_1", status="resuming"), {"X-Poll-After": "0.05"}))
+        def still_resuming(req):
+            time.sleep(float(req.query["timeout_s"][0]))  # the server holds the request for its timeout
+            return Reply(200, sandbox_json("sbx_1", status="resuming"))
+        self.stub.on("GET", SBX + "/wait", still_resuming)
+        t0 = time.monotonic()
         with self.assertRaises(Timeout):
             sb.resume(poll_timeout=0.4)
+        self.assertLess(time.monotonic() - t0, 2)
 
     def test_pause_conflict(self):
         self.stub.on("POST", SBX + "/pause", Reply(409, {"error": "sandbox is not running"}))

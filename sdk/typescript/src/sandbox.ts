@@ -70,11 +70,9 @@ export interface WaitOptions {
 const SERVER_DEFAULT_RUN_TIMEOUT_S = 300;
 const RUN_TIMEOUT_MARGIN_S = 30;
 export const DEFAULT_POLL_TIMEOUT_S = 300;
-const DEFAULT_POLL_INTERVAL_S = 0.2;
-const MAX_POLL_INTERVAL_S = 2;
-const MAX_POLL_AFTER_S = 30;
+/** Seconds one wait request may take (the server allows 60). */
+const WAIT_CHUNK_S = 20;
 
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 function sandboxId(x: Sandbox | string): string {
   if (typeof x === "string") return x;
@@ -363,17 +361,19 @@ export class Sandbox {
     return this.info;
   }
 
-  /** Poll until the sandbox reaches `target` status; throws on `error` or after `timeoutS`. */
+  /** Wait until the sandbox reaches `target` status; throws on `error` or after `timeoutS`. */
   async waitForStatus(target: string, opts: { timeoutS?: number } = {}): Promise<SandboxInfo> {
     this._check();
     return this._waitFor(target, opts.timeoutS ?? DEFAULT_POLL_TIMEOUT_S, undefined);
   }
 
-  /** @internal */
-  async _waitFor(target: string, timeoutS: number, firstDelayS: number | undefined): Promise<SandboxInfo> {
+  /**
+   * @internal Wait until the status is `target`: the server answers `GET .../wait` as soon as it is (or when it goes
+   * to `error`), so this returns within milliseconds of the transition. `firstDelayS` (the server's
+   * `X-Poll-After`) is not needed for that and is ignored.
+   */
+  async _waitFor(target: string, timeoutS: number, _firstDelayS?: number): Promise<SandboxInfo> {
     const deadline = Date.now() + timeoutS * 1000;
-    let delayS = firstDelayS ?? DEFAULT_POLL_INTERVAL_S;
-    let backoffS = DEFAULT_POLL_INTERVAL_S;
     for (;;) {
       const remainingMs = deadline - Date.now();
       if (remainingMs <= 0) {
@@ -381,9 +381,13 @@ export class Sandbox {
           `sandbox ${this.id} did not become '${target}' within ${timeoutS}s (last status '${this.info.status}')`,
         );
       }
-      await sleep(Math.max(0, Math.min(delayS * 1000, remainingMs, MAX_POLL_AFTER_S * 1000)));
-      const res = await this._client.request("GET", this._path());
-      const info = (await readJson(res, "GET", this._path())) as SandboxInfo | null;
+      const chunkS = Math.min(remainingMs / 1000, WAIT_CHUNK_S);
+      const path = this._path("/wait");
+      const res = await this._client.request("GET", path, {
+        query: { status: target, timeout_s: chunkS.toFixed(3) },
+        timeoutS: this._client.longer(chunkS + 30),
+      });
+      const info = (await readJson(res, "GET", path)) as SandboxInfo | null;
       if (info && typeof info === "object") this.info = info;
       const status = this.info.status;
       if (status === target) return this.info;
@@ -393,12 +397,6 @@ export class Sandbox {
           undefined,
           this.info,
         );
-      }
-      const hinted = pollAfter(res.headers);
-      if (hinted !== undefined) delayS = hinted;
-      else {
-        backoffS = Math.min(backoffS * 1.5, MAX_POLL_INTERVAL_S);
-        delayS = backoffS;
       }
     }
   }

@@ -91,15 +91,17 @@ describe("config and sandboxes", () => {
     assert.deepEqual(json(stub.requests[0]), {});
   });
 
-  test("create polls while the sandbox is creating", async () => {
-    let gets = 0;
+  test("create waits while the sandbox is creating", async () => {
+    // The server's wait answers at its timeout with the status then; the SDK asks again.
+    let waits = 0;
     stub.handler = routes({
       "POST /v1/sandboxes": (rec, res) => sendJson(res, 201, info(ID, "creating"), { "X-Poll-After": "0.01" }),
-      [`GET /v1/sandboxes/${ID}`]: (rec, res) => sendJson(res, 200, info(ID, ++gets < 2 ? "creating" : "running"), { "X-Poll-After": "0.01" }),
+      [`GET /v1/sandboxes/${ID}/wait`]: (rec, res) => sendJson(res, 200, info(ID, ++waits < 2 ? "creating" : "running")),
     });
     const sb = await Sandbox.create(opts);
     assert.equal(sb.info.status, "running");
-    assert.equal(gets, 2);
+    assert.equal(waits, 2);
+    assert.equal(stub.requests[1].query.get("status"), "running");
   });
 
   test("RAMIFY_API_URL and RAMIFY_API_KEY from the environment", async () => {
@@ -410,28 +412,21 @@ describe("fork, merge, diff", () => {
 });
 
 describe("pause and resume", () => {
-  test("pause polls GET honouring X-Poll-After until paused", async () => {
+  test("pause waits on the server until paused, without sleeping out X-Poll-After", async () => {
     const sb = await connected();
-    const times = [];
-    let gets = 0;
     stub.handler = routes({
-      [`POST /v1/sandboxes/${ID}/pause`]: (rec, res) => {
-        times.push(Date.now());
-        sendJson(res, 202, info(ID, "pausing"), { "X-Poll-After": "0.15" });
-      },
-      [`GET /v1/sandboxes/${ID}`]: (rec, res) => {
-        times.push(Date.now());
-        gets++;
-        if (gets < 3) sendJson(res, 200, info(ID, "pausing"), { "X-Poll-After": "0.1" });
-        else sendJson(res, 200, info(ID, "paused", { pause: { snapshot_bytes: 10 } }));
-      },
+      [`POST /v1/sandboxes/${ID}/pause`]: (rec, res) => sendJson(res, 202, info(ID, "pausing"), { "X-Poll-After": "1" }),
+      [`GET /v1/sandboxes/${ID}/wait`]: (rec, res) => sendJson(res, 200, info(ID, "paused", { pause: { snapshot_bytes: 10 } })),
     });
+    const t0 = Date.now();
     const r = await sb.pause();
     assert.equal(r.status, "paused");
     assert.equal(sb.info.status, "paused");
-    assert.equal(gets, 3);
-    assert.ok(times[1] - times[0] >= 140, `first poll after ${times[1] - times[0]}ms`);
-    assert.ok(times[2] - times[1] >= 90, `second poll after ${times[2] - times[1]}ms`);
+    assert.ok(Date.now() - t0 < 500, `pause took ${Date.now() - t0}ms`);
+    assert.equal(stub.requests.length, 2);
+    assert.equal(stub.requests[1].path, `/v1/sandboxes/${ID}/wait`);
+    assert.equal(stub.requests[1].query.get("status"), "paused");
+    assert.ok(Number(stub.requests[1].query.get("timeout_s")) <= 20);
   });
 
   test("resume with wait:false returns the 202 body; 200 already-running needs no poll", async () => {
@@ -450,12 +445,13 @@ describe("pause and resume", () => {
     const sb = await connected();
     stub.handler = routes({
       [`POST /v1/sandboxes/${ID}/resume`]: (rec, res) => sendJson(res, 202, info(ID, "resuming"), { "X-Poll-After": "0" }),
-      [`GET /v1/sandboxes/${ID}`]: (rec, res) => sendJson(res, 200, info(ID, "error", { error: "snapshot corrupt" })),
+      [`GET /v1/sandboxes/${ID}/wait`]: (rec, res) => sendJson(res, 200, info(ID, "error", { error: "snapshot corrupt" })),
     });
     await assert.rejects(sb.resume(), (e) => e instanceof SandboxErrorState && /snapshot corrupt/.test(e.message));
     stub.handler = routes({
       [`POST /v1/sandboxes/${ID}/pause`]: (rec, res) => sendJson(res, 202, info(ID, "pausing"), { "X-Poll-After": "0.05" }),
-      [`GET /v1/sandboxes/${ID}`]: (rec, res) => sendJson(res, 200, info(ID, "pausing"), { "X-Poll-After": "0.05" }),
+      [`GET /v1/sandboxes/${ID}/wait`]: (rec, res) =>
+        setTimeout(() => sendJson(res, 200, info(ID, "pausing")), Number(rec.query.get("timeout_s")) * 1000),
     });
     await assert.rejects(sb.pause({ pollTimeoutS: 0.3 }), TimeoutError);
   });

@@ -28,9 +28,7 @@ OutputCallback = Callable[[str], Any]
 _SERVER_DEFAULT_RUN_TIMEOUT = 300.0
 _RUN_TIMEOUT_MARGIN = 30.0
 DEFAULT_POLL_TIMEOUT = 300.0
-_DEFAULT_POLL_INTERVAL = 0.2
-_MAX_POLL_INTERVAL = 2.0
-_MAX_POLL_AFTER = 30.0
+_WAIT_CHUNK = 20.0  # seconds one wait request may take (the server allows 60)
 
 
 def _q(s: str) -> str:
@@ -405,11 +403,11 @@ class Sandbox:
 
     # -- pause / resume -----------------------------------------------------------------------------
     def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        """Pause (snapshot) the sandbox; with ``wait`` poll until it is ``paused``."""
+        """Pause (snapshot) the sandbox; with ``wait`` wait until it is ``paused``."""
         return self._transition("/pause", "paused", wait, poll_timeout)
 
     def resume(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        """Resume a paused sandbox; with ``wait`` poll until it is ``running``."""
+        """Resume a paused sandbox; with ``wait`` wait until it is ``running``."""
         return self._transition("/resume", "running", wait, poll_timeout)
 
     def _transition(self, suffix: str, target: str, wait: bool, poll_timeout: float) -> Dict[str, Any]:
@@ -430,14 +428,15 @@ class Sandbox:
         return self.info
 
     def wait_for_status(self, target: str, timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        """Poll until the sandbox reaches ``target`` status; raise on ``error`` or timeout."""
+        """Wait until the sandbox reaches ``target`` status; raise on ``error`` or timeout."""
         self._check()
         return self._wait_for(target, timeout, None)
 
-    def _wait_for(self, target: str, timeout: float, first_delay: Optional[float]) -> Dict[str, Any]:
+    def _wait_for(self, target: str, timeout: float, first_delay: Optional[float] = None) -> Dict[str, Any]:
+        """Wait until the sandbox's status is ``target``: the server answers ``GET .../wait`` as soon as it is (or
+        when ``status`` goes to ``error``), so this returns within milliseconds of the transition. ``first_delay``
+        (the server's ``X-Poll-After``) is not needed for that and is ignored."""
         deadline = time.monotonic() + timeout
-        delay = first_delay if first_delay is not None else _DEFAULT_POLL_INTERVAL
-        backoff = _DEFAULT_POLL_INTERVAL
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -445,8 +444,12 @@ class Sandbox:
                     f"sandbox {self.id} did not become {target!r} within {timeout}s "
                     f"(last status {self.info.get('status')!r})"
                 )
-            time.sleep(max(0.0, min(delay, remaining, _MAX_POLL_AFTER)))
-            resp = self._client.request("GET", self._path())
+            chunk = min(remaining, _WAIT_CHUNK)
+            resp = self._client.request(
+                "GET", self._path("/wait"),
+                query={"status": target, "timeout_s": f"{chunk:.3f}"},
+                timeout=None if self._client.request_timeout is None else chunk + self._client.request_timeout,
+            )
             assert isinstance(resp, Response)
             info = resp.json()
             if isinstance(info, dict):
@@ -460,12 +463,6 @@ class Sandbox:
                     f"sandbox {self.id} went to status 'error' while waiting for {target!r}: {reason}",
                     None, self.info,
                 )
-            hinted = resp.poll_after
-            if hinted is not None:
-                delay = hinted
-            else:
-                backoff = min(backoff * 1.5, _MAX_POLL_INTERVAL)
-                delay = backoff
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
