@@ -340,6 +340,32 @@ func TestV1CreateLimits(t *testing.T) {
 	}
 }
 
+// TestV1UpdateMemoryBothWays raises and lowers a memory limit: with swap accounting, memory.memsw.limit_in_bytes
+// must stay >= memory.limit_in_bytes at every step, so the two files are written in the order the direction needs.
+func TestV1UpdateMemoryBothWays(t *testing.T) {
+	m := newTestV1(t)
+	cg, err := m.Create("mem-updates", Limits{MemoryBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cg.(*v1Cgroup)
+	for _, mb := range []int64{4096, 32, 512, 0, 128} {
+		if err := cg.Update(Limits{MemoryBytes: mb << 20}); err != nil {
+			t.Fatalf("update to %d MiB: %v", mb, err)
+		}
+		for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
+			path := c.file("memory", f)
+			if !exists(path) {
+				continue
+			}
+			got, _ := strconv.ParseInt(readTrim(t, path), 10, 64)
+			if mb == 0 && got < 1<<60 || mb > 0 && got != mb<<20 {
+				t.Errorf("after update to %d MiB: %s = %d", mb, f, got)
+			}
+		}
+	}
+}
+
 func TestV1AddFreezeThaw(t *testing.T) {
 	m := newTestV1(t)
 	cg, err := m.Create("freeze", Limits{})

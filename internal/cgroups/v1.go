@@ -190,26 +190,27 @@ func (c *v1Cgroup) apply(l Limits) error {
 	}
 
 	limit, memsw := c.file("memory", "memory.limit_in_bytes"), c.file("memory", "memory.memsw.limit_in_bytes")
-	hasMemsw := exists(memsw)
-	// memory.memsw.limit_in_bytes must stay >= memory.limit_in_bytes: lower the memory limit first, raise memsw
-	// first.
+	want := "-1"
 	if l.MemoryBytes > 0 {
-		v := strconv.FormatInt(l.MemoryBytes, 10)
-		if err := writeFile(limit, v); err != nil {
+		want = strconv.FormatInt(l.MemoryBytes, 10)
+	}
+	// memory.memsw.limit_in_bytes must stay >= memory.limit_in_bytes (the kernel refuses either write with EINVAL
+	// otherwise): when the limit goes down, write the memory limit first; when it goes up, memsw first.
+	order := []string{limit, memsw}
+	if exists(memsw) {
+		cur, err := os.ReadFile(limit)
+		if err != nil {
 			return err
 		}
-		if hasMemsw {
-			if err := writeFile(memsw, v); err != nil {
-				return err
-			}
+		old, _ := strconv.ParseInt(strings.TrimSpace(string(cur)), 10, 64)
+		if l.MemoryBytes <= 0 || l.MemoryBytes > old {
+			order = []string{memsw, limit}
 		}
 	} else {
-		if hasMemsw {
-			if err := writeFile(memsw, "-1"); err != nil {
-				return err
-			}
-		}
-		if err := writeFile(limit, "-1"); err != nil {
+		order = order[:1]
+	}
+	for _, f := range order {
+		if err := writeFile(f, want); err != nil {
 			return err
 		}
 	}
