@@ -422,13 +422,14 @@ func TestForkMergePause(t *testing.T) {
 		w.Header().Set("X-Poll-After", "0.01")
 		writeJSON(w, 202, map[string]string{"id": r.PathValue("id"), "status": status})
 	})
-	mux.HandleFunc("GET /v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
+	// The server's wait: answers once the pause is done.
+	mux.HandleFunc("GET /v1/sandboxes/{id}/wait", func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
-		if polls++; polls >= 2 {
+		polls++
+		if r.URL.Query().Get("status") == "paused" && status == "pausing" {
 			status = "paused"
 		}
-		w.Header().Set("X-Poll-After", "0.01")
 		writeJSON(w, 200, map[string]string{"id": r.PathValue("id"), "status": status})
 	})
 	tc := newTestCLI(t, mux)
@@ -450,7 +451,7 @@ func TestForkMergePause(t *testing.T) {
 	if err := tc.pause(ctx, []string{"sbx_p"}); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(tc.out.String(), "sbx_p paused (") || tc.errOut.String() != "pausing sbx_p ...\n" || polls != 2 {
+	if !strings.HasPrefix(tc.out.String(), "sbx_p paused (") || tc.errOut.String() != "pausing sbx_p ...\n" || polls != 1 {
 		t.Errorf("pause out %q err %q polls %d", tc.out, tc.errOut, polls)
 	}
 	err := tc.pause(ctx, []string{"sbx_p"})
