@@ -75,7 +75,7 @@ func Main(args []string) error {
 	if err != nil {
 		return fmt.Errorf("agent: listen: %w", err)
 	}
-	a := &Agent{log: log, token: cfg.ReplToken, attached: make(chan struct{}), sup: seccomp.NewSupervisor("/proc", log)}
+	a := &Agent{log: log, token: cfg.ReplToken, forked: cfg.ReplToken != "", attached: make(chan struct{}), sup: seccomp.NewSupervisor("/proc", log)}
 	if f := os.NewFile(fdInit, "init"); f != nil {
 		if c, err := net.FileConn(f); err == nil {
 			a.toInit, _ = c.(*net.UnixConn)
@@ -158,6 +158,7 @@ type Agent struct {
 	repl *repl
 
 	token    string // expected token of an attaching forked interpreter ("" when none is expected)
+	forked   bool   // the sandbox's interpreter is a forked one, which attaches (closing attached)
 	attached chan struct{}
 
 	// Every process of the sandbox runs under a seccomp filter that sends process-targeting syscalls (kill,

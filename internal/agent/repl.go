@@ -59,16 +59,22 @@ func (p *repl) ensure() (int, error) {
 	}
 	p.mu.Unlock()
 	a := p.agent
-	a.mu.Lock()
-	waitAttach := a.token != ""
-	a.mu.Unlock()
-	if waitAttach {
+	if a.forked {
+		// Whether or not the token was already taken: attachRepl clears it before it installs the interpreter,
+		// and deciding on the token here could start a fresh interpreter in that window.
 		select {
 		case <-a.attached:
-			return p.currentPid(), nil
 		case <-time.After(30 * time.Second):
 			return 0, errors.New("forked interpreter did not attach within 30s")
 		}
+		p.mu.Lock()
+		if p.conn != nil {
+			pid := p.pid
+			p.mu.Unlock()
+			return pid, nil
+		}
+		p.mu.Unlock()
+		// The forked interpreter has died since it attached: start a fresh one, as for any dead interpreter.
 	}
 	return p.spawn()
 }
