@@ -51,13 +51,9 @@ func (p *repl) currentPid() int {
 
 // ensure starts an interpreter if none is alive (or waits for a forked one to attach) and returns its pid.
 func (p *repl) ensure() (int, error) {
-	p.mu.Lock()
-	if p.conn != nil {
-		pid := p.pid
-		p.mu.Unlock()
+	if pid, ok := p.live(); ok {
 		return pid, nil
 	}
-	p.mu.Unlock()
 	a := p.agent
 	if a.forked {
 		// Whether or not the token was already taken: attachRepl clears it before it installs the interpreter,
@@ -67,16 +63,19 @@ func (p *repl) ensure() (int, error) {
 		case <-time.After(30 * time.Second):
 			return 0, errors.New("forked interpreter did not attach within 30s")
 		}
-		p.mu.Lock()
-		if p.conn != nil {
-			pid := p.pid
-			p.mu.Unlock()
+		if pid, ok := p.live(); ok {
 			return pid, nil
 		}
-		p.mu.Unlock()
 		// The forked interpreter has died since it attached: start a fresh one, as for any dead interpreter.
 	}
 	return p.spawn()
+}
+
+// live returns the pid of the connected interpreter, if there is one.
+func (p *repl) live() (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pid, p.conn != nil
 }
 
 func (p *repl) spawn() (int, error) {
