@@ -49,6 +49,7 @@ func envOr(name, def string) string {
 type serveFlags struct {
 	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel  string
 	warmPool, spareAgents                                                     int
+	spareIdle                                                                 time.Duration
 	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret string
 	s3Secure                                                                  bool
 	runtimeBinary                                                             string
@@ -65,6 +66,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.subnet, "subnet", envOr("RAMIFY_SUBNET", "10.213.0.0/16"), "sandbox address range (env RAMIFY_SUBNET)")
 	fs.StringVar(&f.layerDriver, "layer-driver", os.Getenv("RAMIFY_LAYER_DRIVER"), `writable layer driver: "btrfs", "copy" or empty for automatic (env RAMIFY_LAYER_DRIVER)`)
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
+	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
 	fs.IntVar(&f.spareAgents, "spare-agents", envInt("RAMIFY_SPARE_AGENTS", 8), "agents a fork family keeps started after a fork, so that its next fork of up to that many children skips process start-up; 0 for none (env RAMIFY_SPARE_AGENTS)")
 	fs.StringVar(&f.snapshotDir, "snapshot-dir", os.Getenv("RAMIFY_SNAPSHOT_DIR"), "where pause snapshots go (default <data-dir>/snapshots; env RAMIFY_SNAPSHOT_DIR)")
 	fs.StringVar(&f.s3Endpoint, "s3-endpoint", os.Getenv("RAMIFY_S3_ENDPOINT"), "host:port of an S3-compatible store for pause snapshots instead of --snapshot-dir (env RAMIFY_S3_ENDPOINT)")
@@ -87,6 +89,13 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(name)); err == nil {
 		return v
 	}
 	return def
@@ -163,7 +172,7 @@ func serveCmd(ctx context.Context, args []string) error {
 	}
 	defer st.Close()
 	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, ImageRootfs: img.Rootfs, Layers: layers,
-		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents})
+		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle})
 	if err != nil {
 		return err
 	}

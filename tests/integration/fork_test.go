@@ -385,3 +385,42 @@ func killOther(t *testing.T, s *testserver.Server, from, to string) error {
 	}
 	return nil
 }
+
+// TestSpareAgentsRetireWhenIdle: spares unused for --spare-agents-idle go, while the family's sandboxes stay; the
+// next fork then starts its agents and works as before.
+func TestSpareAgentsRetireWhenIdle(t *testing.T) {
+	s := testserver.Start(t, "--spare-agents-idle", "1s")
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	value(t, s, parent, "x = 7; 1")
+	initPid := familyInit(t, parent)
+	if _, err := s.Client.Fork(ctx, parent, 2); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for len(spareAgents(initPid)) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("spares never started: %v", spareAgents(initPid))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for len(spareAgents(initPid)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("idle spares %v still there after 15 s with a 1 s idle limit", spareAgents(initPid))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if procField(initPid, "PPid") == "" {
+		t.Fatal("the family init went with its spares")
+	}
+	kids, err := s.Client.Fork(ctx, parent, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range append(kids, parent) {
+		if v := value(t, s, k, "x"); v != "7" {
+			t.Fatalf("%s after the spares retired: x = %s", k, v)
+		}
+	}
+}

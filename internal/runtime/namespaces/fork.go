@@ -177,7 +177,7 @@ func (r *Runtime) refillSpares(f *family, n int) {
 		defer r.bg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := f.call(ctx, initRequest{Op: "spares", Count: n}, nil); err != nil {
+		if _, err := f.call(ctx, initRequest{Op: "spares", Count: n, IdleS: r.cfg.SpareIdle.Seconds()}, nil); err != nil {
 			r.log.Debug("start spare agents", "family", f.id, "err", err)
 		}
 	}()

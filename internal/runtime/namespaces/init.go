@@ -34,7 +34,8 @@ const initSocket = "ramify-init"
 type initRequest struct {
 	Op     string        `json:"op"` // ping, spawn, spares
 	Config *agent.Config `json:"config,omitempty"`
-	Count  int           `json:"count,omitempty"` // spares: how many idle agents to keep ready
+	Count  int           `json:"count,omitempty"`  // spares: how many idle agents to keep ready
+	IdleS  float64       `json:"idle_s,omitempty"` // spares: how long an unused spare lives (0: until the family ends)
 }
 
 type initReply struct {
@@ -52,12 +53,14 @@ const maxSpares = 32
 // starting a process: what a fork of n children would otherwise wait for n times.
 var spares struct {
 	sync.Mutex
-	idle []spareAgent
+	idle    []spareAgent
+	maxIdle time.Duration // how long an unused spare lives (0: for ever)
 }
 
 type spareAgent struct {
 	pid   int
 	claim int // our end of the spare's claim socket
+	since time.Time
 }
 
 // InitMain is the family init's entry point (`ramify __init`).
@@ -136,6 +139,7 @@ func reapForever() {
 	ch := make(chan os.Signal, 16)
 	signal.Notify(ch, syscall.SIGCHLD)
 	for {
+		retireIdleSpares()
 		for {
 			var ws unix.WaitStatus
 			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
@@ -209,6 +213,9 @@ func handleInit(msg []byte, fds []int) initReply {
 		}
 		return initReply{OK: true, Pid: pid}
 	case "spares":
+		spares.Lock()
+		spares.maxIdle = time.Duration(req.IdleS * float64(time.Second))
+		spares.Unlock()
 		if err := keepSpares(min(req.Count, maxSpares)); err != nil {
 			return initReply{Message: err.Error()}
 		}
@@ -293,9 +300,27 @@ func keepSpares(n int) error {
 			return err
 		}
 		spares.Lock()
-		spares.idle = append(spares.idle, spareAgent{pid: pid, claim: claim[0]})
+		spares.idle = append(spares.idle, spareAgent{pid: pid, claim: claim[0], since: time.Now()})
 		spares.Unlock()
 	}
+}
+
+// retireIdleSpares lets spares unused for longer than their idle limit go: closing the claim socket ends a spare.
+func retireIdleSpares() {
+	spares.Lock()
+	defer spares.Unlock()
+	if spares.maxIdle <= 0 {
+		return
+	}
+	kept := spares.idle[:0]
+	for _, sp := range spares.idle {
+		if time.Since(sp.since) > spares.maxIdle {
+			unix.Close(sp.claim)
+			continue
+		}
+		kept = append(kept, sp)
+	}
+	spares.idle = kept
 }
 
 // onlySparesLeft reports whether every child of the init is an idle spare (the family's sandboxes are gone).

@@ -51,6 +51,8 @@ type Config struct {
 	// that fork made), so that its next fork hands children to running agents instead of starting processes.
 	// 0 turns spares off.
 	SpareAgents int
+	// SpareIdle is how long an unused spare agent lives (0: until its family ends).
+	SpareIdle time.Duration
 }
 
 // Runtime is the namespaces runtime.
