@@ -15,8 +15,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -230,12 +232,42 @@ func (s *Server) cleanup() {
 	// The layers' loop-mounted btrfs (if any) and the bridge belong to this server only.
 	exec.Command("umount", filepath.Join(s.DataDir, "layers", "layers")).Run()
 	exec.Command("ip", "link", "del", s.bridge).Run()
-	// The server's (now empty) cgroup parent: ramify/<first 4 bytes of sha256(data dir)> in every hierarchy.
+	// The server's cgroup parent: ramify/<first 4 bytes of sha256(data dir)> in every hierarchy. A server
+	// stopped as it started a warm sandbox leaves that sandbox running (a restart of the server would destroy it,
+	// but this data directory is never used again): kill what is left, so that tests leave nothing behind.
 	sum := sha256.Sum256([]byte(s.DataDir))
 	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/ramify/" + hex.EncodeToString(sum[:4]))
 	more, _ := filepath.Glob("/sys/fs/cgroup/ramify/" + hex.EncodeToString(sum[:4]))
-	for _, d := range append(dirs, more...) {
+	dirs = append(dirs, more...)
+	killCgroups(dirs)
+	for _, d := range dirs {
+		subs, _ := filepath.Glob(filepath.Join(d, "sbx_*"))
+		for _, sub := range subs {
+			os.Remove(sub)
+		}
 		os.Remove(d)
+	}
+}
+
+// killCgroups SIGKILLs every process in the sandbox cgroups below dirs and waits (up to 5 s) for them to go.
+func killCgroups(dirs []string) {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		left := 0
+		for _, d := range dirs {
+			procs, _ := filepath.Glob(filepath.Join(d, "sbx_*", "cgroup.procs"))
+			for _, f := range procs {
+				b, _ := os.ReadFile(f)
+				for _, p := range strings.Fields(string(b)) {
+					if pid, _ := strconv.Atoi(p); pid > 0 {
+						syscall.Kill(pid, syscall.SIGKILL)
+						left++
+					}
+				}
+			}
+		}
+		if left == 0 {
+			return
+		}
 	}
 }
 
