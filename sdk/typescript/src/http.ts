@@ -55,15 +55,6 @@ function env(name: string): string | undefined {
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
-/** Seconds from an `X-Poll-After` header, or undefined when missing or invalid. */
-export function pollAfter(headers: Headers): number | undefined {
-  const raw = headers.get("x-poll-after");
-  if (raw === null) return undefined;
-  const v = Number(raw.trim());
-  if (raw.trim() === "" || !Number.isFinite(v) || v < 0) return undefined;
-  return v;
-}
-
 function isTimeout(e: unknown): boolean {
   return e instanceof Error && (e.name === "TimeoutError" || (e as { code?: unknown }).code === 23);
 }

@@ -8,7 +8,7 @@ import {
   TimeoutError,
 } from "./errors.js";
 import { Files } from "./files.js";
-import { HttpClient, iterNdjson, pollAfter, readJson, type ClientOptions } from "./http.js";
+import { HttpClient, iterNdjson, readJson, type ClientOptions } from "./http.js";
 import {
   commandResultFrom,
   executionFrom,
@@ -138,7 +138,7 @@ export class Sandbox {
     const sb = new Sandbox(client, info);
     if (info.status === "creating" || info.status === "resuming") {
       try {
-        await sb._waitFor("running", DEFAULT_POLL_TIMEOUT_S, pollAfter(res.headers));
+        await sb._waitFor("running", DEFAULT_POLL_TIMEOUT_S);
       } catch (e) {
         await sb.close().catch(() => {});
         throw e;
@@ -356,7 +356,7 @@ export class Sandbox {
     if (data && typeof data === "object" && (data as SandboxInfo).id === this.id) this.info = data as SandboxInfo;
     if (opts.wait ?? true) {
       if (data && typeof data === "object" && (data as SandboxInfo).status === target) return this.info;
-      await this._waitFor(target, opts.pollTimeoutS ?? DEFAULT_POLL_TIMEOUT_S, pollAfter(res.headers));
+      await this._waitFor(target, opts.pollTimeoutS ?? DEFAULT_POLL_TIMEOUT_S);
     }
     return this.info;
   }
@@ -364,15 +364,14 @@ export class Sandbox {
   /** Wait until the sandbox reaches `target` status; throws on `error` or after `timeoutS`. */
   async waitForStatus(target: string, opts: { timeoutS?: number } = {}): Promise<SandboxInfo> {
     this._check();
-    return this._waitFor(target, opts.timeoutS ?? DEFAULT_POLL_TIMEOUT_S, undefined);
+    return this._waitFor(target, opts.timeoutS ?? DEFAULT_POLL_TIMEOUT_S);
   }
 
   /**
    * @internal Wait until the status is `target`: the server answers `GET .../wait` as soon as it is (or when it goes
-   * to `error`), so this returns within milliseconds of the transition. `firstDelayS` (the server's
-   * `X-Poll-After`) is not needed for that and is ignored.
+   * to `error`), so this returns within milliseconds of the transition (the 202's `X-Poll-After` is not needed).
    */
-  async _waitFor(target: string, timeoutS: number, _firstDelayS?: number): Promise<SandboxInfo> {
+  async _waitFor(target: string, timeoutS: number): Promise<SandboxInfo> {
     const deadline = Date.now() + timeoutS * 1000;
     for (;;) {
       const remainingMs = deadline - Date.now();

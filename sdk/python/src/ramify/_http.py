@@ -46,19 +46,6 @@ class BodyError(Exception):
         self.original = original
 
 
-def _poll_after(headers: Any) -> Optional[float]:
-    raw = headers.get("X-Poll-After") if headers is not None else None
-    if raw is None:
-        return None
-    try:
-        v = float(str(raw).strip())
-    except ValueError:
-        return None
-    if v != v or v < 0:  # NaN / negative
-        return None
-    return v
-
-
 class Response:
     """A fully read (non-streamed) response."""
 
@@ -66,10 +53,6 @@ class Response:
         self.status = status
         self.headers = headers
         self.data = data
-
-    @property
-    def poll_after(self) -> Optional[float]:
-        return _poll_after(self.headers)
 
     def json(self) -> Any:
         if not self.data:
@@ -88,10 +71,6 @@ class StreamResponse:
         self.headers = resp.headers
         self.raw = resp
         self._conn = conn
-
-    @property
-    def poll_after(self) -> Optional[float]:
-        return _poll_after(self.headers)
 
     @property
     def content_type(self) -> str:

@@ -107,7 +107,7 @@ class Sandbox:
         self._setup(client, info)
         if self.info.get("status") in ("creating", "resuming"):
             try:
-                self._wait_for("running", DEFAULT_POLL_TIMEOUT, resp.poll_after)
+                self._wait_for("running", DEFAULT_POLL_TIMEOUT)
             except BaseException:
                 try:
                     self.close()
@@ -424,18 +424,18 @@ class Sandbox:
         if wait:
             if isinstance(data, dict) and data.get("status") == target:
                 return self.info
-            self._wait_for(target, poll_timeout, resp.poll_after)
+            self._wait_for(target, poll_timeout)
         return self.info
 
     def wait_for_status(self, target: str, timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
         """Wait until the sandbox reaches ``target`` status; raise on ``error`` or timeout."""
         self._check()
-        return self._wait_for(target, timeout, None)
+        return self._wait_for(target, timeout)
 
-    def _wait_for(self, target: str, timeout: float, first_delay: Optional[float] = None) -> Dict[str, Any]:
+    def _wait_for(self, target: str, timeout: float) -> Dict[str, Any]:
         """Wait until the sandbox's status is ``target``: the server answers ``GET .../wait`` as soon as it is (or
-        when ``status`` goes to ``error``), so this returns within milliseconds of the transition. ``first_delay``
-        (the server's ``X-Poll-After``) is not needed for that and is ignored."""
+        when ``status`` goes to ``error``), so this returns within milliseconds of the transition (the 202's
+        ``X-Poll-After`` is not needed)."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
