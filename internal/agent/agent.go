@@ -124,13 +124,7 @@ func awaitClaim() (string, error) {
 		if n == 0 && oobn == 0 {
 			return "", errNotClaimed
 		}
-		var fds []int
-		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-			for _, m := range msgs {
-				got, _ := unix.ParseUnixRights(&m)
-				fds = append(fds, got...)
-			}
-		}
+		fds := Rights(oob[:oobn])
 		if len(fds) != 1 {
 			for _, fd := range fds {
 				unix.Close(fd)
@@ -200,20 +194,27 @@ func recvFD(c *net.UnixConn) ([]byte, int, error) {
 		return nil, -1, err
 	}
 	fd := -1
-	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-		for _, m := range msgs {
-			if fds, err := unix.ParseUnixRights(&m); err == nil {
-				for i, f := range fds {
-					if i == 0 {
-						fd = f
-					} else {
-						unix.Close(f)
-					}
-				}
-			}
+	for i, f := range Rights(oob[:oobn]) {
+		if i == 0 {
+			fd = f
+		} else {
+			unix.Close(f)
 		}
 	}
 	return buf[:n], fd, nil
+}
+
+// Rights returns the descriptors passed (SCM_RIGHTS) in a message's control data.
+func Rights(oob []byte) []int {
+	var fds []int
+	if msgs, err := unix.ParseSocketControlMessage(oob); err == nil {
+		for _, m := range msgs {
+			if got, err := unix.ParseUnixRights(&m); err == nil {
+				fds = append(fds, got...)
+			}
+		}
+	}
+	return fds
 }
 
 func (a *Agent) serve(ln net.Listener) error {

@@ -529,7 +529,6 @@ def _snapshot_stream(fd):
 
 def _restore_stream(fd):
     """Load a session stream from fd (a pipe or the stored file) into the session; return what failed to load."""
-    global _count
     import dill
     failed = []
     try:
@@ -566,20 +565,12 @@ def _restore_stream(fd):
                 raise ValueError("session stream: unknown record %r" % kind)
     finally:
         os.close(fd)
-    meta = meta or {}
-    try:
-        os.chdir(meta.get("cwd") or "/root")
-    except OSError:
-        pass
-    os.environ.clear()
-    os.environ.update(meta.get("env") or {})
-    _count = meta.get("execution_count", _count)
+    _apply_meta(meta or {})
     return failed
 
 
 def _restore(directory):
     """Load what _snapshot saved into the session; return the names that failed to load."""
-    global _count
     import dill
     with open(os.path.join(directory, "session.json")) as f:
         meta = json.load(f)
@@ -590,6 +581,13 @@ def _restore(directory):
                 _ns[name] = dill.load(f)
         except Exception as e:
             failed.append({"name": name, "reason": ("%s: %s" % (type(e).__name__, e))[:300]})
+    _apply_meta(meta)
+    return failed
+
+
+def _apply_meta(meta):
+    """Give the session the cwd, env and execution count a snapshot recorded."""
+    global _count
     try:
         os.chdir(meta.get("cwd") or "/root")
     except OSError:
@@ -597,7 +595,6 @@ def _restore(directory):
     os.environ.clear()
     os.environ.update(meta.get("env") or {})
     _count = meta.get("execution_count", _count)
-    return failed
 
 
 def _serve():

@@ -11,8 +11,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -172,14 +170,7 @@ func serveInit(c *net.UnixConn) {
 		if err != nil || n == 0 {
 			return
 		}
-		var fds []int
-		if oobn > 0 {
-			msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
-			for _, m := range msgs {
-				got, _ := unix.ParseUnixRights(&m)
-				fds = append(fds, got...)
-			}
-		}
+		fds := agent.Rights(oob[:oobn])
 		reply := handleInit(buf[:n], fds)
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -331,13 +322,9 @@ func onlySparesLeft() bool {
 		idle[sp.pid] = true
 	}
 	spares.Unlock()
-	tasks, _ := filepath.Glob("/proc/self/task/*/children")
-	for _, t := range tasks {
-		b, _ := os.ReadFile(t)
-		for _, f := range strings.Fields(string(b)) {
-			if pid, _ := strconv.Atoi(f); !idle[pid] {
-				return false
-			}
+	for _, pid := range childPids("/proc/self") {
+		if !idle[pid] {
+			return false
 		}
 	}
 	return true
@@ -358,12 +345,8 @@ func superviseFrom(fd int) {
 		if err != nil || (n == 0 && oobn == 0) {
 			return
 		}
-		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
-		for _, m := range msgs {
-			fds, _ := unix.ParseUnixRights(&m)
-			for _, l := range fds {
-				go supervisor.Serve(context.Background(), l) //nolint:errcheck // ends when its processes are gone
-			}
+		for _, l := range agent.Rights(oob[:oobn]) {
+			go supervisor.Serve(context.Background(), l) //nolint:errcheck // ends when its processes are gone
 		}
 	}
 }

@@ -97,23 +97,31 @@ func alive(pid int, start uint64) bool {
 
 // hostPidOf finds the host pid of the child of parent whose pid in the family's PID namespace is nsPid.
 func hostPidOf(parent, nsPid int) (int, error) {
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", parent))
-	if err != nil {
-		return 0, err
+	for _, pid := range childPids(fmt.Sprintf("/proc/%d", parent)) {
+		if nsPidOf(pid) == nsPid {
+			return pid, nil
+		}
 	}
+	return 0, fmt.Errorf("no child of %d has namespace pid %d", parent, nsPid)
+}
+
+// childPids lists the children of the process at proc ("/proc/<pid>" or "/proc/self"), whichever of its threads
+// started them, as pids of the reader's PID namespace.
+func childPids(proc string) []int {
+	var out []int
+	tasks, _ := filepath.Glob(proc + "/task/*/children")
 	for _, t := range tasks {
 		b, err := os.ReadFile(t)
 		if err != nil {
 			continue
 		}
 		for _, f := range strings.Fields(string(b)) {
-			pid, _ := strconv.Atoi(f)
-			if pid > 0 && nsPidOf(pid) == nsPid {
-				return pid, nil
+			if pid, _ := strconv.Atoi(f); pid > 0 {
+				out = append(out, pid)
 			}
 		}
 	}
-	return 0, fmt.Errorf("no child of %d has namespace pid %d", parent, nsPid)
+	return out
 }
 
 // nsPidOf returns pid's pid in its innermost PID namespace (the last NSpid field), or 0.
