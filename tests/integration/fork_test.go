@@ -307,17 +307,7 @@ func TestSpareAgents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitSpares := func(want int) {
-		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for len(spareAgents(initPid)) < want {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d spare agents after 15 s, want %d", len(spareAgents(initPid)), want)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	waitSpares(3)
+	waitSpares(t, initPid, 3)
 	idle := spareAgents(initPid)
 	second, err := s.Client.Fork(ctx, parent, 3)
 	if err != nil {
@@ -356,20 +346,17 @@ func TestSpareAgents(t *testing.T) {
 	if err := killOther(t, s, second[0], second[1]); err != nil {
 		t.Fatal(err)
 	}
-	waitSpares(3)
+	waitSpares(t, initPid, 3)
 	// The family goes with its last sandbox, spares and all.
 	for _, id := range append(append([]string{parent}, first...), second...) {
 		if err := s.Client.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for procField(initPid, "PPid") != "" || len(spareAgents(initPid)) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("family init %d or its spares %v outlive the family", initPid, spareAgents(initPid))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitUntil(t, 10*time.Second, func() bool { return procField(initPid, "PPid") == "" && len(spareAgents(initPid)) == 0 },
+		func() string {
+			return fmt.Sprintf("family init %d or its spares %v outlive the family", initPid, spareAgents(initPid))
+		})
 }
 
 // killOther checks that a sandbox cannot kill another's interpreter (here: on agents that were spares).
@@ -397,20 +384,11 @@ func TestSpareAgentsRetireWhenIdle(t *testing.T) {
 	if _, err := s.Client.Fork(ctx, parent, 2); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for len(spareAgents(initPid)) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("spares never started: %v", spareAgents(initPid))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	deadline = time.Now().Add(15 * time.Second)
-	for len(spareAgents(initPid)) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("idle spares %v still there after 15 s with a 1 s idle limit", spareAgents(initPid))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitSpares(t, initPid, 2)
+	waitUntil(t, 15*time.Second, func() bool { return len(spareAgents(initPid)) == 0 },
+		func() string {
+			return fmt.Sprintf("idle spares %v still there after 15 s with a 1 s idle limit", spareAgents(initPid))
+		})
 	if procField(initPid, "PPid") == "" {
 		t.Fatal("the family init went with its spares")
 	}

@@ -8,24 +8,16 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // killSandboxProcesses SIGKILLs, from the host, every process in the sandbox's cgroup (its agent and
 // interpreter): a stand-in for an out-of-band failure while the server is down.
 func killSandboxProcesses(id string) error {
-	files, _ := filepath.Glob("/sys/fs/cgroup/*/ramify/*/" + id + "/cgroup.procs")
-	more, _ := filepath.Glob("/sys/fs/cgroup/ramify/*/" + id + "/cgroup.procs")
 	n := 0
-	for _, f := range append(files, more...) {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		for _, p := range strings.Fields(string(b)) {
-			pid, _ := strconv.Atoi(p)
-			if pid > 0 && syscall.Kill(pid, syscall.SIGKILL) == nil {
-				n++
-			}
+	for _, pid := range sandboxPids(id) {
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			n++
 		}
 	}
 	if n == 0 {
@@ -98,4 +90,23 @@ func spareAgents(initPid int) []int {
 		}
 	}
 	return out
+}
+
+// waitUntil polls cond every 20 ms until it holds, failing the test with what() once timeout has passed.
+func waitUntil(t testing.TB, timeout time.Duration, cond func() bool, what func() string) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal(what())
+		}
+	}
+}
+
+// waitSpares waits (up to 15 s) until the family whose init is initPid has at least want idle spare agents.
+func waitSpares(t testing.TB, initPid, want int) {
+	t.Helper()
+	waitUntil(t, 15*time.Second, func() bool { return len(spareAgents(initPid)) >= want },
+		func() string {
+			return fmt.Sprintf("%d spare agents after 15 s, want %d", len(spareAgents(initPid)), want)
+		})
 }
