@@ -13,10 +13,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/google/nftables"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -47,6 +50,18 @@ type Config struct {
 	// the gateway, assigned to the bridge. The prefix must be /30 or shorter.
 	CIDR string
 
+	// EgressAllow lists IPv4 networks (CIDRs or addresses) every sandbox with the default policy may reach even
+	// though they are reserved ranges or addresses of the host (server flag --egress-allow).
+	EgressAllow []string
+	// Resolvers are the DNS servers sandboxes may query on port 53 (UDP and TCP) under the default policy and
+	// under an egress list that names a hostname. Nil means the nameservers of the host's /etc/resolv.conf (the
+	// default image's resolv.conf is a copy of it); loopback addresses are left out (unreachable from a sandbox).
+	Resolvers []netip.Addr
+	// ResolveEvery is how often hostnames in egress lists are resolved again (default 60 s).
+	ResolveEvery time.Duration
+
+	// lookup resolves a hostname (tests only; default net.DefaultResolver).
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
 	// table overrides TableName (tests only).
 	table string
 	// afterCreate, when set, runs in Attach right after the veth pair is created (tests only).
@@ -63,6 +78,35 @@ type Manager struct {
 	afterCreate func() error
 
 	mu sync.Mutex // guards Allocate's cursor
+
+	nftMu     sync.Mutex // serialises batches on nft and guards ports and names
+	nft       *nftables.Conn
+	sets      nftSets
+	resolvers []netip.Addr
+	ports     map[string]*port // by host veth
+	namesMu   sync.Mutex
+	names     map[string]*resolved
+	every     time.Duration
+	lookup    func(ctx context.Context, host string) ([]netip.Addr, error)
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+// port is a sandbox's bridge port as the kernel has it: its pin and the elements of its egress policy.
+type port struct {
+	veth   string
+	ip     netip.Addr
+	rules  []EgressRule // nil: the default policy (or unknown, for a port found at start)
+	pin    nftables.SetElement
+	custom bool
+	anyE   []nftables.SetElement
+	portE  []nftables.SetElement
+}
+
+// resolved is a hostname's last known addresses.
+type resolved struct {
+	addrs []netip.Addr
+	at    time.Time
 }
 
 // New makes sure the bridge exists, carries the gateway address and is up, that IPv4 forwarding is enabled and
@@ -89,8 +133,28 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 	if cfg.table == "" {
 		cfg.table = TableName + "_" + cfg.Bridge
 	}
+	opened := make([]netip.Prefix, 0, len(cfg.EgressAllow))
+	for _, a := range cfg.EgressAllow {
+		r, err := ParseEgressEntry(a)
+		if err != nil || r.Host != "" || r.Port != 0 {
+			return nil, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("network: egress-allow %q: want an IPv4 CIDR or address", a))
+		}
+		opened = append(opened, r.Net)
+	}
+	if cfg.Resolvers == nil {
+		cfg.Resolvers = hostResolvers("/etc/resolv.conf")
+	}
+	if cfg.ResolveEvery <= 0 {
+		cfg.ResolveEvery = 60 * time.Second
+	}
+	if cfg.lookup == nil {
+		cfg.lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
+		}
+	}
 	m := &Manager{log: log.With("component", "network"), bridge: cfg.Bridge, table: cfg.table, pool: p,
-		afterCreate: cfg.afterCreate}
+		afterCreate: cfg.afterCreate, resolvers: cfg.Resolvers, ports: map[string]*port{},
+		names: map[string]*resolved{}, every: cfg.ResolveEvery, lookup: cfg.lookup, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -103,10 +167,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := ensureNFT(cfg.table, cfg.Bridge, p.network); err != nil {
+	if err := m.initNFT(opened); err != nil {
 		return nil, fmt.Errorf("network: nftables table %s: %w", cfg.table, err)
 	}
-	m.log.Debug("network ready", "bridge", cfg.Bridge, "cidr", p.network.String(), "gateway", p.gateway().String())
+	go m.refreshLoop(cfg.ResolveEvery)
+	m.log.Debug("network ready", "bridge", cfg.Bridge, "cidr", p.network.String(), "gateway", p.gateway().String(),
+		"resolvers", cfg.Resolvers, "egress_allow", cfg.EgressAllow)
 	return m, nil
 }
 
@@ -132,10 +198,16 @@ func (m *Manager) Allocate(inUse func(net.IP) bool) (net.IP, error) {
 // Attach connects the network namespace open at nsFD (for example /proc/<pid>/ns/net) to the bridge: it creates
 // the veth pair hostVeth <-> eth0 with eth0 inside the namespace, gives eth0 ip with the CIDR's prefix, brings it
 // and the namespace's loopback up, adds a default route via the gateway, and attaches hostVeth to the bridge and
-// brings it up. On failure it deletes the veth pair it created. ip must be a host address of the CIDR other than
-// the gateway (errdefs.ErrInvalid otherwise); an existing hostVeth is errdefs.ErrConflict.
-func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth string) (err error) {
+// brings it up. Before the port comes up, one nftables batch pins the port to eth0's MAC (MACFor(ip)) and ip and
+// installs the sandbox's egress policy (egress as in ParseEgress: nil is the default policy). On failure it deletes
+// the veth pair and the elements it created. ip must be a host address of the CIDR other than the gateway
+// (errdefs.ErrInvalid otherwise); an existing hostVeth is errdefs.ErrConflict.
+func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth string, egress []string) (err error) {
 	if err := validIfName(hostVeth); err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	rules, err := ParseEgress(egress)
+	if err != nil {
 		return fmt.Errorf("attach %s: %w", hostVeth, err)
 	}
 	ip4 := ip.To4()
@@ -156,10 +228,12 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 
 	// The peer is created directly inside the namespace, already named eth0: there is no moment at which a
 	// temporary name could clash with another sandbox's in the host namespace.
+	mac := MACFor(ip4)
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: hostVeth, MTU: br.Attrs().MTU},
-		PeerName:      SandboxIfName,
-		PeerNamespace: netlink.NsFd(nsFD),
+		LinkAttrs:        netlink.LinkAttrs{Name: hostVeth, MTU: br.Attrs().MTU},
+		PeerName:         SandboxIfName,
+		PeerNamespace:    netlink.NsFd(nsFD),
+		PeerHardwareAddr: mac,
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
@@ -181,6 +255,10 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 		}
 	}
 	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	addr, _ := netip.AddrFromSlice(ip4)
+	if err := m.setPort(ctx, hostVeth, addr, mac, rules); err != nil {
 		return fmt.Errorf("attach %s: %w", hostVeth, err)
 	}
 	if err := configureInside(nsFD, ip4, m.pool.prefix, m.pool.gateway()); err != nil {
@@ -239,11 +317,14 @@ func configureInside(nsFD int, ip net.IP, prefix int, gw net.IP) error {
 	return nil
 }
 
-// Detach deletes the host veth (and with it its peer inside the sandbox's namespace). A veth that does not exist
-// is not an error.
+// Detach removes the port's pin and egress elements (one nftables batch) and deletes the host veth (and with it
+// its peer inside the sandbox's namespace). A veth that does not exist is not an error.
 func (m *Manager) Detach(hostVeth string) error {
 	if err := validIfName(hostVeth); err != nil {
 		return fmt.Errorf("detach %s: %w", hostVeth, err)
+	}
+	if err := m.dropPort(hostVeth); err != nil {
+		m.log.Warn("detach: remove nftables elements", "veth", hostVeth, "err", err)
 	}
 	l, err := netlink.LinkByName(hostVeth)
 	if err != nil {
@@ -262,8 +343,31 @@ func (m *Manager) Detach(hostVeth string) error {
 	return nil
 }
 
-// Close releases the Manager. It leaves the bridge, forwarding and NAT rules in place for the next start.
-func (m *Manager) Close() error { return nil }
+// Close releases the Manager. It leaves the bridge, forwarding and NAT rules (and the running sandboxes' pins and
+// policies) in place for the next start.
+func (m *Manager) Close() error {
+	select {
+	case <-m.stop:
+	default:
+		close(m.stop)
+	}
+	<-m.done
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	if m.nft != nil {
+		err := m.nft.CloseLasting()
+		m.nft = nil
+		return err
+	}
+	return nil
+}
+
+// MACFor is the MAC address a sandbox with address ip gets on its eth0: 02:52 (locally administered) and the
+// four bytes of the address, so the host knows it before the interface exists.
+func MACFor(ip net.IP) net.HardwareAddr {
+	ip4 := ip.To4()
+	return net.HardwareAddr{0x02, 0x52, ip4[0], ip4[1], ip4[2], ip4[3]}
+}
 
 // VethName returns the host-side veth name for a sandbox: "rfy" followed by 12 hex characters. When the id's part
 // after its last '_' (the whole id if it has none) is at least 12 hex digits, they are its first 12 (so the name can

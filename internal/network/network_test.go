@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -72,9 +73,11 @@ func cleanupHost(t *testing.T) {
 			}
 		}
 		if c, err := nftables.New(); err == nil {
-			tb := &nftables.Table{Name: testTable, Family: nftables.TableFamilyIPv4}
-			c.AddTable(tb)
-			c.DelTable(tb)
+			for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
+				tb := &nftables.Table{Name: testTable, Family: fam}
+				c.AddTable(tb)
+				c.DelTable(tb)
+			}
 			if err := c.Flush(); err != nil {
 				t.Errorf("cleanup nft table: %v", err)
 			}
@@ -152,7 +155,7 @@ func TestAttachDetach(t *testing.T) {
 	}
 	veth := VethName("sbx_0123456789abcdef0123456789abcdef")
 	t.Cleanup(func() { _ = m.Detach(veth) })
-	if err := m.Attach(context.Background(), int(ns), ip, veth); err != nil {
+	if err := m.Attach(context.Background(), int(ns), ip, veth, nil); err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
 
@@ -207,48 +210,33 @@ func TestAttachDetach(t *testing.T) {
 		t.Errorf("default route = %+v, want via %s dev eth0 (routes %v)", def, gw, routes)
 	}
 
-	// A TCP server on the gateway address is reachable from inside the namespace.
-	ln, err := net.Listen("tcp", net.JoinHostPort(gw.String(), "0"))
-	if err != nil {
+	// A TCP server on the gateway address (the host) is refused by default; an egress entry naming it and its
+	// port opens exactly that port; [] closes it again.
+	ln := listenGreeter(t, gw.String())
+	other := listenGreeter(t, gw.String())
+	if err := dialFrom(ns, ln.Addr().String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial the host from the netns under the default policy: %v, want connection refused", err)
+	}
+	if err := m.SetEgress(context.Background(), veth, []string{ln.Addr().String()}); err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	peerc := make(chan string, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			peerc <- "accept: " + err.Error()
-			return
-		}
-		defer c.Close()
-		peerc <- c.RemoteAddr().(*net.TCPAddr).IP.String()
-		fmt.Fprintln(c, "hello from the host")
-	}()
-	var got string
-	err = inNetns(ns, func() error {
-		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		got, err = bufio.NewReader(c).ReadString('\n')
-		return err
-	})
-	if err != nil {
-		t.Fatalf("dial gateway from netns: %v", err)
+	if err := dialFrom(ns, ln.Addr().String()); err != nil {
+		t.Fatalf("dial the opened host port: %v", err)
 	}
-	if got != "hello from the host\n" {
-		t.Errorf("read %q", got)
+	if err := dialFrom(ns, other.Addr().String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("dial another host port: %v, want connection refused", err)
 	}
-	if peer := <-peerc; peer != ip.String() {
-		t.Errorf("server saw peer %s, want %s", peer, ip)
+	if err := m.SetEgress(context.Background(), veth, []string{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialFrom(ns, ln.Addr().String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("dial the host with egress []: %v, want connection refused", err)
 	}
 
 	// Attaching the same host veth again is a conflict and leaves the existing one alone.
 	ns2 := newNetns(t)
 	ip2, _ := m.Allocate(nil)
-	if err := m.Attach(context.Background(), int(ns2), ip2, veth); !errors.Is(err, errdefs.ErrConflict) {
+	if err := m.Attach(context.Background(), int(ns2), ip2, veth, nil); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("second Attach with same veth: %v, want ErrConflict", err)
 	}
 	if _, err := netlink.LinkByName(veth); err != nil {
@@ -270,13 +258,51 @@ func TestAttachDetach(t *testing.T) {
 	}
 }
 
+// listenGreeter listens on host:0 and greets every connection with one line, until the test ends.
+func listenGreeter(t *testing.T, host string) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, "hello from the host")
+			c.Close()
+		}
+	}()
+	return ln
+}
+
+// dialFrom connects to addr from inside ns and reads the greeting.
+func dialFrom(ns netns.NsHandle, addr string) error {
+	return inNetns(ns, func() error {
+		c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		got, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil && got != "hello from the host\n" {
+			err = fmt.Errorf("read %q", got)
+		}
+		return err
+	})
+}
+
 func TestAttachFailureCleansUp(t *testing.T) {
 	boom := errors.New("injected failure")
 	m := newTestManager(t, func(c *Config) { c.afterCreate = func() error { return boom } })
 	ns := newNetns(t)
 	const veth = "rfytestfail0"
 	t.Cleanup(func() { _ = m.Detach(veth) })
-	err := m.Attach(context.Background(), int(ns), net.ParseIP("10.250.0.9"), veth)
+	err := m.Attach(context.Background(), int(ns), net.ParseIP("10.250.0.9"), veth, nil)
 	if !errors.Is(err, boom) {
 		t.Fatalf("Attach = %v, want injected failure", err)
 	}
@@ -298,7 +324,7 @@ func TestAttachFailureCleansUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := m.Attach(context.Background(), int(f.Fd()), net.ParseIP("10.250.0.9"), veth); err == nil {
+	if err := m.Attach(context.Background(), int(f.Fd()), net.ParseIP("10.250.0.9"), veth, nil); err == nil {
 		t.Errorf("Attach with /dev/null as namespace succeeded")
 	}
 	if _, err := netlink.LinkByName(veth); err == nil {
@@ -321,14 +347,14 @@ func TestAttachInvalid(t *testing.T) {
 		{"10.250.0.5", "much-too-long-name"},
 		{"10.250.0.5", "a/b"},
 	} {
-		err := m.Attach(context.Background(), int(ns), net.ParseIP(tc.ip), tc.veth)
+		err := m.Attach(context.Background(), int(ns), net.ParseIP(tc.ip), tc.veth, nil)
 		if !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("Attach(%s, %q) = %v, want ErrInvalid", tc.ip, tc.veth, err)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := m.Attach(ctx, int(ns), net.ParseIP("10.250.0.5"), "rfytestinv"); !errors.Is(err, context.Canceled) {
+	if err := m.Attach(ctx, int(ns), net.ParseIP("10.250.0.5"), "rfytestinv", nil); !errors.Is(err, context.Canceled) {
 		t.Errorf("Attach with canceled ctx = %v", err)
 	}
 	if _, err := netlink.LinkByName("rfytestinv"); err == nil {
@@ -337,8 +363,9 @@ func TestAttachInvalid(t *testing.T) {
 }
 
 func TestNewIdempotent(t *testing.T) {
+	var m *Manager
 	for i := 0; i < 3; i++ {
-		newTestManager(t, nil)
+		m = newTestManager(t, nil)
 	}
 	// The bridge was already up and addressed; take it down to check New brings it back up.
 	br, err := netlink.LinkByName(testBridge)
@@ -391,7 +418,10 @@ func TestNewIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantRules := map[string]int{chainPostrouting: 1, chainForward: 3}
+	// forward: sandbox to sandbox, established, jump egress, one per reserved range and the CIDR, accept,
+	// established back, drop the rest back.
+	wantRules := map[string]int{chainPostrouting: 1, chainForward: 3 + len(Reserved) + 1 + 3, chainInput: 3,
+		chainEgress: 3 + 2*len(m.resolvers), chainDeny: 2}
 	seen := map[string]int{}
 	for _, ch := range chains {
 		if ch.Table.Name != testTable {
@@ -406,18 +436,22 @@ func TestNewIdempotent(t *testing.T) {
 			t.Errorf("chain %s has %d rules, want %d", ch.Name, len(rules), wantRules[ch.Name])
 		}
 	}
-	if len(seen) != 2 || seen[chainPostrouting] != 1 || seen[chainForward] != 1 {
-		t.Errorf("chains = %v, want one postrouting and one forward", seen)
+	if len(seen) != 5 || seen[chainDeny] != 1 || seen[chainPostrouting] != 1 || seen[chainForward] != 1 || seen[chainInput] != 1 || seen[chainEgress] != 1 {
+		t.Errorf("chains = %v, want one postrouting, forward, input and egress", seen)
 	}
 
 	// What the kernel made of the rules, as nft prints them (informational and a sanity check of the encoding).
-	if out, err := exec.Command("nft", "list", "table", "ip", testTable).CombinedOutput(); err == nil {
+	if out, err := exec.Command("sh", "-c", "nft list table ip "+testTable+" && nft list table bridge "+testTable).CombinedOutput(); err == nil {
 		s := string(out)
 		t.Logf("nft list table ip %s:\n%s", testTable, s)
 		for _, want := range []string{
 			`ip saddr 10.250.0.0/24 oifname != "rfytest0"`, "masquerade",
 			`iifname "rfytest0"`, `oifname "rfytest0" ct state established,related`,
-			"hook postrouting priority srcnat", "hook forward priority filter",
+			"hook postrouting priority srcnat", "hook forward priority filter", "hook input priority filter",
+			`ip daddr 10.0.0.0/8`, `ip saddr . ip daddr @eg_any accept`,
+			`ip saddr . ip daddr . meta l4proto . th dport @eg_port accept`, `ip saddr @custom jump deny`, `reject with tcp reset`,
+			`iifname != @members accept`, `iifname . ether saddr . ip saddr @pins accept`,
+			`iifname . arp saddr ether . arp saddr ip @pins`,
 		} {
 			if !strings.Contains(s, want) {
 				t.Errorf("nft listing lacks %q", want)

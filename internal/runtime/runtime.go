@@ -22,6 +22,9 @@ type Spec struct {
 	MaxProcs int
 	Env      map[string]string
 	Cwd      string
+	// Egress is the sandbox's outbound allowlist (network.ParseEgress): nil is the server's default policy,
+	// empty means no outbound traffic.
+	Egress []string
 	// Populate, when set, fills the new sandbox's writable layer (its overlay upper directory, on the host)
 	// before anything runs in it: a resume from a snapshot.
 	Populate func(upperDir string) error

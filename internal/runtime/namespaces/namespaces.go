@@ -262,7 +262,7 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 	phase("cgroup-add")
 	veth := network.VethName(spec.ID)
 	if spec.IP != nil {
-		if err := r.cfg.Network.Attach(ctx, netFD, spec.IP, veth); err != nil {
+		if err := r.cfg.Network.Attach(ctx, netFD, spec.IP, veth, spec.Egress); err != nil {
 			return nil, fmt.Errorf("network: %w", err)
 		}
 		undo.add(func() { r.cfg.Network.Detach(veth) })
