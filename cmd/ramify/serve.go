@@ -53,6 +53,7 @@ type serveFlags struct {
 	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret string
 	s3Secure                                                                  bool
 	runtimeBinary                                                             string
+	egressAllow                                                               string
 }
 
 func parseServeFlags(name string, args []string) (*serveFlags, error) {
@@ -64,6 +65,8 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.imageDir, "image-dir", os.Getenv("RAMIFY_IMAGE_DIR"), "images directory (default <data-dir>/images; env RAMIFY_IMAGE_DIR)")
 	fs.StringVar(&f.bridge, "bridge", envOr("RAMIFY_BRIDGE", "ramify0"), "host bridge for sandbox networking (env RAMIFY_BRIDGE)")
 	fs.StringVar(&f.subnet, "subnet", envOr("RAMIFY_SUBNET", "10.213.0.0/16"), "sandbox address range (env RAMIFY_SUBNET)")
+	fs.StringVar(&f.egressAllow, "egress-allow", os.Getenv("RAMIFY_EGRESS_ALLOW"),
+		"comma-separated IPv4 CIDRs sandboxes with the default egress policy may reach although they are private, reserved or the host's (env RAMIFY_EGRESS_ALLOW)")
 	fs.StringVar(&f.layerDriver, "layer-driver", os.Getenv("RAMIFY_LAYER_DRIVER"), `writable layer driver: "btrfs", "copy" or empty for automatic (env RAMIFY_LAYER_DRIVER)`)
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
 	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
@@ -161,7 +164,7 @@ func serveCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("cgroups: %w", err)
 	}
-	netw, err := network.New(ctx, network.Config{Bridge: f.bridge, CIDR: f.subnet}, log)
+	netw, err := network.New(ctx, network.Config{Bridge: f.bridge, CIDR: f.subnet, EgressAllow: splitList(f.egressAllow)}, log)
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
@@ -244,4 +247,15 @@ func imageBuildCmd(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("image ready: %s (built in %s)\nnew sandboxes use it; running sandboxes keep theirs until destroyed\n", img.Rootfs, time.Since(start).Round(time.Second))
 	return nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty items and spaces.
+func splitList(s string) []string {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
 }

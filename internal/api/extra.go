@@ -49,8 +49,9 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		N           *int `json:"n"`
-		StartPaused bool `json:"start_paused"`
+		N           *int      `json:"n"`
+		StartPaused bool      `json:"start_paused"`
+		Egress      *[]string `json:"egress"`
 	}
 	if err := decode(w, r, &req, true); err != nil {
 		writeError(w, err)
@@ -60,7 +61,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	if req.N != nil {
 		n = *req.N
 	}
-	res, err := s.svc.ForkWith(r.Context(), r.PathValue("id"), n, req.StartPaused)
+	res, err := s.svc.ForkWithEgress(r.Context(), r.PathValue("id"), n, req.StartPaused, req.Egress)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -448,6 +448,14 @@ func (m *Manager) ensureBridge() error {
 			return fmt.Errorf("add address %s: %w", want, err)
 		}
 	}
+	// A bridge without an address of its own takes the lowest MAC of its ports, so it changes whenever a
+	// sandbox's veth comes or goes, and every sandbox's cached gateway MAC goes stale (their traffic is lost until
+	// their ARP entry expires). A fixed address keeps the gateway's MAC stable.
+	if mac := MACFor(m.pool.gateway()); link.Attrs().HardwareAddr.String() != mac.String() {
+		if err := netlink.LinkSetHardwareAddr(link, mac); err != nil {
+			return fmt.Errorf("set MAC %s: %w", mac, err)
+		}
+	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set up: %w", err)
 	}

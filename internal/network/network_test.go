@@ -233,6 +233,12 @@ func TestAttachDetach(t *testing.T) {
 		t.Errorf("dial the host with egress []: %v, want connection refused", err)
 	}
 
+	// The bridge keeps its own fixed MAC (MACFor(gateway)) however ports come and go, so the sandboxes' cached
+	// gateway MAC never goes stale.
+	if br, _ := netlink.LinkByName(testBridge); br.Attrs().HardwareAddr.String() != MACFor(gw).String() {
+		t.Errorf("bridge MAC %s, want %s", br.Attrs().HardwareAddr, MACFor(gw))
+	}
+
 	// Attaching the same host veth again is a conflict and leaves the existing one alone.
 	ns2 := newNetns(t)
 	ip2, _ := m.Allocate(nil)

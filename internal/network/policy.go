@@ -93,6 +93,9 @@ func (m *Manager) SetEgress(ctx context.Context, hostVeth string, egress []strin
 	p := m.ports[hostVeth]
 	m.nftMu.Unlock()
 	if p == nil {
+		if rules == nil {
+			return nil // no port (a sandbox without network) under the default policy: nothing to do
+		}
 		return fmt.Errorf("set egress of %s: %w", hostVeth, errdefs.New(errdefs.ErrNotFound, "no such port"))
 	}
 	return m.setPort(ctx, hostVeth, p.ip, nil, rules)
@@ -132,6 +135,9 @@ func (m *Manager) setPort(ctx context.Context, hostVeth string, ip netip.Addr, m
 		return err
 	}
 	for _, q := range stale {
+		if q.veth != hostVeth {
+			m.log.Debug("egress: removed a stale port with the same address", "veth", q.veth, "ip", ip.String(), "for", hostVeth)
+		}
 		delete(m.ports, q.veth)
 	}
 	m.ports[hostVeth] = np

@@ -84,6 +84,12 @@ type Runtime interface {
 	Close() error
 }
 
+// EgressSetter is implemented by runtimes that can change a running sandbox's egress policy (Spec.Egress); the
+// service uses it to hand the policy back to the runtime after a server restart.
+type EgressSetter interface {
+	SetEgress(ctx context.Context, h Handle, egress []string) error
+}
+
 // Usage is a sandbox's current resource use.
 type Usage struct {
 	MemoryBytes uint64

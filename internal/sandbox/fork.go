@@ -10,6 +10,7 @@ import (
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/fsdiff"
+	"github.com/ramify-dev/ramify/internal/network"
 	"github.com/ramify-dev/ramify/internal/runtime"
 	"github.com/ramify-dev/ramify/internal/store"
 )
@@ -45,8 +46,19 @@ func (s *Service) Fork(ctx context.Context, id string, n int) (ForkResult, error
 
 // ForkWith is Fork; startPaused applies to the fork of a paused sandbox (children stay paused).
 func (s *Service) ForkWith(ctx context.Context, id string, n int, startPaused bool) (ForkResult, error) {
+	return s.ForkWithEgress(ctx, id, n, startPaused, nil)
+}
+
+// ForkWithEgress is ForkWith; a non-nil egress gives the children that egress list (see CreateRequest.Egress:
+// *egress == nil is the default policy, an empty list no outbound traffic) instead of the parent's.
+func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPaused bool, egress *[]string) (ForkResult, error) {
 	if n < 1 || n > MaxForkChildren {
 		return ForkResult{}, invalid("n must be between 1 and %d", MaxForkChildren)
+	}
+	if egress != nil {
+		if _, err := network.ParseEgress(*egress); err != nil {
+			return ForkResult{}, err
+		}
 	}
 	fk, err := s.forker()
 	if err != nil {
@@ -73,9 +85,12 @@ func (s *Service) ForkWith(ctx context.Context, id string, n int, startPaused bo
 		if err := s.snapshots(); err != nil {
 			return ForkResult{}, err
 		}
-		return s.forkPaused(ctx, e, n, startPaused)
+		return s.forkPaused(ctx, e, n, startPaused, egress)
 	}
 	parent, spec := e.handle, e.spec
+	if egress != nil {
+		spec.Egress = *egress
+	}
 	specs := make([]runtime.Spec, n)
 	kids := make([]*entry, n)
 	now := time.Now().UTC()
@@ -92,6 +107,7 @@ func (s *Service) ForkWith(ctx context.Context, id string, n int, startPaused bo
 		}
 		specs[i] = runtime.Spec{ID: cid, Hostname: hostnameOf(cid), IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
 			MaxProcs: spec.MaxProcs, Env: spec.Env, Cwd: spec.Cwd}
+		specs[i].Egress = spec.Egress
 		k := &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusCreating), FamilyID: e.rec.FamilyID,
 			ParentID: id, IP: ip.String(), Hostname: specs[i].Hostname, CreatedAt: now, Spec: specJSON}}
 		k.op.Lock()

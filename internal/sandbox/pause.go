@@ -446,6 +446,7 @@ func (s *Service) resume(e *entry) {
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID: id, Hostname: hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
 		Env: spec.Env, Cwd: spec.Cwd,
+		Egress: spec.Egress,
 		Populate: func(upper string) error {
 			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
 				return err
@@ -569,11 +570,16 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 // forkPaused makes n new sandboxes from a byte-identical copy of a paused sandbox's snapshot. They are paused;
 // unless startPaused, each then resumes.
-func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused bool) (ForkResult, error) {
+func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused bool, egress *[]string) (ForkResult, error) {
 	s.mu.Lock()
 	parent := e.rec
 	spec := e.spec
 	s.mu.Unlock()
+	childSpec := parent.Spec
+	if egress != nil {
+		spec.Egress = *egress
+		childSpec, _ = json.Marshal(spec)
+	}
 	var out ForkResult
 	out.Note = "forked from a paused sandbox's snapshot: each child is an independent sandbox with its own id and address"
 	for i := 0; i < n; i++ {
@@ -602,7 +608,7 @@ func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused b
 		}
 		k := &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusPaused), FamilyID: "fam_" + cid[4:],
 			ForkedFrom: parent.ID, IP: ip.String(), Hostname: hostnameOf(cid), CreatedAt: time.Now().UTC(),
-			Spec: parent.Spec, Snapshot: prefix, Pause: parent.Pause}}
+			Spec: childSpec, Snapshot: prefix, Pause: parent.Pause}}
 		s.items[cid] = k
 		s.mu.Unlock()
 		if err := s.cfg.Store.Put(ctx, k.rec); err != nil {

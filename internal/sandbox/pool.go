@@ -74,7 +74,8 @@ func (s *Service) claimWarm(ctx context.Context, spec CreateRequest) (Info, bool
 	defer e.op.Unlock()
 	start := time.Now()
 	if err := s.cfg.Runtime.Configure(ctx, h, runtime.Spec{ID: h.ID, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
-		MaxProcs: spec.MaxProcs, Env: spec.Env, Cwd: spec.Cwd}); err != nil {
+		MaxProcs: spec.MaxProcs, Env: spec.Env, Cwd: spec.Cwd,
+		Egress: spec.Egress}); err != nil {
 		s.log.Warn("warm pool: claim failed, starting cold", "sandbox", h.ID, "err", err)
 		s.dropWarm(e)
 		return Info{}, false

@@ -106,6 +106,12 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 				cfg.Store.Put(ctx, e.rec) //nolint:errcheck // best effort; the in-memory state is right
 			} else {
 				s.log.Info("sandbox recovered", "sandbox", rec.ID)
+				if es, ok := cfg.Runtime.(runtime.EgressSetter); ok && e.spec.Egress != nil {
+					// The kernel kept the policy's elements; this gives the runtime its hostnames to re-resolve.
+					if err := es.SetEgress(ctx, e.handle, e.spec.Egress); err != nil {
+						s.log.Warn("restore the egress policy", "sandbox", rec.ID, "err", err)
+					}
+				}
 			}
 		case StatusPausing:
 			// The pause was cut short: the sandbox may well still run; then it simply stays running.
@@ -204,6 +210,7 @@ func (s *Service) info(e *entry) Info {
 		TimeoutS: spec.TimeoutS, OnTimeout: spec.OnTimeout, Cwd: spec.Cwd, Metadata: spec.Metadata,
 		CreatedAt: r.CreatedAt, FamilyID: r.FamilyID, Error: r.Error,
 	}
+	in.Egress = spec.Egress
 	if in.Metadata == nil {
 		in.Metadata = map[string]string{}
 	}
@@ -360,6 +367,7 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID: id, Hostname: e.rec.Hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
 		Env: spec.Env, Cwd: spec.Cwd,
+		Egress: spec.Egress,
 	})
 	if err != nil {
 		return fail(err)

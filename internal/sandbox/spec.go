@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/network"
 )
 
 // CreateRequest is the body of POST /v1/sandboxes. Zero values mean "default".
@@ -21,6 +22,9 @@ type CreateRequest struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Cwd       string            `json:"cwd,omitempty"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
+	// Egress is the outbound allowlist (network.ParseEgress): absent (nil) is the server's default policy (the
+	// public internet only), [] is no outbound traffic. No omitempty: the stored spec must keep [] apart from nil.
+	Egress []string `json:"egress"`
 }
 
 // Defaults and bounds of a sandbox's shape.
@@ -71,6 +75,9 @@ func (r CreateRequest) normalize() (CreateRequest, error) {
 		return r, invalid("metadata has more than 64 entries")
 	}
 	r.Cwd = path.Clean(r.Cwd)
+	if _, err := network.ParseEgress(r.Egress); err != nil {
+		return r, err
+	}
 	for k, v := range r.Env {
 		if err := validEnv(k, v); err != nil {
 			return r, err
@@ -135,6 +142,8 @@ type Info struct {
 	ParentID   *string           `json:"parent_id"`
 	ForkedFrom *string           `json:"forked_from"`
 	Error      string            `json:"error"`
+	// Egress is the outbound allowlist; null means the server's default policy (public internet only).
+	Egress []string `json:"egress"`
 	// Pause reports the last pause and resume: what could not be saved, sizes, timings.
 	Pause *PauseInfo `json:"pause,omitempty"`
 }

@@ -494,6 +494,9 @@ func (r *Runtime) Configure(ctx context.Context, h runtime.Handle, spec runtime.
 	if err != nil {
 		return err
 	}
+	if err := r.SetEgress(ctx, h, spec.Egress); err != nil {
+		return fmt.Errorf("configure %s: %w", h.ID, err)
+	}
 	if err := sb.cg.Update(limitsOf(spec)); err != nil {
 		return err
 	}
@@ -501,6 +504,14 @@ func (r *Runtime) Configure(ctx context.Context, h runtime.Handle, spec runtime.
 		return fmt.Errorf("configure %s: %w", h.ID, err)
 	}
 	return nil
+}
+
+// SetEgress implements runtime.EgressSetter: it replaces the egress policy of a running sandbox's port.
+func (r *Runtime) SetEgress(ctx context.Context, h runtime.Handle, egress []string) error {
+	if r.cfg.Network == nil {
+		return nil
+	}
+	return r.cfg.Network.SetEgress(ctx, vethOf(h), egress)
 }
 
 // Usage implements runtime.Runtime.

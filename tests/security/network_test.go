@@ -1,0 +1,557 @@
+package security
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/network"
+	"github.com/ramify-dev/ramify/internal/testserver"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// The network policy, attacked from inside real sandboxes: the host, other sandboxes (separately created and fork
+// siblings) and reserved ranges are refused by default; an egress entry opens exactly what it names; [] closes
+// everything; a sandbox cannot take a neighbour's address (ARP or IP). Traffic goes only to the test server's
+// bridge, its sandboxes, and a network namespace this test creates.
+
+type netSandbox struct {
+	ID     string    `json:"id"`
+	Status string    `json:"status"`
+	IP     string    `json:"ip"`
+	Egress *[]string `json:"egress"`
+}
+
+func netCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// netCreate creates a sandbox; egress nil leaves the field out (the default policy).
+func netCreate(t *testing.T, s *testserver.Server, egress []string) netSandbox {
+	t.Helper()
+	body := map[string]any{}
+	if egress != nil {
+		body["egress"] = egress
+	}
+	var sb netSandbox
+	if err := s.PostJSON(netCtx(t), "/v1/sandboxes", body, &sb); err != nil {
+		t.Fatalf("create with egress %q: %v", egress, err)
+	}
+	return sb
+}
+
+// netDo sends a request and returns the status and body.
+func netDo(t *testing.T, s *testserver.Server, method, path string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequestWithContext(netCtx(t), method, s.URL+path, rd)
+	req.Header.Set("Authorization", "Bearer "+s.Key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func netGet(t *testing.T, s *testserver.Server, id string) netSandbox {
+	t.Helper()
+	code, b := netDo(t, s, http.MethodGet, "/v1/sandboxes/"+id, nil)
+	var sb netSandbox
+	if code != http.StatusOK || json.Unmarshal(b, &sb) != nil {
+		t.Fatalf("GET %s: %d %s", id, code, b)
+	}
+	return sb
+}
+
+func netSh(t *testing.T, s *testserver.Server, id, cmd string) string {
+	t.Helper()
+	code, b := netDo(t, s, http.MethodPost, "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": cmd})
+	var res struct {
+		Stdout, Stderr string
+	}
+	if code != http.StatusOK || json.Unmarshal(b, &res) != nil {
+		t.Fatalf("exec %q in %s: %d %s", cmd, id, code, b)
+	}
+	return res.Stdout + res.Stderr
+}
+
+// netProbe connects from sandbox id to addr:port and says "reached <greeting>" or "blocked <exception>". The
+// policy rejects (TCP reset) what it refuses, so a refusal is immediate; only what isolated bridge ports swallow
+// (another sandbox's address on the same bridge) waits for the connect timeout.
+func netProbe(t *testing.T, s *testserver.Server, id, addr string, port int) string {
+	t.Helper()
+	return strings.TrimSpace(netSh(t, s, id, fmt.Sprintf(`python3 -c "
+import socket
+try:
+    s = socket.create_connection(('%s', %d), 5); s.settimeout(10); print('reached', s.recv(100).decode().strip())
+except Exception as e:
+    print('blocked', type(e).__name__)
+"`, addr, port)))
+}
+
+func netWantReached(t *testing.T, what, got, greeting string) {
+	t.Helper()
+	if got != "reached "+greeting {
+		t.Errorf("%s: %q, want it reached (%q)", what, got, greeting)
+	}
+}
+
+func netWantBlocked(t *testing.T, what, got string) {
+	t.Helper()
+	if !strings.HasPrefix(got, "blocked ") {
+		t.Errorf("%s: %q, want it blocked", what, got)
+	}
+}
+
+// netGreeter listens on addr:0 (on the host) and greets each connection with greeting.
+func netGreeter(t *testing.T, addr, greeting string) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, greeting)
+			c.Close()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// netSandboxGreeter starts a listener on 0.0.0.0:port inside sandbox id, checked from inside.
+func netSandboxGreeter(t *testing.T, s *testserver.Server, id string, port int, greeting string) {
+	t.Helper()
+	code, b := netDo(t, s, http.MethodPost, "/v1/sandboxes/"+id+"/run_code", map[string]any{"code": fmt.Sprintf(`import socket, threading
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); srv.bind(('0.0.0.0', %d)); srv.listen()
+def serve():
+    while True:
+        c, _ = srv.accept(); c.sendall(b'%s\n'); c.close()
+threading.Thread(target=serve, daemon=True).start()
+`, port, greeting)})
+	if code != http.StatusOK || bytes.Contains(b, []byte(`"error":{`)) {
+		t.Fatalf("start a listener in %s: %d %s", id, code, b)
+	}
+	netWantReached(t, "the sandbox's own listener", netProbe(t, s, id, "127.0.0.1", port), greeting)
+}
+
+// netGateway is the bridge address of the test server's /24 subnet.
+func netGateway(ip string) string {
+	p := net.ParseIP(ip).To4()
+	return net.IPv4(p[0], p[1], p[2], 1).String()
+}
+
+func TestNetworkPolicy(t *testing.T) {
+	s := testserver.Start(t)
+	a := netCreate(t, s, nil)
+	gw := netGateway(a.IP)
+	p1 := netGreeter(t, gw, "host port one")
+	p2 := netGreeter(t, gw, "host port two")
+	pAny := netGreeter(t, "0.0.0.0", "host any address")
+	open := fmt.Sprintf("%s:%d", gw, p1)
+	c := netCreate(t, s, []string{open})
+	d := netCreate(t, s, []string{})
+
+	t.Run("HostRefusedByDefault", func(t *testing.T) {
+		netWantBlocked(t, "default sandbox to a host service on the bridge address", netProbe(t, s, a.ID, gw, p1))
+		netWantBlocked(t, "default sandbox to a host service on 0.0.0.0", netProbe(t, s, a.ID, gw, pAny))
+	})
+
+	t.Run("EgressEntryOpensExactlyThat", func(t *testing.T) {
+		netWantReached(t, "the opened host port", netProbe(t, s, c.ID, gw, p1), "host port one")
+		netWantBlocked(t, "another port of the same address", netProbe(t, s, c.ID, gw, p2))
+		netWantBlocked(t, "the host's 0.0.0.0 service", netProbe(t, s, c.ID, gw, pAny))
+	})
+
+	t.Run("EmptyEgressBlocksAll", func(t *testing.T) {
+		netWantBlocked(t, "egress [] to the host port others may open", netProbe(t, s, d.ID, gw, p1))
+	})
+
+	t.Run("GetShowsPolicy", func(t *testing.T) {
+		if g := netGet(t, s, a.ID); g.Egress != nil {
+			t.Errorf("default sandbox: egress %v, want null", *g.Egress)
+		}
+		if g := netGet(t, s, c.ID); g.Egress == nil || len(*g.Egress) != 1 || (*g.Egress)[0] != open {
+			t.Errorf("sandbox c: egress %v, want [%s]", g.Egress, open)
+		}
+		if g := netGet(t, s, d.ID); g.Egress == nil || len(*g.Egress) != 0 {
+			t.Errorf("sandbox d: egress %v, want []", g.Egress)
+		}
+	})
+
+	t.Run("MalformedIs400", func(t *testing.T) {
+		for _, bad := range []any{[]string{"10.0.0.0/33"}, []string{"example.com:0"}, []string{""}, []string{"::1"},
+			[]string{"a..b"}, "10.0.0.0/8", []any{1}} {
+			code, b := netDo(t, s, http.MethodPost, "/v1/sandboxes", map[string]any{"egress": bad})
+			if code != http.StatusBadRequest || !bytes.Contains(b, []byte("egress")) {
+				t.Errorf("create with egress %v: %d %s, want 400 naming egress", bad, code, b)
+			}
+		}
+		code, b := netDo(t, s, http.MethodPost, "/v1/sandboxes/"+a.ID+"/fork", map[string]any{"egress": []string{"1.2.3"}})
+		if code != http.StatusBadRequest || !bytes.Contains(b, []byte("egress")) {
+			t.Errorf("fork with a malformed egress: %d %s, want 400", code, b)
+		}
+	})
+
+	t.Run("OtherSandboxesUnreachable", func(t *testing.T) {
+		b := netCreate(t, s, nil)
+		netSandboxGreeter(t, s, b.ID, 8765, "sandbox b")
+		netWantBlocked(t, "a separately created sandbox", netProbe(t, s, a.ID, b.IP, 8765))
+		kids, err := s.Client.Fork(netCtx(t), a.ID, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k0, k1 := netGet(t, s, kids[0]), netGet(t, s, kids[1])
+		netSandboxGreeter(t, s, k0.ID, 8766, "fork child zero")
+		netWantBlocked(t, "a fork sibling", netProbe(t, s, k1.ID, k0.IP, 8766))
+		netWantBlocked(t, "the fork parent to its child", netProbe(t, s, a.ID, k0.IP, 8766))
+		netWantBlocked(t, "a fork child to the host", netProbe(t, s, k1.ID, gw, p1))
+		// Through the gateway (routed rather than bridged) is refused as well.
+		netWantBlocked(t, "a separately created sandbox via the host", netProbe(t, s, k1.ID, b.IP, 8765))
+	})
+
+	t.Run("ForkChildrenInheritPolicy", func(t *testing.T) {
+		kids, err := s.Client.Fork(netCtx(t), c.ID, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := netGet(t, s, kids[0])
+		if k.Egress == nil || len(*k.Egress) != 1 || (*k.Egress)[0] != open {
+			t.Errorf("child of c: egress %v, want [%s]", k.Egress, open)
+		}
+		netWantReached(t, "child of c to the opened port", netProbe(t, s, k.ID, gw, p1), "host port one")
+		netWantBlocked(t, "child of c to another port", netProbe(t, s, k.ID, gw, p2))
+	})
+
+	t.Run("PauseResumeAndForkOfPaused", func(t *testing.T) {
+		e := netCreate(t, s, []string{})
+		if _, _, err := s.Client.Pause(netCtx(t), e.ID); err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Children []string `json:"children"`
+		}
+		if err := s.PostJSON(netCtx(t), "/v1/sandboxes/"+e.ID+"/fork", map[string]any{"egress": []string{open}}, &res); err != nil || len(res.Children) != 1 {
+			t.Fatalf("fork of paused with egress: %v %v", res, err)
+		}
+		k := netGet(t, s, res.Children[0])
+		if k.Egress == nil || len(*k.Egress) != 1 || (*k.Egress)[0] != open {
+			t.Errorf("child of the paused sandbox: egress %v, want [%s]", k.Egress, open)
+		}
+		netWantReached(t, "child forked with an egress entry", netProbe(t, s, k.ID, gw, p1), "host port one")
+		netWantBlocked(t, "child forked with an egress entry, other port", netProbe(t, s, k.ID, gw, p2))
+		if _, _, err := s.Client.Resume(netCtx(t), e.ID); err != nil {
+			t.Fatal(err)
+		}
+		if g := netGet(t, s, e.ID); g.Egress == nil || len(*g.Egress) != 0 {
+			t.Errorf("resumed sandbox: egress %v, want []", g.Egress)
+		}
+		netWantBlocked(t, "resumed sandbox with egress []", netProbe(t, s, e.ID, gw, p1))
+	})
+
+	t.Run("PublicAllowedByDefault", func(t *testing.T) {
+		pub, port := netPublicPeer(t)
+		netWantReached(t, "default sandbox to a public address", netProbe(t, s, a.ID, pub, port), "public peer")
+		if t.Failed() {
+			out, _ := exec.Command("sh", "-c", "nft list table ip ramify_"+netBridgeOf(t, gw)+"; ip route get "+pub).CombinedOutput()
+			t.Logf("the server's rules and the route (for diagnosis):\n%s", out)
+			t.Logf("the sandbox's routes and neighbours: %s", netSh(t, s, a.ID, "ip route; ip neigh"))
+		}
+		netWantBlocked(t, "egress [] to a public address", netProbe(t, s, d.ID, pub, port))
+		netWantBlocked(t, "an allowlist without it to a public address", netProbe(t, s, c.ID, pub, port))
+	})
+}
+
+// netPublicPeer creates a network namespace holding an address of TEST-NET-2 (198.51.100.0/24, a documentation
+// range the policy treats as public), routed from the host through a veth, with a greeter in it. Removed when the
+// test ends.
+func netPublicPeer(t *testing.T) (string, int) {
+	t.Helper()
+	k := os.Getpid() % 60
+	hostIP := net.IPv4(198, 51, 100, byte(4*k+1))
+	peerIP := net.IPv4(198, 51, 100, byte(4*k+2))
+	hostVeth := fmt.Sprintf("rfypub%d", k)
+
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.New() // switches this thread into it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Set(orig); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostVeth}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("create veth %s: %v", hostVeth, err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(hostVeth); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	host, err := netlink.LinkByName(hostVeth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: &net.IPNet{IP: hostIP, Mask: net.CIDRMask(30, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		t.Fatal(err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for _, name := range []string{"lo", "eth0"} {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "eth0" {
+			if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: peerIP, Mask: net.CIDRMask(30, 32)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	ln, lerr := net.Listen("tcp", net.JoinHostPort(peerIP.String(), "0"))
+	if err := netns.Set(orig); err != nil {
+		panic(err) // this thread must not go back to the pool in the wrong namespace
+	}
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, "public peer")
+			c.Close()
+		}
+	}()
+	// Ready when the host itself reaches the greeter (the new link's first packets can be lost).
+	addr := ln.Addr().String()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the public peer %s is not reachable from the host: %v", addr, err)
+		}
+	}
+	return peerIP.String(), ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestNetworkSpoofing: a sandbox cannot take its neighbour's address. It forges ARP replies and requests that say
+// "the neighbour's IP is at my MAC", puts the neighbour's IP on its own eth0, and sends an IP packet with the
+// neighbour's source address; the host's ARP entry for the neighbour must not move, the host must keep reaching
+// the neighbour, and the forged packet must not arrive.
+func TestNetworkSpoofing(t *testing.T) {
+	s := testserver.Start(t)
+	first := netCreate(t, s, []string{})
+	gw := netGateway(first.IP)
+	udp, err := net.ListenPacket("udp4", net.JoinHostPort(gw, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { udp.Close() })
+	uport := udp.LocalAddr().(*net.UDPAddr).Port
+	allow := []string{fmt.Sprintf("%s:%d", gw, uport)}
+	victim := netCreate(t, s, allow)
+	attacker := netCreate(t, s, allow)
+	netSandboxGreeter(t, s, victim.ID, 8765, "the victim")
+
+	br, err := net.InterfaceByName(netBridgeOf(t, gw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	victimMAC := network.MACFor(net.ParseIP(victim.IP)).String()
+	hostDial := func() string {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(victim.IP, "8765"), 5*time.Second)
+		if err != nil {
+			return "dial: " + err.Error()
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		b, _ := io.ReadAll(c)
+		return strings.TrimSpace(string(b))
+	}
+	neighMAC := func() string {
+		ns, _ := netlink.NeighList(br.Index, netlink.FAMILY_V4)
+		for _, n := range ns {
+			if n.IP.Equal(net.ParseIP(victim.IP)) {
+				return n.HardwareAddr.String()
+			}
+		}
+		return ""
+	}
+	if got := hostDial(); got != "the victim" {
+		t.Fatalf("host to victim before the attack: %q", got)
+	}
+	if got := neighMAC(); got != victimMAC {
+		t.Fatalf("host's ARP entry for the victim: %q, want %s", got, victimMAC)
+	}
+
+	t.Run("ForgedARP", func(t *testing.T) {
+		// Replies and requests claiming the victim's IP, for longer than the neighbour table's lock time (1 s).
+		out := netSh(t, s, attacker.ID, fmt.Sprintf(`python3 -c "
+import socket, fcntl, struct, time
+try:
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    s.bind(('eth0', 0))
+except PermissionError as e:
+    print('noperm', e); raise SystemExit
+mine = fcntl.ioctl(s.fileno(), 0x8927, struct.pack('256s', b'eth0'))[18:24]
+vic, gw = socket.inet_aton('%s'), socket.inet_aton('%s')
+bc = b'\xff' * 6
+def arp(op, tha, tpa):
+    return bc + mine + b'\x08\x06' + struct.pack('!HHBBH', 1, 0x0800, 6, 4, op) + mine + vic + tha + tpa
+for i in range(30):
+    s.send(arp(2, bc, vic)); s.send(arp(2, bc, gw)); s.send(arp(1, b'\x00' * 6, gw))
+    time.sleep(0.1)
+print('sent')"`, victim.IP, gw))
+		if strings.Contains(out, "noperm") {
+			t.Skipf("sandbox root has no CAP_NET_RAW (raw sockets refused): the forged-ARP variant cannot be tried: %s", out)
+		}
+		if !strings.Contains(out, "sent") {
+			t.Fatalf("forging ARP: %s", out)
+		}
+		if got := neighMAC(); got != victimMAC {
+			t.Errorf("host's ARP entry for the victim moved to %q (victim %s)", got, victimMAC)
+		}
+		if got := hostDial(); got != "the victim" {
+			t.Errorf("host to victim after forged ARP: %q", got)
+		}
+	})
+
+	t.Run("NeighbourIPOnOwnEth0", func(t *testing.T) {
+		out := netSh(t, s, attacker.ID, fmt.Sprintf("ip addr add %s/32 dev eth0 && echo added", victim.IP))
+		if !strings.Contains(out, "added") {
+			t.Skipf("sandbox root cannot add an address (no CAP_NET_ADMIN in its namespace): %s", out)
+		}
+		// Make the host ask again: both the victim and the attacker now answer for the victim's IP.
+		netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Index, IP: net.ParseIP(victim.IP)})
+		for i := 0; i < 5; i++ {
+			if got := hostDial(); got != "the victim" {
+				t.Errorf("host to victim with the attacker claiming its IP: %q", got)
+			}
+		}
+		if got := neighMAC(); got != victimMAC {
+			t.Errorf("host's ARP entry for the victim: %q, want %s", got, victimMAC)
+		}
+	})
+
+	t.Run("ForgedSourceIP", func(t *testing.T) {
+		got := make(chan string, 16)
+		go func() {
+			buf := make([]byte, 100)
+			for {
+				n, from, err := udp.ReadFrom(buf)
+				if err != nil {
+					close(got)
+					return
+				}
+				got <- string(buf[:n]) + " from " + from.String()
+			}
+		}()
+		out := netSh(t, s, attacker.ID, fmt.Sprintf(`python3 -c "
+import socket, struct
+try:
+    r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+except PermissionError as e:
+    print('noperm', e); raise SystemExit
+src, dst, port = socket.inet_aton('%s'), socket.inet_aton('%s'), %d
+data = b'forged'
+udp = struct.pack('!HHHH', 40000, port, 8 + len(data), 0) + data
+ip = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, src, dst)
+for i in range(3):
+    r.sendto(ip + udp, ('%s', 0))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.sendto(b'genuine', ('%s', port))
+print('sent')"`, victim.IP, gw, uport, gw, gw))
+		if strings.Contains(out, "noperm") {
+			t.Skipf("sandbox root has no CAP_NET_RAW: the forged-source variant cannot be tried: %s", out)
+		}
+		if !strings.Contains(out, "sent") {
+			t.Fatalf("forging a packet: %s", out)
+		}
+		timeout := time.After(20 * time.Second)
+		for {
+			select {
+			case m := <-got:
+				if strings.HasPrefix(m, "forged") {
+					t.Fatalf("the host received a packet with the victim's forged source: %s", m)
+				}
+				if strings.HasPrefix(m, "genuine") {
+					if !strings.Contains(m, attacker.IP+":") {
+						t.Errorf("genuine datagram came from %s, want %s", m, attacker.IP)
+					}
+					return
+				}
+			case <-timeout:
+				t.Fatal("the attacker's genuine datagram never arrived")
+			}
+		}
+	})
+}
+
+// netBridgeOf finds the host interface holding gw (the test server's bridge).
+func netBridgeOf(t *testing.T, gw string) string {
+	t.Helper()
+	ifs, _ := net.Interfaces()
+	for _, i := range ifs {
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.String() == gw {
+				return i.Name
+			}
+		}
+	}
+	t.Fatalf("no interface holds %s", gw)
+	return ""
+}
