@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/ramify-dev/ramify/client"
 )
 
@@ -232,6 +233,15 @@ func (s *Server) cleanup() {
 	// The layers' loop-mounted btrfs (if any) and the bridge belong to this server only.
 	exec.Command("umount", filepath.Join(s.DataDir, "layers", "layers")).Run()
 	exec.Command("ip", "link", "del", s.bridge).Run()
+	// The server's nftables tables (ip and bridge families), which a server leaves for its next start.
+	if c, err := nftables.New(); err == nil {
+		for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
+			tb := &nftables.Table{Name: "ramify_" + s.bridge, Family: fam}
+			c.AddTable(tb)
+			c.DelTable(tb)
+		}
+		c.Flush() //nolint:errcheck // best effort
+	}
 	// The server's cgroup parent: ramify/<first 4 bytes of sha256(data dir)> in every hierarchy. A server
 	// stopped as it started a warm sandbox leaves that sandbox running (a restart of the server would destroy it,
 	// but this data directory is never used again): kill what is left, so that tests leave nothing behind.
