@@ -182,6 +182,34 @@ func TestNetworkPolicy(t *testing.T) {
 		netWantBlocked(t, "default sandbox to a host service on 0.0.0.0", netProbe(t, s, a.ID, gw, pAny))
 	})
 
+	t.Run("IPv6Dropped", func(t *testing.T) {
+		// The IPv4 rules do not see IPv6: the bridge drops every frame that is not ARP or IPv4, so a sandbox
+		// cannot reach the host's link-local address (which any service listening on [::] answers).
+		br, err := netlink.LinkByName(netBridgeOf(t, gw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, _ := netlink.AddrList(br, netlink.FAMILY_V6)
+		var ll string
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() {
+				ll = a.IP.String()
+			}
+		}
+		if ll == "" {
+			t.Skip("the bridge has no IPv6 link-local address (IPv6 disabled on this host): nothing to reach")
+		}
+		p6 := netGreeter(t, "::", "host over ipv6")
+		// Until duplicate address detection ends, the sandbox's own link-local address cannot be used (the probe
+		// would fail for that reason): wait for it.
+		for _, id := range []string{a.ID} {
+			if out := netSh(t, s, id, "for i in $(seq 100); do [ -z \"$(ip -6 -o addr show dev eth0 tentative)\" ] && [ -n \"$(ip -6 -o addr show dev eth0 scope link)\" ] && echo ready && exit; sleep 0.1; done"); !strings.Contains(out, "ready") {
+				t.Fatalf("the sandbox's IPv6 link-local address never became usable: %q", out)
+			}
+		}
+		netWantBlocked(t, "default sandbox to the host's IPv6 link-local address", netProbe(t, s, a.ID, ll+"%eth0", p6))
+	})
+
 	t.Run("EgressEntryOpensExactlyThat", func(t *testing.T) {
 		netWantReached(t, "the opened host port", netProbe(t, s, c.ID, gw, p1), "host port one")
 		netWantBlocked(t, "another port of the same address", netProbe(t, s, c.ID, gw, p2))
@@ -212,7 +240,11 @@ func TestNetworkPolicy(t *testing.T) {
 				t.Errorf("create with egress %v: %d %s, want 400 naming egress", bad, code, b)
 			}
 		}
-		code, b := netDo(t, s, http.MethodPost, "/v1/sandboxes/"+a.ID+"/fork", map[string]any{"egress": []string{"1.2.3"}})
+		code, b := netDo(t, s, http.MethodPost, "/v1/sandboxes", map[string]any{"egress": []string{"10.0.0.0/8", "10.0.0.0/33"}})
+		if want := `{"error":"egress[1] \"10.0.0.0/33\": not an IPv4 CIDR (like 10.0.0.0/8)"}`; code != http.StatusBadRequest || strings.TrimSpace(string(b)) != want {
+			t.Errorf("create with a bad CIDR: %d %s, want 400 %s", code, b, want)
+		}
+		code, b = netDo(t, s, http.MethodPost, "/v1/sandboxes/"+a.ID+"/fork", map[string]any{"egress": []string{"1.2.3"}})
 		if code != http.StatusBadRequest || !bytes.Contains(b, []byte("egress")) {
 			t.Errorf("fork with a malformed egress: %d %s, want 400", code, b)
 		}
