@@ -316,6 +316,14 @@ func TestNetworkPolicy(t *testing.T) {
 		}
 		netWantBlocked(t, "egress [] to a public address", netProbe(t, s, d.ID, pub, port))
 		netWantBlocked(t, "an allowlist without it to a public address", netProbe(t, s, c.ID, pub, port))
+
+		// A server restart rewrites the rules but keeps the running sandboxes' pins and policies.
+		s.Restart()
+		netWantReached(t, "after a restart, the default sandbox to a public address", netProbe(t, s, a.ID, pub, port), "public peer")
+		netWantBlocked(t, "after a restart, the default sandbox to the host", netProbe(t, s, a.ID, gw, p1))
+		netWantReached(t, "after a restart, the opened host port", netProbe(t, s, c.ID, gw, p1), "host port one")
+		netWantBlocked(t, "after a restart, another host port", netProbe(t, s, c.ID, gw, p2))
+		netWantBlocked(t, "after a restart, egress [] to a public address", netProbe(t, s, d.ID, pub, port))
 	})
 }
 
