@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -107,6 +108,49 @@ try:
 except Exception as e:
     print('blocked', type(e).__name__)
 "`, addr, port)))
+}
+
+// netProbeMany probes several "addr:port" targets from sandbox id at once (threads), so that probes that wait
+// for a timeout (what isolated bridge ports swallow) overlap. It returns one netProbe answer per target, or an
+// error (it is safe to call from any goroutine).
+func netProbeMany(s *testserver.Server, id string, targets []string) ([]string, error) {
+	var b strings.Builder
+	for _, tg := range targets {
+		h, p, _ := net.SplitHostPort(tg)
+		fmt.Fprintf(&b, "(%q, %s), ", h, p)
+	}
+	cmd := fmt.Sprintf(`python3 -c "
+import socket, threading
+ts = [%s]
+out = [None] * len(ts)
+def probe(i, a):
+    try:
+        s = socket.create_connection(a, 5); s.settimeout(10); out[i] = 'reached ' + s.recv(100).decode().strip()
+    except Exception as e:
+        out[i] = 'blocked ' + type(e).__name__
+th = [threading.Thread(target=probe, args=(i, a)) for i, a in enumerate(ts)]
+[x.start() for x in th]; [x.join() for x in th]
+print('\n'.join(out))
+"`, strings.ReplaceAll(b.String(), `"`, `'`))
+	body, _ := json.Marshal(map[string]any{"cmd": cmd})
+	req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/sandboxes/"+id+"/exec", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+s.Key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	var res struct{ Stdout, Stderr string }
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(rb, &res) != nil {
+		return nil, fmt.Errorf("exec in %s: %d %s", id, resp.StatusCode, rb)
+	}
+	lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
+	if len(lines) != len(targets) {
+		return nil, fmt.Errorf("probes from %s: %q %q", id, res.Stdout, res.Stderr)
+	}
+	return lines, nil
 }
 
 func netWantReached(t *testing.T, what, got, greeting string) {
@@ -253,18 +297,38 @@ func TestNetworkPolicy(t *testing.T) {
 	t.Run("OtherSandboxesUnreachable", func(t *testing.T) {
 		b := netCreate(t, s, nil)
 		netSandboxGreeter(t, s, b.ID, 8765, "sandbox b")
-		netWantBlocked(t, "a separately created sandbox", netProbe(t, s, a.ID, b.IP, 8765))
 		kids, err := s.Client.Fork(netCtx(t), a.ID, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
 		k0, k1 := netGet(t, s, kids[0]), netGet(t, s, kids[1])
 		netSandboxGreeter(t, s, k0.ID, 8766, "fork child zero")
-		netWantBlocked(t, "a fork sibling", netProbe(t, s, k1.ID, k0.IP, 8766))
-		netWantBlocked(t, "the fork parent to its child", netProbe(t, s, a.ID, k0.IP, 8766))
-		netWantBlocked(t, "a fork child to the host", netProbe(t, s, k1.ID, gw, p1))
-		// Through the gateway (routed rather than bridged) is refused as well.
-		netWantBlocked(t, "a separately created sandbox via the host", netProbe(t, s, k1.ID, b.IP, 8765))
+		bAddr, k0Addr := net.JoinHostPort(b.IP, "8765"), net.JoinHostPort(k0.IP, "8766")
+		probes := []struct {
+			from    string
+			targets []string
+			what    []string
+		}{
+			{a.ID, []string{bAddr, k0Addr}, []string{"a separately created sandbox", "the fork parent to its child"}},
+			{k1.ID, []string{k0Addr, bAddr, net.JoinHostPort(gw, fmt.Sprint(p1))},
+				[]string{"a fork sibling", "a fork child to a separately created sandbox", "a fork child to the host"}},
+		}
+		outs := make([][]string, len(probes))
+		errs := make([]error, len(probes))
+		var wg sync.WaitGroup
+		for i, p := range probes {
+			wg.Add(1)
+			go func() { defer wg.Done(); outs[i], errs[i] = netProbeMany(s, p.from, p.targets) }()
+		}
+		wg.Wait()
+		for i, p := range probes {
+			if errs[i] != nil {
+				t.Fatal(errs[i])
+			}
+			for j, what := range p.what {
+				netWantBlocked(t, what, outs[i][j])
+			}
+		}
 	})
 
 	t.Run("ForkChildrenInheritPolicy", func(t *testing.T) {
@@ -285,11 +349,17 @@ func TestNetworkPolicy(t *testing.T) {
 		if _, _, err := s.Client.Pause(netCtx(t), e.ID); err != nil {
 			t.Fatal(err)
 		}
+		if sb, err := s.Client.WaitStatus(netCtx(t), e.ID, "paused"); err != nil {
+			t.Fatalf("wait paused: %v %+v", err, sb)
+		}
 		var res struct {
 			Children []string `json:"children"`
 		}
 		if err := s.PostJSON(netCtx(t), "/v1/sandboxes/"+e.ID+"/fork", map[string]any{"egress": []string{open}}, &res); err != nil || len(res.Children) != 1 {
 			t.Fatalf("fork of paused with egress: %v %v", res, err)
+		}
+		if sb, err := s.Client.WaitStatus(netCtx(t), res.Children[0], "running"); err != nil {
+			t.Fatalf("wait for the child to run: %v %+v", err, sb)
 		}
 		k := netGet(t, s, res.Children[0])
 		if k.Egress == nil || len(*k.Egress) != 1 || (*k.Egress)[0] != open {
@@ -299,6 +369,9 @@ func TestNetworkPolicy(t *testing.T) {
 		netWantBlocked(t, "child forked with an egress entry, other port", netProbe(t, s, k.ID, gw, p2))
 		if _, _, err := s.Client.Resume(netCtx(t), e.ID); err != nil {
 			t.Fatal(err)
+		}
+		if sb, err := s.Client.WaitStatus(netCtx(t), e.ID, "running"); err != nil {
+			t.Fatalf("wait running: %v %+v", err, sb)
 		}
 		if g := netGet(t, s, e.ID); g.Egress == nil || len(*g.Egress) != 0 {
 			t.Errorf("resumed sandbox: egress %v, want []", g.Egress)
