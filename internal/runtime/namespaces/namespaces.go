@@ -65,6 +65,9 @@ type Runtime struct {
 	sandboxes map[string]*sandbox
 
 	bg sync.WaitGroup // clean-up finishing in the background (after a merge)
+
+	bin  *os.File // the ramify executable, sealed in a memfd (see sealedBinary)
+	logs *logSink // where families' inits and agents write their diagnostics
 }
 
 type sandbox struct {
@@ -84,7 +87,16 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o700); err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, families: map[string]*family{}, sandboxes: map[string]*sandbox{}}, nil
+	bin, err := sealedBinary(cfg.Binary)
+	if err != nil {
+		return nil, err
+	}
+	logs, err := openLogSink(filepath.Join(cfg.DataDir, "logs", "sandboxes.log"))
+	if err != nil {
+		bin.Close()
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger, families: map[string]*family{}, sandboxes: map[string]*sandbox{}, bin: bin, logs: logs}, nil
 }
 
 // cleanup is a rollback stack: functions run in reverse order unless Release is called.
@@ -101,17 +113,16 @@ func (c *cleanup) release() { c.fns = nil }
 
 // startFamily starts a family init in fresh user, PID, mount, network, UTS and IPC namespaces.
 func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
-	logf, err := os.OpenFile(filepath.Join(r.cfg.DataDir, "logs", "sandboxes.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	// The init's (and its agents') stdout and stderr are a pipe that the server copies into sandboxes.log: no
+	// process of a family holds a descriptor of a host file.
+	logw, err := r.logs.writer(id)
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
-	bin := r.cfg.Binary
-	if bin == "" {
-		bin = "/proc/self/exe"
-	}
-	cmd := exec.Command(bin, "__init")
-	cmd.Stdout, cmd.Stderr = logf, logf
+	defer logw.Close()
+	cmd := exec.Command(execPath(r.bin), "__init")
+	cmd.Args[0] = "ramify"
+	cmd.Stdout, cmd.Stderr = logw, logw
 	cmd.Env = []string{"GOMAXPROCS=1", "GOGC=50"}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{
