@@ -193,6 +193,17 @@ fill()`})
 		if got := diskGet(t, s, a.ID).DiskMiB; got != diskQuota {
 			t.Fatalf("paused: disk_mib = %d, want %d", got, diskQuota)
 		}
+		// A fork of the paused sandbox inherits it too (fork takes no shape).
+		var pf struct {
+			Children []string `json:"children"`
+		}
+		if err := s.PostJSON(diskCtx(t), "/v1/sandboxes/"+a.ID+"/fork", map[string]any{"n": 1, "start_paused": true}, &pf); err != nil || len(pf.Children) != 1 {
+			t.Fatalf("fork of the paused sandbox: %v %+v", err, pf)
+		}
+		t.Cleanup(func() { s.Client.Delete(context.Background(), pf.Children[0]) }) //nolint:errcheck
+		if got := diskGet(t, s, pf.Children[0]).DiskMiB; got != diskQuota {
+			t.Fatalf("fork of a paused sandbox: disk_mib = %d, want %d", got, diskQuota)
+		}
 		if _, _, err := s.Client.Resume(diskCtx(t), a.ID); err != nil {
 			t.Fatalf("resume: %v", err)
 		}
