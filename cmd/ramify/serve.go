@@ -53,6 +53,8 @@ type serveFlags struct {
 	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret string
 	s3Secure                                                                  bool
 	runtimeBinary                                                             string
+	diskMiB                                                                   int    // default disk quota
+	layerQuota                                                                string // btrfs quota mode
 }
 
 func parseServeFlags(name string, args []string) (*serveFlags, error) {
@@ -65,6 +67,8 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.bridge, "bridge", envOr("RAMIFY_BRIDGE", "ramify0"), "host bridge for sandbox networking (env RAMIFY_BRIDGE)")
 	fs.StringVar(&f.subnet, "subnet", envOr("RAMIFY_SUBNET", "10.213.0.0/16"), "sandbox address range (env RAMIFY_SUBNET)")
 	fs.StringVar(&f.layerDriver, "layer-driver", os.Getenv("RAMIFY_LAYER_DRIVER"), `writable layer driver: "btrfs", "copy" or empty for automatic (env RAMIFY_LAYER_DRIVER)`)
+	fs.IntVar(&f.diskMiB, "disk-mib", envInt("RAMIFY_DISK_MIB", sandbox.DefaultDiskMiB), fmt.Sprintf("disk quota of sandboxes created without disk_mib, %d..%d (env RAMIFY_DISK_MIB)", sandbox.MinDiskMiB, sandbox.MaxDiskMiB))
+	fs.StringVar(&f.layerQuota, "layer-quota", envOr("RAMIFY_LAYER_QUOTA", "full"), `how the btrfs layer driver enforces disk_mib: "full" (qgroups), "simple" (simple quotas, kernel 6.7+) or "off" (env RAMIFY_LAYER_QUOTA)`)
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
 	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
 	fs.IntVar(&f.spareAgents, "spare-agents", envInt("RAMIFY_SPARE_AGENTS", 8), "agents a fork family keeps started after a fork, so that its next fork of up to that many children skips process start-up; 0 for none (env RAMIFY_SPARE_AGENTS)")
@@ -83,6 +87,9 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	}
 	if f.imageDir == "" {
 		f.imageDir = filepath.Join(f.dataDir, "images")
+	}
+	if err := sandbox.ValidDiskMiB(f.diskMiB); err != nil {
+		return nil, fmt.Errorf("--disk-mib: %w", err)
 	}
 	return f, nil
 }
@@ -150,11 +157,15 @@ func serveCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("default image: %w (rebuild with 'ramify image build')", err)
 	}
-	layers, err := layer.Open(ctx, filepath.Join(f.dataDir, "layers"), layer.Options{Driver: f.layerDriver, Logger: log})
+	layers, err := layer.Open(ctx, filepath.Join(f.dataDir, "layers"), layer.Options{Driver: f.layerDriver, Logger: log,
+		Quota: layer.QuotaMode(f.layerQuota)})
 	if err != nil {
 		return fmt.Errorf("layers: %w", err)
 	}
 	defer layers.Close()
+	if _, ok := layer.LimiterOf(layers); !ok {
+		log.Warn("disk_mib is not enforced: the layer driver has no quotas", "driver", layers.Name(), "quota", layer.QuotaModeOf(layers))
+	}
 	// One cgroup parent per data directory, so that two servers on one host never touch each other's sandboxes.
 	sum := sha256.Sum256([]byte(f.dataDir))
 	cg, err := cgroups.Detect("ramify/"+hex.EncodeToString(sum[:4]), log)
@@ -192,7 +203,8 @@ func serveCmd(ctx context.Context, args []string) error {
 		return fmt.Errorf("snapshot store: %w", err)
 	}
 	svc, err := sandbox.New(ctx, sandbox.Config{Snapshots: snaps, Store: st, Runtime: rt, IPs: netw, Logger: log,
-		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool})
+		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool,
+		DiskMiB: f.diskMiB})
 	if err != nil {
 		return err
 	}

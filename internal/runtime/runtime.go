@@ -20,6 +20,7 @@ type Spec struct {
 	VCPU     float64
 	MemMiB   int
 	MaxProcs int
+	DiskMiB  int // cap on the sandbox's writable layer (0: none) where the layer driver enforces one
 	Env      map[string]string
 	Cwd      string
 	// Populate, when set, fills the new sandbox's writable layer (its overlay upper directory, on the host)

@@ -91,7 +91,7 @@ func (s *Service) ForkWith(ctx context.Context, id string, n int, startPaused bo
 			return ForkResult{}, fmt.Errorf("fork %s: %w", id, err)
 		}
 		specs[i] = runtime.Spec{ID: cid, Hostname: hostnameOf(cid), IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
-			MaxProcs: spec.MaxProcs, Env: spec.Env, Cwd: spec.Cwd}
+			MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd}
 		k := &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusCreating), FamilyID: e.rec.FamilyID,
 			ParentID: id, IP: ip.String(), Hostname: specs[i].Hostname, CreatedAt: now, Spec: specJSON}}
 		k.op.Lock()

@@ -445,7 +445,7 @@ func (s *Service) resume(e *entry) {
 	ip := parseIP(ipStr)
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID: id, Hostname: hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
-		Env: spec.Env, Cwd: spec.Cwd,
+		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
 		Populate: func(upper string) error {
 			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
 				return err

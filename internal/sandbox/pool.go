@@ -40,7 +40,7 @@ func (s *Service) fillPool() {
 				return
 			default:
 			}
-			spec, _ := CreateRequest{}.normalize()
+			spec, _ := CreateRequest{DiskMiB: s.cfg.DiskMiB}.normalize()
 			info, err := s.createCold(context.Background(), spec, StatusWarm)
 			if err != nil {
 				s.log.Warn("warm pool: start a sandbox", "err", err)
@@ -74,7 +74,7 @@ func (s *Service) claimWarm(ctx context.Context, spec CreateRequest) (Info, bool
 	defer e.op.Unlock()
 	start := time.Now()
 	if err := s.cfg.Runtime.Configure(ctx, h, runtime.Spec{ID: h.ID, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
-		MaxProcs: spec.MaxProcs, Env: spec.Env, Cwd: spec.Cwd}); err != nil {
+		MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd}); err != nil {
 		s.log.Warn("warm pool: claim failed, starting cold", "sandbox", h.ID, "err", err)
 		s.dropWarm(e)
 		return Info{}, false

@@ -40,6 +40,8 @@ type Config struct {
 	WarmPool int
 	// Snapshots is where pauses write their snapshots (nil: pause is unavailable).
 	Snapshots snapstore.Store
+	// DiskMiB is the disk quota of sandboxes created without disk_mib (0: DefaultDiskMiB).
+	DiskMiB int
 }
 
 // Service is the sandbox service.
@@ -204,6 +206,7 @@ func (s *Service) info(e *entry) Info {
 		TimeoutS: spec.TimeoutS, OnTimeout: spec.OnTimeout, Cwd: spec.Cwd, Metadata: spec.Metadata,
 		CreatedAt: r.CreatedAt, FamilyID: r.FamilyID, Error: r.Error,
 	}
+	in.DiskMiB = spec.DiskMiB
 	if in.Metadata == nil {
 		in.Metadata = map[string]string{}
 	}
@@ -313,6 +316,9 @@ func (s *Service) allocateIP() (net.IP, error) {
 
 // Create makes and starts a sandbox.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	if req.DiskMiB == 0 {
+		req.DiskMiB = s.cfg.DiskMiB
+	}
 	spec, err := req.normalize()
 	if err != nil {
 		return Info{}, err
@@ -359,7 +365,7 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 	start := time.Now()
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID: id, Hostname: e.rec.Hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
-		Env: spec.Env, Cwd: spec.Cwd,
+		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
 	})
 	if err != nil {
 		return fail(err)

@@ -82,6 +82,11 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 				c.err = fmt.Errorf("clone layer: %w", err)
 				return
 			}
+			if err := r.limitLayer(c.spec.ID, c.spec.DiskMiB); err != nil {
+				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
+				c.err = err
+				return
+			}
 			c.sb, c.err = r.spawn(ctx, f, c.spec, dir, c.token)
 			if c.err != nil {
 				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck

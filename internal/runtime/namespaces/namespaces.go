@@ -326,6 +326,10 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 			return runtime.Handle{}, fmt.Errorf("populate layer: %w", err)
 		}
 	}
+	// After Populate: a resumed layer is restored whole, then held to its quota.
+	if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
+		return runtime.Handle{}, err
+	}
 	f, err := r.startFamily(ctx, "fam_"+spec.ID[len("sbx_"):])
 	if err != nil {
 		return runtime.Handle{}, err
@@ -508,8 +512,24 @@ func (r *Runtime) Configure(ctx context.Context, h runtime.Handle, spec runtime.
 	if err := sb.cg.Update(limitsOf(spec)); err != nil {
 		return err
 	}
+	if err := r.limitLayer(h.Layer(), spec.DiskMiB); err != nil {
+		return err
+	}
 	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
 		return fmt.Errorf("configure %s: %w", h.ID, err)
+	}
+	return nil
+}
+
+// limitLayer caps layer id at mib MiB (0: no cap) when the layer driver enforces limits (btrfs with quotas);
+// with the copy driver it does nothing.
+func (r *Runtime) limitLayer(id string, mib int) error {
+	lim, ok := layer.LimiterOf(r.cfg.Layers)
+	if !ok {
+		return nil
+	}
+	if err := lim.SetLimit(id, int64(mib)<<20); err != nil {
+		return fmt.Errorf("disk quota: %w", err)
 	}
 	return nil
 }
