@@ -112,3 +112,20 @@ type Forker interface {
 	// LowerDir is the host directory of the read-only image under every sandbox.
 	LowerDir() string
 }
+
+// Lost is a sandbox whose own machinery (its agent, or its family's init) died: it cannot answer.
+type Lost struct {
+	Handle Handle
+	Reason string
+}
+
+// Healer is implemented by runtimes that notice when a sandbox's machinery dies under it (killed from the host,
+// out of memory, a bug) and can bring the sandbox back.
+type Healer interface {
+	// Lost lists the running sandboxes whose agent or family init is gone. It is cheap: the service polls it.
+	Lost() []Lost
+	// Revive starts a lost sandbox afresh on its own file system: whatever is left of its processes is killed,
+	// and a new agent and interpreter start with spec's limits, env, cwd and address. Files are kept; the
+	// interpreter's variables are not. It returns the sandbox's new handle.
+	Revive(ctx context.Context, h Handle, spec Spec) (Handle, error)
+}

@@ -139,6 +139,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		go s.fillPool()
 		s.kickPool()
 	}
+	if h, ok := cfg.Runtime.(runtime.Healer); ok {
+		s.wg.Add(1)
+		go s.watchHealth(h)
+	}
 	return s, nil
 }
 

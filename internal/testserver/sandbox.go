@@ -2,6 +2,10 @@ package testserver
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,4 +76,32 @@ func (s *Server) Fork(t testing.TB, id string, n int) []string {
 		t.Fatalf("fork %s: %v", id, err)
 	}
 	return kids
+}
+
+// SandboxPids returns the host pids of a sandbox's processes (from its cgroup, in every hierarchy).
+func SandboxPids(id string) []int {
+	files, _ := filepath.Glob("/sys/fs/cgroup/*/ramify/*/" + id + "/cgroup.procs")
+	more, _ := filepath.Glob("/sys/fs/cgroup/ramify/*/" + id + "/cgroup.procs")
+	seen := map[int]bool{}
+	var out []int
+	for _, f := range append(files, more...) {
+		b, _ := os.ReadFile(f)
+		for _, p := range strings.Fields(string(b)) {
+			if pid, _ := strconv.Atoi(p); pid > 0 && !seen[pid] {
+				seen[pid] = true
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// AgentPid returns the host pid of a sandbox's agent (0 if none is found).
+func AgentPid(id string) int {
+	for _, pid := range SandboxPids(id) {
+		if cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.Contains(string(cmd), "__agent") {
+			return pid
+		}
+	}
+	return 0
 }

@@ -566,3 +566,55 @@ func (r *Runtime) Close() error {
 	}
 	return nil
 }
+
+var _ runtime.Healer = (*Runtime)(nil)
+
+// Lost implements runtime.Healer.
+func (r *Runtime) Lost() []runtime.Lost {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []runtime.Lost
+	for _, sb := range r.sandboxes {
+		switch {
+		case !alive(sb.h.InitPid, sb.h.InitStart):
+			out = append(out, runtime.Lost{Handle: sb.h, Reason: "its family init died"})
+		case !alive(sb.h.AgentPid, sb.h.AgentStart):
+			out = append(out, runtime.Lost{Handle: sb.h, Reason: "its agent died"})
+		}
+	}
+	return out
+}
+
+// Revive implements runtime.Healer: the sandbox restarts in a family of its own (its old family may be gone, or
+// busy with its siblings), on its own layer, with a cgroup and veth named as before.
+func (r *Runtime) Revive(ctx context.Context, h runtime.Handle, spec runtime.Spec) (_ runtime.Handle, err error) {
+	r.Stop(ctx, h) //nolint:errcheck // reports nothing it could act on
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	f, err := r.startFamily(ctx, fmt.Sprintf("fam_%s_r%d", h.ID[len("sbx_"):], time.Now().UnixNano()))
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	undo.add(f.kill)
+	name := h.CgroupName()
+	spec.ID = name
+	sb, err := r.spawn(ctx, f, spec, r.cfg.Layers.Path(h.Layer()), "")
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	undo.add(func() { r.teardown(sb) })
+	sb.h.ID, sb.h.LayerID, sb.h.Cgroup, sb.h.Veth = h.ID, h.Layer(), name, network.VethName(name)
+	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
+		return runtime.Handle{}, fmt.Errorf("start sandbox: %w", err)
+	}
+	r.mu.Lock()
+	f.members[h.ID] = true
+	r.families[f.id] = f
+	r.sandboxes[h.ID] = sb
+	r.mu.Unlock()
+	return sb.h, nil
+}
