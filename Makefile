@@ -53,8 +53,9 @@ test-ts:
 test-examples:
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-examples
 
+BENCH ?= .
 bench: build image
-	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./tests/bench/
+	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) $(GO) test -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 60m ./tests/bench/
 
 clean:
 	rm -rf bin

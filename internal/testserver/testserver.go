@@ -59,7 +59,16 @@ func Start(t testing.TB, extraArgs ...string) *Server { return StartInheriting(t
 // StartInheriting is Start with files left open in the server from descriptor 3 on, not close-on-exec, as a
 // careless launcher would leave them.
 func StartInheriting(t testing.TB, files []*os.File, extraArgs ...string) *Server {
-	bin := Binary(t)
+	return start(t, Binary(t), files, extraArgs)
+}
+
+// StartBinary is Start with another server binary than RAMIFY_TEST_BINARY (a benchmark's baseline build, say).
+func StartBinary(t testing.TB, bin string, extraArgs ...string) *Server {
+	Binary(t) // the same preconditions
+	return start(t, bin, nil, extraArgs)
+}
+
+func start(t testing.TB, bin string, files []*os.File, extraArgs []string) *Server {
 	images := os.Getenv("RAMIFY_TEST_IMAGE_DIR")
 	if images == "" {
 		images = "/var/cache/ramify/images"
