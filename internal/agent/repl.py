@@ -195,7 +195,7 @@ def _confine():
     """Reduce this process to sandbox code's capabilities (the agent's RAMIFY_CAPS, "<bounding>:<permitted>" in
     hex): every capability outside the bounding mask leaves the bounding set, so no program this interpreter
     starts ever holds it; the permitted and effective sets keep the second mask (CAP_SYS_ADMIN in addition, for
-    a fork child's setns); no inheritable or ambient capabilities; no_new_privs."""
+    a fork child's setns); no inheritable or ambient capabilities; no_new_privs; not dumpable."""
     global _libc
     if not _CAPS:
         return
@@ -219,6 +219,11 @@ def _confine():
     check(_libc.capset(hdr, data) == 0, "capset")
     check(_libc.prctl(47, 4, 0, 0, 0) == 0, "clear ambient capabilities")  # PR_CAP_AMBIENT, CLEAR_ALL
     check(_libc.prctl(38, 1, 0, 0, 0) == 0, "no_new_privs")  # PR_SET_NO_NEW_PRIVS
+    # Not dumpable: the interpreter holds what the sandbox has loaded (data, models, credentials in variables);
+    # without CAP_SYS_PTRACE, which no sandbox process has, nothing can open its /proc/<pid>/mem, environ, fd or
+    # root: not a fork sibling's processes, which share its uid in the family's user namespace. Fork children
+    # inherit it; the interpreter never execs, so it never reverts.
+    check(_libc.prctl(4, 0, 0, 0, 0) == 0, "not dumpable")  # PR_SET_DUMPABLE
 
 
 def _open_files():
