@@ -209,7 +209,7 @@ func TestCgroupKey(t *testing.T) {
 // guardOf protects the listed thread groups, with the namespaces given.
 type guardOf map[int][]string
 
-func (g guardOf) Protected(tgid int) bool       { _, ok := g[tgid]; return ok }
+func (g guardOf) Protected(tgid int) bool      { _, ok := g[tgid]; return ok }
 func (g guardOf) Namespaces(tgid int) []string { return g[tgid] }
 
 // With a Guard, ramify's own processes (here 201, standing for an agent, and 1) are never a target, even in the
