@@ -134,7 +134,7 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 		Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
 		Setsid:                     true,
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startOwnedBy(cmd, newOwnerUID()); err != nil {
 		return nil, fmt.Errorf("start family init: %w", err)
 	}
 	go cmd.Wait() //nolint:errcheck // reaps the init when it exits
