@@ -14,10 +14,10 @@
 //
 // exec answers with the command echoed on stdout and exit code 0; "exit N" exits with N; "wait GATE" blocks.
 //
-// Faults: Runtime.Fault, when set, is called at the start of every runtime method and agent operation with the
+// Faults: a function installed with Runtime.SetFault is called at the start of every runtime method and agent operation with the
 // method's name ("Create", "Destroy", "Fork", "Swap", "Recover", "Configure", "Freeze", "Thaw", "Stop", or
 // "agent:<op>") and the sandbox id; an error it returns is the method's error, and it may block (to hold an
-// operation half-way). Snapshots.Fault does the same for the store's methods ("Put", "Get", "Copy", "Delete").
+// operation half-way). Snapshots.SetFault does the same for the store's methods ("Put", "Get", "Copy", "Delete").
 package fake
 
 import (
@@ -47,10 +47,8 @@ import (
 type Runtime struct {
 	dir string
 
-	// Fault, if set, is called at the start of every method (see the package comment).
-	Fault func(ctx context.Context, method, id string) error
-
 	mu        sync.Mutex
+	faultFn   func(ctx context.Context, method, id string) error
 	sandboxes map[string]*Sandbox // by id
 	gates     map[string]chan struct{}
 	nextPid   int
@@ -81,11 +79,21 @@ func New(dir string) *Runtime {
 	return &Runtime{dir: dir, sandboxes: map[string]*Sandbox{}, gates: map[string]chan struct{}{}, nextPid: 1000}
 }
 
+// SetFault installs f (nil: none), called at the start of every method (see the package comment).
+func (r *Runtime) SetFault(f func(ctx context.Context, method, id string) error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.faultFn = f
+}
+
 func (r *Runtime) fault(ctx context.Context, method, id string) error {
-	if r.Fault == nil {
+	r.mu.Lock()
+	f := r.faultFn
+	r.mu.Unlock()
+	if f == nil {
 		return nil
 	}
-	return r.Fault(ctx, method, id)
+	return f(ctx, method, id)
 }
 
 // Gate returns a function that opens gate name (the "wait name" statement returns). Opening twice is harmless.
@@ -625,3 +633,6 @@ func (sb *Sandbox) Handle() runtime.Handle {
 	}
 	return h
 }
+
+// GateChan is the channel gate name closes when opened (for Fault functions that wait on a gate).
+func (r *Runtime) GateChan(name string) <-chan struct{} { return r.gate(name) }

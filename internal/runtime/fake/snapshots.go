@@ -17,11 +17,8 @@ import (
 
 // Snapshots is an in-memory snapstore.Store.
 type Snapshots struct {
-	// Fault, if set, is called at the start of Put, Get, Copy and Delete with the method's name and the key (or
-	// prefix); an error it returns is the method's error.
-	Fault func(ctx context.Context, method, key string) error
-
 	mu      sync.Mutex
+	faultFn func(ctx context.Context, method, key string) error
 	objects map[string][]byte
 }
 
@@ -30,11 +27,22 @@ var _ snapstore.Store = (*Snapshots)(nil)
 // NewSnapshots returns an empty store.
 func NewSnapshots() *Snapshots { return &Snapshots{objects: map[string][]byte{}} }
 
+// SetFault installs f (nil: none), called at the start of Put, Get, Copy and Delete with the method's name and
+// the key (or prefix); an error it returns is the method's error.
+func (s *Snapshots) SetFault(f func(ctx context.Context, method, key string) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faultFn = f
+}
+
 func (s *Snapshots) fault(ctx context.Context, method, key string) error {
-	if s.Fault == nil {
+	s.mu.Lock()
+	f := s.faultFn
+	s.mu.Unlock()
+	if f == nil {
 		return nil
 	}
-	return s.Fault(ctx, method, key)
+	return f(ctx, method, key)
 }
 
 // Name describes the store.

@@ -1,0 +1,165 @@
+package sandbox
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestCloseCancelsPause: Close cancels a pause in progress (here its session save, which never ends on its
+// own) instead of waiting for it forever; the pause rolls back and the sandbox is recorded running.
+func TestCloseCancelsPause(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create()
+	saving := make(chan struct{})
+	e.rt.SetFault(func(ctx context.Context, method, sid string) error {
+		if method == "agent:snapshot_repl" {
+			close(saving)
+			<-ctx.Done() // until the server hangs up
+			return ctx.Err()
+		}
+		return nil
+	})
+	if _, _, err := e.svc.Pause(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	<-saving
+	within(t, 20*time.Second, "Close", e.svc.Close)
+	rec, err := e.store.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Status(rec.Status) != StatusRunning {
+		t.Fatalf("after Close the record says %s, want running", rec.Status)
+	}
+	if e.rt.Frozen(id) {
+		t.Fatal("the sandbox was left frozen")
+	}
+}
+
+// TestCloseIsBounded: background work that ignores cancellation (a runtime call stuck in the kernel) holds
+// Close for at most Config.CloseTimeout.
+func TestCloseIsBounded(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.CloseTimeout = 50 * time.Millisecond })
+	id := e.create()
+	stuck, unstick := make(chan struct{}), make(chan struct{})
+	defer close(unstick)
+	e.rt.SetFault(func(ctx context.Context, method, sid string) error {
+		if method == "Freeze" {
+			close(stuck)
+			<-unstick
+		}
+		return nil
+	})
+	if _, _, err := e.svc.Pause(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	<-stuck
+	within(t, 20*time.Second, "Close", e.svc.Close)
+}
+
+// TestCloseRefusesNewWork: once Close has begun, a pause is refused rather than started unwaited-for.
+func TestCloseRefusesNewWork(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create()
+	e.svc.Close()
+	if _, _, err := e.svc.Pause(context.Background(), id); err == nil {
+		t.Fatal("a pause started after Close")
+	}
+	if st := e.status(id); st != StatusRunning {
+		t.Fatalf("status %s after a refused pause", st)
+	}
+}
+
+// TestCloseRacesTimeouts: timeouts firing while the service closes (restarted with every sandbox overdue) must
+// neither race Close's wait (the race detector checks) nor act after Close has returned.
+func TestCloseRacesTimeouts(t *testing.T) {
+	e := newEnv(t, nil)
+	var ids []string
+	for i := 0; i < 20; i++ {
+		in, err := e.svc.Create(context.Background(), CreateRequest{TimeoutS: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, in.ID)
+	}
+	e.svc.Close()
+	// Make every sandbox overdue, so that each restart fires all their timers at once.
+	for _, id := range ids {
+		rec, err := e.store.Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.CreatedAt = rec.CreatedAt.Add(-time.Hour)
+		if err := e.store.Put(context.Background(), rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	closed := false
+	e.rt.SetFault(func(ctx context.Context, method, id string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if closed && method == "Destroy" {
+			t.Errorf("a timeout destroyed %s after Close returned", id)
+		}
+		return nil
+	})
+	for i := 0; i < 20; i++ {
+		e.start()
+		e.svc.Close()
+		mu.Lock()
+		closed = true
+		mu.Unlock()
+		mu.Lock()
+		closed = false
+		mu.Unlock()
+	}
+}
+
+// TestWaitIsNotified: Wait returns on the status change itself, and on deletion, with no polling interval in
+// between (its timeout here is far longer than the test).
+func TestWaitIsNotified(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create()
+	gate := e.rt.Gate("snapshot")
+	e.rt.SetFault(func(ctx context.Context, method, sid string) error {
+		if method == "agent:snapshot_repl" {
+			select {
+			case <-e.rt.GateChan("snapshot"):
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	})
+	if _, _, err := e.svc.Pause(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan Info, 1)
+	go func() {
+		in, _ := e.svc.Wait(context.Background(), id, StatusPaused, time.Hour)
+		got <- in
+	}()
+	waitBlocked(t, "(*Service).Wait", "select")
+	gate()
+	within(t, 20*time.Second, "Wait", func() {
+		if in := <-got; in.Status != StatusPaused {
+			t.Errorf("Wait returned %s", in.Status)
+		}
+	})
+	errc := make(chan error, 1)
+	go func() {
+		_, err := e.svc.Wait(context.Background(), id, StatusRunning, time.Hour)
+		errc <- err
+	}()
+	waitBlocked(t, "(*Service).Wait", "select")
+	if err := e.svc.Delete(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 20*time.Second, "Wait on a deleted sandbox", func() {
+		if err := <-errc; err == nil {
+			t.Error("Wait on a deleted sandbox returned no error")
+		}
+	})
+}
