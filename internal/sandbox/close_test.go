@@ -7,34 +7,91 @@ import (
 	"time"
 )
 
-// TestCloseCancelsPause: Close cancels a pause in progress (here its session save, which never ends on its
-// own) instead of waiting for it forever; the pause rolls back and the sandbox is recorded running.
+// TestCloseCancelsPause: Close cancels a pause in progress (held in its session save, or in its freeze, until
+// cancelled) instead of waiting for it forever; the pause rolls back: the sandbox is recorded running, thawed,
+// and no snapshot object is left.
 func TestCloseCancelsPause(t *testing.T) {
+	for _, at := range []string{"agent:snapshot_repl", "Freeze"} {
+		t.Run(at, func(t *testing.T) {
+			e := newEnv(t, nil)
+			id := e.create()
+			held := make(chan struct{})
+			e.rt.SetFault(func(ctx context.Context, method, sid string) error {
+				if method == at {
+					close(held)
+					<-ctx.Done() // until Close cancels (or the server hangs up)
+					return ctx.Err()
+				}
+				return nil
+			})
+			if _, _, err := e.svc.Pause(context.Background(), id); err != nil {
+				t.Fatal(err)
+			}
+			<-held
+			within(t, 20*time.Second, "Close", e.svc.Close)
+			rec, err := e.store.Get(context.Background(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if Status(rec.Status) != StatusRunning {
+				t.Fatalf("after Close the record says %s, want running", rec.Status)
+			}
+			if e.rt.Frozen(id) {
+				t.Fatal("the sandbox was left frozen")
+			}
+			if left := e.snaps.Keys(); len(left) != 0 {
+				t.Fatalf("the cancelled pause left snapshot objects: %v", left)
+			}
+		})
+	}
+}
+
+// TestCloseCancelsResume: Close cancels a resume held in its session restore; the half-resumed sandbox is
+// destroyed, the record says error, and the snapshot is kept so that the resume can be retried.
+func TestCloseCancelsResume(t *testing.T) {
 	e := newEnv(t, nil)
 	id := e.create()
-	saving := make(chan struct{})
+	e.run(id, "x = 1")
+	if _, _, err := e.svc.Pause(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(id, StatusPaused)
+	snapshot := e.snaps.Keys()
+	held := make(chan struct{})
 	e.rt.SetFault(func(ctx context.Context, method, sid string) error {
-		if method == "agent:snapshot_repl" {
-			close(saving)
-			<-ctx.Done() // until the server hangs up
+		if method == "agent:restore_repl" {
+			close(held)
+			<-ctx.Done()
 			return ctx.Err()
 		}
 		return nil
 	})
-	if _, _, err := e.svc.Pause(context.Background(), id); err != nil {
+	if _, _, err := e.svc.Resume(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
-	<-saving
+	<-held
 	within(t, 20*time.Second, "Close", e.svc.Close)
 	rec, err := e.store.Get(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if Status(rec.Status) != StatusRunning {
-		t.Fatalf("after Close the record says %s, want running", rec.Status)
+	if Status(rec.Status) != StatusError || rec.Snapshot == "" {
+		t.Fatalf("after Close the record says %s with snapshot %q, want error with the snapshot", rec.Status, rec.Snapshot)
 	}
-	if e.rt.Frozen(id) {
-		t.Fatal("the sandbox was left frozen")
+	if left := e.rt.IDs(); len(left) != 0 {
+		t.Fatalf("the half-resumed sandbox is left: %v", left)
+	}
+	if got := e.snaps.Keys(); len(got) != len(snapshot) {
+		t.Fatalf("snapshot objects %v, want %v", got, snapshot)
+	}
+	e.rt.SetFault(nil)
+	e.start()
+	if _, _, err := e.svc.Resume(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(id, StatusRunning)
+	if got := e.run(id, "x"); got != "1" {
+		t.Fatalf("x = %q after the retried resume", got)
 	}
 }
 

@@ -175,11 +175,15 @@ func (s *Service) pause(e *entry) {
 	h, id, specJSON := e.handle, e.rec.ID, e.rec.Spec
 	s.mu.Unlock()
 	fk, _ := s.cfg.Runtime.(runtime.Forker)
+	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
 	fail := func(err error) {
 		s.log.Warn("pause failed; the sandbox keeps running", "sandbox", id, "err", err)
 		// Undoing must happen even when the failure is Close's cancellation.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 		defer cancel()
+		if err := s.cfg.Snapshots.Delete(ctx, prefix); err != nil { // what was written of the snapshot
+			s.log.Warn("pause failed: delete the partial snapshot", "sandbox", id, "err", err)
+		}
 		if fk != nil {
 			fk.Thaw(ctx, h) //nolint:errcheck // best effort: it may not be frozen
 		}
@@ -203,16 +207,13 @@ func (s *Service) pause(e *entry) {
 		fail(err)
 		return
 	}
-	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
 	session, notSaved, err := s.saveSession(ctx, c, prefix+"session.bin")
 	if err != nil {
-		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("save the interpreter: %w", err))
 		return
 	}
 	s.log.Debug("pause phase", "sandbox", id, "phase", "session saved", "ms", ms(time.Since(start)))
 	if err := fk.Freeze(ctx, h); err != nil {
-		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("freeze: %w", err))
 		return
 	}
@@ -220,7 +221,6 @@ func (s *Service) pause(e *entry) {
 		Parts: map[string]Part{"session.bin": session}, NotSaved: notSaved}
 	layerPart, err := s.putTar(ctx, prefix+"layer.tar", fk.UpperDir(h), nil)
 	if err != nil {
-		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("write layer.tar: %w", err))
 		return
 	}
@@ -228,7 +228,6 @@ func (s *Service) pause(e *entry) {
 	s.log.Debug("pause phase", "sandbox", id, "phase", "layer saved", "ms", ms(time.Since(start)))
 	mb, _ := json.MarshalIndent(m, "", "  ")
 	if _, err := s.cfg.Snapshots.Put(ctx, prefix+"manifest.json", bytesReader(mb)); err != nil {
-		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("write manifest: %w", err))
 		return
 	}

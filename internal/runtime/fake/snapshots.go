@@ -36,6 +36,9 @@ func (s *Snapshots) SetFault(f func(ctx context.Context, method, key string) err
 }
 
 func (s *Snapshots) fault(ctx context.Context, method, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err // as a real store's request would fail
+	}
 	s.mu.Lock()
 	f := s.faultFn
 	s.mu.Unlock()
