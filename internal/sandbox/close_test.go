@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ramify-dev/ramify/internal/store"
 )
 
 // TestCloseCancelsPause: Close cancels a pause in progress (held in its session save, or in its freeze, until
@@ -142,16 +144,16 @@ func TestCloseRacesTimeouts(t *testing.T) {
 		ids = append(ids, in.ID)
 	}
 	e.svc.Close()
-	// Make every sandbox overdue, so that each restart fires all their timers at once.
+	// Every sandbox overdue, so that each restart fires all their timers at once (the records are put back
+	// before each restart: the timeouts delete them).
+	var recs []store.Record
 	for _, id := range ids {
 		rec, err := e.store.Get(context.Background(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rec.CreatedAt = rec.CreatedAt.Add(-time.Hour)
-		if err := e.store.Put(context.Background(), rec); err != nil {
-			t.Fatal(err)
-		}
+		recs = append(recs, rec)
 	}
 	var mu sync.Mutex
 	closed := false
@@ -164,13 +166,16 @@ func TestCloseRacesTimeouts(t *testing.T) {
 		return nil
 	})
 	for i := 0; i < 20; i++ {
+		mu.Lock()
+		closed = false
+		mu.Unlock()
+		if err := e.store.PutMany(context.Background(), recs, nil); err != nil {
+			t.Fatal(err)
+		}
 		e.start()
 		e.svc.Close()
 		mu.Lock()
-		closed = true
-		mu.Unlock()
-		mu.Lock()
-		closed = false
+		closed = true // until the next start: no timeout of the closed service may act now
 		mu.Unlock()
 	}
 }
