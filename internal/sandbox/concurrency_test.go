@@ -70,13 +70,13 @@ func TestDiffAgainstMergeDoesNotDeadlock(t *testing.T) {
 	<-held
 	mergeDone := make(chan error, 1)
 	go func() { mergeDone <- e.svc.MergeInto(ctx, p, c) }()
-	waitBlocked(t, "MergeInto", "sync.RWMutex.Lock")
+	waitBlocked(t, "(*Service).MergeInto(", "sync.RWMutex.Lock")
 	diffDone := make(chan error, 1)
 	go func() {
 		_, err := e.svc.Diff(ctx, hi, lo, nil)
 		diffDone <- err
 	}()
-	waitBlocked(t, "Diff", "sync.RWMutex.RLock")
+	waitBlocked(t, "(*Service).Diff(", "sync.RWMutex.RLock")
 	open()
 	within(t, 10*time.Second, "run_code, merge_into and diff", func() {
 		if err := <-runDone; err != nil {
