@@ -16,12 +16,11 @@ const healthInterval = 500 * time.Millisecond
 // family init dies anyway (killed from the host, out of memory, a bug: nothing inside a sandbox can reach them),
 // the sandbox is restarted on its own files with a fresh interpreter, or, if that fails, marked error with why.
 func (s *Service) watchHealth(h runtime.Healer) {
-	defer s.wg.Done()
 	t := time.NewTicker(healthInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.closed:
+		case <-s.ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -33,19 +32,19 @@ func (s *Service) watchHealth(h runtime.Healer) {
 
 // heal revives one lost sandbox, if it is still the running sandbox the runtime saw lost.
 func (s *Service) heal(h runtime.Healer, l runtime.Lost) {
-	e, err := s.lookup(l.Handle.ID)
+	es, release, err := s.acquire(exclusive, OpRestart, l.Handle.ID)
 	if err != nil {
-		return // destroyed meanwhile, or a warm sandbox (a failed claim drops it)
+		return // destroyed, paused or warm meanwhile (a failed warm claim drops the sandbox)
 	}
-	e.op.Lock()
-	defer e.op.Unlock()
+	defer release()
+	e := es[0]
 	s.mu.Lock()
-	cur, st, gone, spec, ip, hostname := e.handle, Status(e.rec.Status), e.gone, e.spec, e.rec.IP, e.rec.Hostname
+	cur, spec, ip, hostname := e.handle, e.spec, e.rec.IP, e.rec.Hostname
 	s.mu.Unlock()
-	if gone || st != StatusRunning || cur.AgentPid != l.Handle.AgentPid || cur.AgentStart != l.Handle.AgentStart {
-		return // it changed under us (destroyed, merged, paused, already revived)
+	if cur.AgentPid != l.Handle.AgentPid || cur.AgentStart != l.Handle.AgentStart {
+		return // it changed under us (merged, already revived)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 	defer cancel()
 	start := time.Now()
 	nh, err := h.Revive(ctx, cur, runtime.Spec{
@@ -54,7 +53,9 @@ func (s *Service) heal(h runtime.Healer, l runtime.Lost) {
 	})
 	s.mu.Lock()
 	if err != nil {
-		e.rec.Status = string(StatusError)
+		if serr := s.setStatus(e, StatusError); serr != nil {
+			s.log.Warn("mark a lost sandbox error", "sandbox", e.rec.ID, "err", serr)
+		}
 		e.rec.Error = "ramify's processes for this sandbox died (" + l.Reason + ") and it could not be restarted: " + err.Error()
 	} else {
 		hj, _ := json.Marshal(nh)
@@ -62,7 +63,7 @@ func (s *Service) heal(h runtime.Healer, l runtime.Lost) {
 	}
 	rec := e.rec
 	s.mu.Unlock()
-	if err := s.cfg.Store.Put(ctx, rec); err != nil {
+	if err := s.cfg.Store.Put(context.WithoutCancel(ctx), rec); err != nil {
 		s.log.Warn("save sandbox record", "sandbox", rec.ID, "err", err)
 	}
 	if rec.Status == string(StatusError) {
