@@ -31,10 +31,20 @@ func TestLostAgentIsRestored(t *testing.T) {
 			t.Fatal(err)
 		}
 		killed := time.Now()
-		waitFor(t, 10*time.Second, func() bool { return testserver.AgentPid(sb) != 0 && testserver.AgentPid(sb) != agentPid })
-		t.Logf("%s: a new agent runs %v after the old one was killed", sb, time.Since(killed))
-		if out := s.Sh(t, sb, "cat /root/f.txt").Stdout; out != "kept\n" {
+		var out string
+		waitFor(t, 10*time.Second, func() bool {
+			r, err := s.Client.Exec(testserver.Ctx(t), sb, client.ExecRequest{Cmd: "cat /root/f.txt"})
+			if err == nil {
+				out = r.Stdout
+			}
+			return err == nil
+		})
+		t.Logf("%s: answers again %v after its agent was killed", sb, time.Since(killed))
+		if out != "kept\n" {
 			t.Errorf("%s: files after the restart: %q", sb, out)
+		}
+		if p := testserver.AgentPid(sb); p == 0 || p == agentPid {
+			t.Errorf("%s: agent after the restart: %d (killed: %d)", sb, p, agentPid)
 		}
 		if ex := s.Run(t, sb, "x"); ex.Error == nil || ex.Error.Name != "NameError" {
 			t.Errorf("%s: a restarted sandbox runs a fresh interpreter: %+v", sb, ex)
