@@ -55,6 +55,7 @@ type serveFlags struct {
 	runtimeBinary                                                             string
 	diskMiB                                                                   int    // default disk quota
 	layerQuota                                                                string // btrfs quota mode
+	memOvercommit, cpuOvercommit                                              float64
 }
 
 func parseServeFlags(name string, args []string) (*serveFlags, error) {
@@ -69,6 +70,8 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.layerDriver, "layer-driver", os.Getenv("RAMIFY_LAYER_DRIVER"), `writable layer driver: "btrfs", "copy" or empty for automatic (env RAMIFY_LAYER_DRIVER)`)
 	fs.IntVar(&f.diskMiB, "disk-mib", envInt("RAMIFY_DISK_MIB", sandbox.DefaultDiskMiB), fmt.Sprintf("disk quota of sandboxes created without disk_mib, %d..%d (env RAMIFY_DISK_MIB)", sandbox.MinDiskMiB, sandbox.MaxDiskMiB))
 	fs.StringVar(&f.layerQuota, "layer-quota", envOr("RAMIFY_LAYER_QUOTA", "full"), `how the btrfs layer driver enforces disk_mib: "full" (qgroups), "simple" (simple quotas, kernel 6.7+) or "off" (env RAMIFY_LAYER_QUOTA)`)
+	fs.Float64Var(&f.memOvercommit, "mem-overcommit", envFloat("RAMIFY_MEM_OVERCOMMIT", sandbox.DefaultMemOvercommit), "live sandboxes' mem_mib may total this many times the host's memory; past it create, fork and resume answer 503 (env RAMIFY_MEM_OVERCOMMIT)")
+	fs.Float64Var(&f.cpuOvercommit, "cpu-overcommit", envFloat("RAMIFY_CPU_OVERCOMMIT", sandbox.DefaultCPUOvercommit), "live sandboxes' vcpu may total this many times the host's CPUs; past it create, fork and resume answer 503 (env RAMIFY_CPU_OVERCOMMIT)")
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
 	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
 	fs.IntVar(&f.spareAgents, "spare-agents", envInt("RAMIFY_SPARE_AGENTS", 8), "agents a fork family keeps started after a fork, so that its next fork of up to that many children skips process start-up; 0 for none (env RAMIFY_SPARE_AGENTS)")
@@ -91,11 +94,21 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	if err := sandbox.ValidDiskMiB(f.diskMiB); err != nil {
 		return nil, fmt.Errorf("--disk-mib: %w", err)
 	}
+	if f.memOvercommit <= 0 || f.cpuOvercommit <= 0 {
+		return nil, fmt.Errorf("--mem-overcommit and --cpu-overcommit must be positive")
+	}
 	return f, nil
 }
 
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func envFloat(name string, def float64) float64 {
+	if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil {
 		return v
 	}
 	return def
@@ -204,7 +217,7 @@ func serveCmd(ctx context.Context, args []string) error {
 	}
 	svc, err := sandbox.New(ctx, sandbox.Config{Snapshots: snaps, Store: st, Runtime: rt, IPs: netw, Logger: log,
 		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool,
-		DiskMiB: f.diskMiB})
+		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit})
 	if err != nil {
 		return err
 	}

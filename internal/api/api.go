@@ -135,6 +135,8 @@ func statusOf(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, errdefs.ErrConflict):
 		return http.StatusConflict
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
 }

@@ -68,6 +68,10 @@ func (s *Service) ForkWith(ctx context.Context, id string, n int, startPaused bo
 		return s.forkPaused(ctx, e, n, startPaused)
 	}
 	parent, spec := e.handle, e.spec
+	if err := s.admitLocked(spec, n); err != nil {
+		s.mu.Unlock()
+		return ForkResult{}, fmt.Errorf("fork %s: %w", id, err)
+	}
 	specs := make([]runtime.Spec, n)
 	kids := make([]*entry, n)
 	now := time.Now().UTC()

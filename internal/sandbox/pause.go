@@ -435,7 +435,7 @@ func (s *Service) Resume(ctx context.Context, id string) (info Info, accepted bo
 		if e.rec.Snapshot == "" {
 			return errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error (it has no snapshot to resume)")
 		}
-		return nil
+		return s.admitLocked(e.spec, 1) // called under s.mu
 	}
 	return s.startLifecycle(ctx, id, OpResume, StatusRunning, StatusResuming, hasSnapshot, s.resume)
 }

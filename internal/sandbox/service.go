@@ -45,6 +45,12 @@ type Config struct {
 	// CloseTimeout bounds how long Close waits for background work (pauses, resumes, timeout actions, the
 	// pool) after cancelling it; 0 means DefaultCloseTimeout.
 	CloseTimeout time.Duration
+	// MemOvercommit and CPUOvercommit bound the totals of live sandboxes' mem_mib and vcpu, as multiples of the
+	// host's memory and CPUs (0: DefaultMemOvercommit, DefaultCPUOvercommit); past them create, fork and resume
+	// answer 503 (see capacity.go).
+	MemOvercommit, CPUOvercommit float64
+	// HostCPUs and HostMemMiB override what the host is taken to have (0: read from the host).
+	HostCPUs, HostMemMiB int
 }
 
 // DefaultCloseTimeout is Config.CloseTimeout's default.
@@ -52,8 +58,9 @@ const DefaultCloseTimeout = 30 * time.Second
 
 // Service is the sandbox service.
 type Service struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	host hostShape // what this host has (capacity.go)
+	log  *slog.Logger
 
 	mu    sync.Mutex // guards entries and IP allocation
 	items map[string]*entry
@@ -94,7 +101,19 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.CloseTimeout <= 0 {
 		cfg.CloseTimeout = DefaultCloseTimeout
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, refill: make(chan struct{}, 1)}
+	if cfg.MemOvercommit <= 0 {
+		cfg.MemOvercommit = DefaultMemOvercommit
+	}
+	if cfg.CPUOvercommit <= 0 {
+		cfg.CPUOvercommit = DefaultCPUOvercommit
+	}
+	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, refill: make(chan struct{}, 1), host: detectHost()}
+	if cfg.HostCPUs > 0 {
+		s.host.cpus = cfg.HostCPUs
+	}
+	if cfg.HostMemMiB > 0 {
+		s.host.memMiB = cfg.HostMemMiB
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	recs, err := cfg.Store.List(ctx)
 	if err != nil {
@@ -415,6 +434,15 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	if err := s.fitsHost(spec); err != nil {
+		return Info{}, err
+	}
+	s.mu.Lock()
+	err = s.admitLocked(spec, 1)
+	s.mu.Unlock()
+	if err != nil {
+		return Info{}, err
+	}
 	if info, ok := s.claimWarm(ctx, spec); ok {
 		return info, nil
 	}
@@ -426,6 +454,12 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 	id := NewID()
 	specJSON, _ := json.Marshal(spec)
 	s.mu.Lock()
+	if status != StatusWarm {
+		if err := s.admitLocked(spec, 1); err != nil {
+			s.mu.Unlock()
+			return Info{}, err
+		}
+	}
 	ip, err := s.allocateIP()
 	if err != nil {
 		s.mu.Unlock()
