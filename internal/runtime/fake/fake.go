@@ -636,3 +636,44 @@ func (sb *Sandbox) Handle() runtime.Handle {
 
 // GateChan is the channel gate name closes when opened (for Fault functions that wait on a gate).
 func (r *Runtime) GateChan(name string) <-chan struct{} { return r.gate(name) }
+
+var _ runtime.Healer = (*Runtime)(nil)
+
+// Lost implements runtime.Healer: the sandboxes Kill marked dead.
+func (r *Runtime) Lost() []runtime.Lost {
+	r.mu.Lock()
+	var dead []*Sandbox
+	for _, sb := range r.sandboxes {
+		if sb.dead {
+			dead = append(dead, sb)
+		}
+	}
+	r.mu.Unlock()
+	out := make([]runtime.Lost, 0, len(dead))
+	for _, sb := range dead {
+		out = append(out, runtime.Lost{Handle: sb.Handle(), Reason: "its agent died"})
+	}
+	return out
+}
+
+// Revive implements runtime.Healer: the sandbox lives again on its layer, with a new agent pid and a fresh
+// interpreter (no variables).
+func (r *Runtime) Revive(ctx context.Context, h runtime.Handle, spec runtime.Spec) (runtime.Handle, error) {
+	if err := r.fault(ctx, "Revive", h.ID); err != nil {
+		return runtime.Handle{}, err
+	}
+	r.mu.Lock()
+	sb := r.sandboxes[h.ID]
+	if sb == nil {
+		r.mu.Unlock()
+		return runtime.Handle{}, fmt.Errorf("fake: no sandbox %s", h.ID)
+	}
+	r.nextPid++
+	sb.dead = false
+	pid := r.nextPid
+	r.mu.Unlock()
+	sb.mu.Lock()
+	sb.Pid, sb.vars, sb.count = pid, map[string]string{}, 0
+	sb.mu.Unlock()
+	return sb.Handle(), nil
+}
