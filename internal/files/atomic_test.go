@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -226,5 +227,28 @@ func TestCheckDir(t *testing.T) {
 	}
 	if err := f.CheckDir("/d/file"); !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("/d/file: %v", err)
+	}
+}
+
+// /proc and /sys are never read, listed or archived, by name, whatever is mounted there.
+func TestPseudoPathsNotRead(t *testing.T) {
+	f, root, _ := newFS(t)
+	mustWrite(t, filepath.Join(root, "proc/self/status"), "plain file", 0o644)
+	mustWrite(t, filepath.Join(root, "sys/x"), "plain file", 0o644)
+	for _, p := range []string{"/proc/self/status", "/sys/x"} {
+		if _, _, err := f.OpenRead(p); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("read %s: %v", p, err)
+		}
+	}
+	for _, p := range []string{"/proc", "/sys", "/proc/self"} {
+		if _, err := f.List(p); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("list %s: %v", p, err)
+		}
+		if err := f.WriteTar(p, io.Discard); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("archive %s: %v", p, err)
+		}
+	}
+	if _, err := f.Stat("/proc/self/status"); err != nil {
+		t.Errorf("stat /proc/self/status: %v", err)
 	}
 }

@@ -162,6 +162,25 @@ func refuseProtected(op, p string) error {
 	return wrap(op, p, userErr(errdefs.ErrInvalid, "refusing to change /proc, /sys or /dev (kernel and device file systems)", p))
 }
 
+// pseudoPath reports whether the clean absolute path p is /proc or /sys or below them: never read or listed,
+// whatever the sandbox mounted there (from the host, /proc/self names no process of the sandbox's).
+func pseudoPath(p string) bool {
+	for _, r := range []string{"/proc", "/sys"} {
+		if p == r || strings.HasPrefix(p, r+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// refusePseudoRead is errdefs.ErrInvalid for reading or listing at or below /proc or /sys.
+func refusePseudoRead(op, p string) error {
+	if !pseudoPath(p) {
+		return nil
+	}
+	return wrap(op, p, userErr(errdefs.ErrInvalid, "refusing to read a kernel pseudo file system", p))
+}
+
 // mountRoot reports whether name in dirfd (not followed) is the root of a mount: a mount point in the sandbox's
 // mount namespace, which the API never removes.
 func mountRoot(dirfd int, name string) bool {

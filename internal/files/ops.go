@@ -23,6 +23,9 @@ func (f *FS) OpenRead(p string) (*os.File, Entry, error) {
 	if err != nil {
 		return nil, Entry{}, err
 	}
+	if err := refusePseudoRead("read", p); err != nil {
+		return nil, Entry{}, err
+	}
 	root, err := f.acquire()
 	if err != nil {
 		return nil, Entry{}, err
@@ -299,6 +302,9 @@ func (f *FS) List(p string) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := refusePseudoRead("list", p); err != nil {
+		return nil, err
+	}
 	root, err := f.acquire()
 	if err != nil {
 		return nil, err
@@ -363,7 +369,7 @@ func openDir(root int, p string) (int, error) {
 		return -1, userErr(errdefs.ErrInvalid, "not a directory", p)
 	}
 	if pseudoFS(pfd) {
-		return -1, userErr(errdefs.ErrInvalid, "refusing to list a kernel pseudo file system", p)
+		return -1, userErr(errdefs.ErrInvalid, "refusing to read a kernel pseudo file system", p)
 	}
 	return openat2(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0, beneath)
 }

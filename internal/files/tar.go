@@ -25,6 +25,9 @@ func (f *FS) WriteTar(p string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := refusePseudoRead("archive", p); err != nil {
+		return err
+	}
 	root, err := f.acquire()
 	if err != nil {
 		return err
