@@ -67,7 +67,9 @@ func TestBadInput2(t *testing.T) {
 	})
 	t.Run("pseudo file systems", func(t *testing.T) {
 		sh(t, s, id, "ln -sfn / /root/top")
-		mounts := func() string { return sh(t, s, id, "awk '{print $5}' /proc/self/mountinfo | sort | tr '\\n' ' '").Stdout }
+		mounts := func() string {
+			return sh(t, s, id, "awk '{print $5}' /proc/self/mountinfo | sort | tr '\\n' ' '").Stdout
+		}
 		before := mounts()
 		if !strings.Contains(before, "/proc ") {
 			t.Fatalf("no /proc mount in the sandbox to begin with: %q", before)
