@@ -156,6 +156,9 @@ func TestFailedStartUnwindsLayerMount(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "network") {
 		t.Fatalf("serve with an invalid subnet: %v\n%s\nwant a start-up failure in the network step", err, out)
 	}
+	if strings.Contains(string(out), "data directory's own btrfs") {
+		t.Skip("the test's data directory is on btrfs: layers are not loop-mounted, nothing to unwind")
+	}
 	if !strings.Contains(string(out), "btrfs layer driver on a new image") {
 		t.Fatalf("the server failed before mounting its layer image, nothing to check:\n%s", out)
 	}
