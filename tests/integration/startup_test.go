@@ -137,6 +137,11 @@ func TestFailedStartUnwindsLayerMount(t *testing.T) {
 	mnt := filepath.Join(dataDir, "layers", "layers")
 	img := filepath.Join(dataDir, "layers", "layers.img")
 	t.Cleanup(func() { // whatever the outcome, leave nothing behind
+		sum := sha256.Sum256([]byte(dataDir))
+		cgs, _ := filepath.Glob("/sys/fs/cgroup/*/ramify/" + hex.EncodeToString(sum[:4]))
+		for _, d := range append(cgs, "/sys/fs/cgroup/ramify/"+hex.EncodeToString(sum[:4])) {
+			os.Remove(d) // empty: no sandbox was started
+		}
 		unix.Unmount(mnt, unix.MNT_DETACH)
 		for _, dev := range loopsOf(img) {
 			if fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
