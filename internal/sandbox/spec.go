@@ -165,3 +165,13 @@ type Info struct {
 func shape(vcpu float64, mem int) string {
 	return fmt.Sprintf("%svcpu-%dmib", strings.TrimSuffix(strings.TrimRight(fmt.Sprintf("%.2f", vcpu), "0"), "."), mem)
 }
+
+// ValidStatus checks a status named by a client (a list filter, a wait target): one of the statuses a client
+// can see.
+func ValidStatus(s Status) error {
+	switch s {
+	case StatusCreating, StatusRunning, StatusPausing, StatusPaused, StatusResuming, StatusError:
+		return nil
+	}
+	return invalid("unknown status %q (want creating, running, pausing, paused, resuming or error)", s)
+}
