@@ -160,6 +160,8 @@ type Diff struct {
 	Added    []string `json:"added"`
 	Removed  []string `json:"removed"`
 	Modified []string `json:"modified"`
+	// Truncated: a list reached the server's cap (10,000 paths); narrow the comparison with paths.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // Empty reports whether the two sandboxes had no differences.
