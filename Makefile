@@ -36,11 +36,12 @@ test-go:
 
 # The race detector on the concurrent core: a -race build of the server (sandbox service, API, runtime) runs the
 # integration tests that race forks, merges, pauses and deletes against each other; the family init and the
-# agents run the static binary.
+# agents run the static binary. Then every test of the sandbox service itself, on the fake runtime (no root).
 test-race: build
 	$(GO) build -race -o bin/ramify-race ./cmd/ramify
 	GORACE=halt_on_error=1 RAMIFY_TEST_BINARY=$(abspath bin/ramify-race) RAMIFY_TEST_RUNTIME_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) \
-		$(GO) test -race -count=1 -timeout 15m -run 'Concurrent|Race|Merge|ForkChildren|BadInput|Restart' ./internal/sandbox/ ./tests/integration/
+		$(GO) test -race -count=1 -timeout 15m -run 'Concurrent|Race|Merge|ForkChildren|BadInput|Restart' ./tests/integration/
+	GORACE=halt_on_error=1 $(GO) test -race -count=1 -timeout 5m ./internal/sandbox/
 
 test-sdk:
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-sdk
@@ -53,8 +54,9 @@ test-ts:
 test-examples:
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-examples
 
+BENCH ?= .
 bench: build image
-	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./tests/bench/
+	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) $(GO) test -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 60m ./tests/bench/
 
 clean:
 	rm -rf bin

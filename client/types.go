@@ -21,6 +21,7 @@ type Sandbox struct {
 	VCPU      float64           `json:"vcpu"`
 	MemMiB    int               `json:"mem_mib"`
 	MaxProcs  int               `json:"max_procs"`
+	DiskMiB   int               `json:"disk_mib"`
 	Shape     string            `json:"shape"`
 	TimeoutS  int               `json:"timeout_s"`
 	OnTimeout string            `json:"on_timeout"`
@@ -63,6 +64,7 @@ type CreateRequest struct {
 	VCPU      float64           `json:"vcpu,omitempty"`
 	MemMiB    int               `json:"mem_mib,omitempty"`
 	MaxProcs  int               `json:"max_procs,omitempty"`
+	DiskMiB   int               `json:"disk_mib,omitempty"`
 	TimeoutS  int               `json:"timeout_s,omitempty"`
 	OnTimeout string            `json:"on_timeout,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
@@ -158,6 +160,8 @@ type Diff struct {
 	Added    []string `json:"added"`
 	Removed  []string `json:"removed"`
 	Modified []string `json:"modified"`
+	// Truncated: a list reached the server's cap (10,000 paths); narrow the comparison with paths.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // Empty reports whether the two sandboxes had no differences.

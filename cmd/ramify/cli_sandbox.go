@@ -36,6 +36,8 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	vcpu := fs.Float64("vcpu", 0, "CPU quota in cores, 0.1 .. 64 (server default 1)")
 	fs.Var(&mem, "mem", "memory limit in MiB, or with a unit: 512M, 2G (server default 1024)")
 	maxProcs := fs.Int("max-procs", 0, "max processes and threads (server default 512)")
+	var disk memFlag
+	fs.Var(&disk, "disk", "disk quota in MiB, or with a unit: 512M, 20G (server default: its --disk-mib)")
 	fs.Var(&timeout, "timeout", "destroy (or pause, see --on-timeout) the sandbox after this many seconds or this duration (5m); 0 = never")
 	onTimeout := fs.String("on-timeout", "", `what --timeout does: "destroy" (default) or "pause"`)
 	fs.Var(env, "env", "environment variable K=V for run and exec (repeatable)")
@@ -52,6 +54,7 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 		VCPU: *vcpu, MemMiB: int(mem), MaxProcs: *maxProcs, TimeoutS: timeout.n, OnTimeout: *onTimeout,
 		Cwd: *cwd,
 	}
+	req.DiskMiB = int(disk)
 	if len(env) > 0 {
 		req.Env = env
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -15,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/agent"
@@ -54,6 +57,9 @@ type serveFlags struct {
 	s3Secure                                                                  bool
 	runtimeBinary                                                             string
 	egressAllow                                                               string
+	diskMiB                                                                   int    // default disk quota
+	layerQuota                                                                string // btrfs quota mode
+	memOvercommit, cpuOvercommit                                              float64
 }
 
 func parseServeFlags(name string, args []string) (*serveFlags, error) {
@@ -68,6 +74,10 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.egressAllow, "egress-allow", os.Getenv("RAMIFY_EGRESS_ALLOW"),
 		"comma-separated IPv4 CIDRs sandboxes with the default egress policy may reach although they are private, reserved or the host's (env RAMIFY_EGRESS_ALLOW)")
 	fs.StringVar(&f.layerDriver, "layer-driver", os.Getenv("RAMIFY_LAYER_DRIVER"), `writable layer driver: "btrfs", "copy" or empty for automatic (env RAMIFY_LAYER_DRIVER)`)
+	fs.IntVar(&f.diskMiB, "disk-mib", envInt("RAMIFY_DISK_MIB", sandbox.DefaultDiskMiB), fmt.Sprintf("disk quota of sandboxes created without disk_mib, %d..%d (env RAMIFY_DISK_MIB)", sandbox.MinDiskMiB, sandbox.MaxDiskMiB))
+	fs.StringVar(&f.layerQuota, "layer-quota", envOr("RAMIFY_LAYER_QUOTA", "full"), `how the btrfs layer driver enforces disk_mib: "full" (qgroups), "simple" (simple quotas, kernel 6.7+) or "off" (env RAMIFY_LAYER_QUOTA)`)
+	fs.Float64Var(&f.memOvercommit, "mem-overcommit", envFloat("RAMIFY_MEM_OVERCOMMIT", sandbox.DefaultMemOvercommit), "live sandboxes' mem_mib may total this many times the host's memory; past it create, fork and resume answer 503 (env RAMIFY_MEM_OVERCOMMIT)")
+	fs.Float64Var(&f.cpuOvercommit, "cpu-overcommit", envFloat("RAMIFY_CPU_OVERCOMMIT", sandbox.DefaultCPUOvercommit), "live sandboxes' vcpu may total this many times the host's CPUs; past it create, fork and resume answer 503 (env RAMIFY_CPU_OVERCOMMIT)")
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
 	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
 	fs.IntVar(&f.spareAgents, "spare-agents", envInt("RAMIFY_SPARE_AGENTS", 8), "agents a fork family keeps started after a fork, so that its next fork of up to that many children skips process start-up; 0 for none (env RAMIFY_SPARE_AGENTS)")
@@ -87,11 +97,24 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	if f.imageDir == "" {
 		f.imageDir = filepath.Join(f.dataDir, "images")
 	}
+	if err := sandbox.ValidDiskMiB(f.diskMiB); err != nil {
+		return nil, fmt.Errorf("--disk-mib: %w", err)
+	}
+	if f.memOvercommit <= 0 || f.cpuOvercommit <= 0 {
+		return nil, fmt.Errorf("--mem-overcommit and --cpu-overcommit must be positive")
+	}
 	return f, nil
 }
 
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func envFloat(name string, def float64) float64 {
+	if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil {
 		return v
 	}
 	return def
@@ -112,27 +135,35 @@ func newLogger(level string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
 }
 
+type keySource int
+
+const (
+	keyGiven     keySource = iota // --api-key or RAMIFY_API_KEY
+	keyFromFile                   // <data-dir>/api-key, saved by an earlier start
+	keyGenerated                  // new, saved now
+)
+
 // loadOrCreateKey returns the API key: the flag's, else the one saved in the data dir, else a new one (saved).
-func loadOrCreateKey(dataDir, given string) (string, bool, error) {
+func loadOrCreateKey(dataDir, given string) (string, keySource, error) {
 	path := filepath.Join(dataDir, "api-key")
 	if given != "" {
-		return given, false, nil
+		return given, keyGiven, nil
 	}
 	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
-		return strings.TrimSpace(string(b)), false, nil
+		return strings.TrimSpace(string(b)), keyFromFile, nil
 	}
 	var raw [24]byte
 	if _, err := rand.Read(raw[:]); err != nil {
-		return "", false, err
+		return "", keyGiven, err
 	}
 	key := "rfy_" + hex.EncodeToString(raw[:])
 	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
-		return "", false, fmt.Errorf("save api key: %w", err)
+		return "", keyGiven, fmt.Errorf("save api key: %w", err)
 	}
-	return key, true, nil
+	return key, keyGenerated, nil
 }
 
-func serveCmd(ctx context.Context, args []string) error {
+func serveCmd(ctx context.Context, args []string) (err error) {
 	f, err := parseServeFlags("serve", args)
 	if err != nil {
 		return err
@@ -144,20 +175,54 @@ func serveCmd(ctx context.Context, args []string) error {
 	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
-	key, generated, err := loadOrCreateKey(f.dataDir, f.apiKey)
+	// Before anything else: a second server on the same data directory would recover (destroy) the first one's
+	// sandboxes. The lock lives as long as this process (its descriptor is close-on-exec: sandboxes never hold it).
+	lock, err := lockDataDir(f.dataDir)
 	if err != nil {
 		return err
 	}
+	defer lock.Close()
+	if err := checkRuntimeBinary(f.runtimeBinary); err != nil {
+		return err
+	}
+	key, keySource, err := loadOrCreateKey(f.dataDir, f.apiKey)
+	if err != nil {
+		return err
+	}
+
+	// Start-up unwinds what it did when a later step fails: each step that makes something that would outlive
+	// this process pushes its undo. Once serving, nothing is undone (sandboxes outlive the server).
+	var undo rollback
+	defer func() {
+		if err != nil {
+			undo.run(log)
+		}
+	}()
 
 	img, err := image.Ensure(ctx, image.Options{Dir: f.imageDir, Progress: os.Stderr, Logger: log})
 	if err != nil {
 		return fmt.Errorf("default image: %w (rebuild with 'ramify image build')", err)
 	}
-	layers, err := layer.Open(ctx, filepath.Join(f.dataDir, "layers"), layer.Options{Driver: f.layerDriver, Logger: log})
+	// Listen before the steps that touch sandboxes (recovery, the warm pool): a taken port fails here.
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", f.listen, err)
+	}
+	defer ln.Close()
+	layerDir := filepath.Join(f.dataDir, "layers")
+	wasMounted := layer.ImageMounted(layerDir)
+	layers, err := layer.Open(ctx, layerDir, layer.Options{Driver: f.layerDriver, Logger: log,
+		Quota: layer.QuotaMode(f.layerQuota)})
 	if err != nil {
 		return fmt.Errorf("layers: %w", err)
 	}
 	defer layers.Close()
+	if !wasMounted && layer.ImageMounted(layerDir) {
+		undo.push("unmount the layer image", func() error { return layer.UnmountImage(layerDir) })
+	}
+	if _, ok := layer.LimiterOf(layers); !ok {
+		log.Warn("disk_mib is not enforced: the layer driver has no quotas", "driver", layers.Name(), "quota", layer.QuotaModeOf(layers))
+	}
 	// One cgroup parent per data directory, so that two servers on one host never touch each other's sandboxes.
 	sum := sha256.Sum256([]byte(f.dataDir))
 	cg, err := cgroups.Detect("ramify/"+hex.EncodeToString(sum[:4]), log)
@@ -195,23 +260,28 @@ func serveCmd(ctx context.Context, args []string) error {
 		return fmt.Errorf("snapshot store: %w", err)
 	}
 	svc, err := sandbox.New(ctx, sandbox.Config{Snapshots: snaps, Store: st, Runtime: rt, IPs: netw, Logger: log,
-		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool})
+		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool,
+		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit})
 	if err != nil {
 		return err
 	}
 	defer svc.Close()
+	undo = nil // from here on sandboxes may use the layers: nothing is undone
 
-	ln, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", f.listen, err)
-	}
-	srv := &http.Server{Handler: api.New(svc, key, version, log), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: api.New(svc, key, version, log), ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout: 2 * time.Minute}
 	url := "http://" + ln.Addr().String()
 	fmt.Fprintf(os.Stderr, "\nramify %s serving on %s (layers: %s, cgroups v%d, snapshots: %s, image %s)\n", version, url, layers.Name(), cg.Version(), snaps.Name(), img.Rootfs)
-	if generated {
-		fmt.Fprintf(os.Stderr, "generated an API key, saved in %s\n", filepath.Join(f.dataDir, "api-key"))
+	// The key is printed in full only once, when it is generated: later starts (and their logs) say where it is.
+	switch keySource {
+	case keyGenerated:
+		fmt.Fprintf(os.Stderr, "generated an API key, saved in %s (printed this once)\n", filepath.Join(f.dataDir, "api-key"))
+		fmt.Fprintf(os.Stderr, "\n  export RAMIFY_API_URL=%s\n  export RAMIFY_API_KEY=%s\n\n  then: ramify sandbox create\n\n", url, key)
+	case keyFromFile:
+		fmt.Fprintf(os.Stderr, "API key in %s\n\n  export RAMIFY_API_URL=%s\n  export RAMIFY_API_KEY=$(cat %s)\n\n", filepath.Join(f.dataDir, "api-key"), url, filepath.Join(f.dataDir, "api-key"))
+	default:
+		fmt.Fprintf(os.Stderr, "API key: the one given by --api-key or RAMIFY_API_KEY\n\n  export RAMIFY_API_URL=%s\n\n", url)
 	}
-	fmt.Fprintf(os.Stderr, "\n  export RAMIFY_API_URL=%s\n  export RAMIFY_API_KEY=%s\n\n  then: ramify sandbox create\n\n", url, key)
 	if p := os.Getenv("RAMIFY_READY_FILE"); p != "" {
 		os.WriteFile(p, []byte(url+"\n"), 0o600) //nolint:errcheck // test harness aid
 	}
@@ -258,4 +328,97 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// rollback is the undo stack of a start-up: run undoes, newest first, what the steps so far made.
+type rollback []struct {
+	what string
+	fn   func() error
+}
+
+func (r *rollback) push(what string, fn func() error) {
+	*r = append(*r, struct {
+		what string
+		fn   func() error
+	}{what, fn})
+}
+
+func (r rollback) run(log *slog.Logger) {
+	for i := len(r) - 1; i >= 0; i-- {
+		if err := r[i].fn(); err != nil {
+			log.Warn("start-up failed and could not undo a step", "step", r[i].what, "err", err)
+		}
+	}
+}
+
+// lockDataDir takes an exclusive flock on <dataDir>/lock and writes this process's pid into it. If another
+// process holds it, the error names that process. The lock is held until the returned file is closed or the
+// process exits.
+func lockDataDir(dataDir string) (*os.File, error) {
+	path := filepath.Join(dataDir, "lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock data directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			holder := "another process"
+			if b, rerr := os.ReadFile(path); rerr == nil {
+				if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
+					holder = fmt.Sprintf("ramify serve (pid %d)", pid)
+				}
+			}
+			return nil, fmt.Errorf("data directory %s is in use by %s", dataDir, holder)
+		}
+		return nil, fmt.Errorf("lock data directory %s: %w", dataDir, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0) //nolint:errcheck // the pid is only for the message
+	}
+	return f, nil
+}
+
+// checkRuntimeBinary refuses a runtime binary (the one given, or this one) that is dynamically linked: it is
+// re-executed as family init and agent inside a root that has no dynamic loader or libc, so every create would
+// fail with "spawn agent: no such file or directory".
+func checkRuntimeBinary(given string) error {
+	path, flag := given, "--runtime-binary "+given
+	if path == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil // cannot tell; the runtime reports its own errors
+		}
+		path, flag = exe, "this binary ("+exe+")"
+	}
+	dyn, interp, err := dynamicallyLinked(path)
+	if err != nil {
+		return fmt.Errorf("runtime binary %s: %w", path, err)
+	}
+	if dyn {
+		return fmt.Errorf("%s is dynamically linked (interpreter %s): sandboxes run it as their init and agent in a root "+
+			"without a dynamic loader, so every create would fail. Build a static binary: "+
+			"CGO_ENABLED=0 go build -o bin/ramify ./cmd/ramify (or 'make build'), or pass a static one with --runtime-binary", flag, interp)
+	}
+	return nil
+}
+
+// dynamicallyLinked reports whether the ELF file at path asks for a program interpreter (a PT_INTERP program
+// header: the dynamic loader), and which.
+func dynamicallyLinked(path string) (bool, string, error) {
+	ef, err := elf.Open(path)
+	if err != nil {
+		return false, "", err
+	}
+	defer ef.Close()
+	for _, p := range ef.Progs {
+		if p.Type == elf.PT_INTERP {
+			b, err := io.ReadAll(io.LimitReader(p.Open(), 4096))
+			if err != nil {
+				return true, "?", nil
+			}
+			return true, strings.TrimRight(string(b), "\x00"), nil
+		}
+	}
+	return false, "", nil
 }

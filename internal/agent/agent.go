@@ -53,7 +53,19 @@ func Main(args []string) error {
 	if len(args) < 1 {
 		return errors.New("agent: missing config")
 	}
-	if args[0] == SpareArg {
+	if err := HardenSelf(3); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	switch args[0] {
+	case ConfigFromInit:
+		// The config (with the fork token) comes as the first message on the init channel, not on the command
+		// line, which every process of the family can read.
+		cfg, err := readInitConfig()
+		if err != nil {
+			return err
+		}
+		args = []string{cfg}
+	case SpareArg:
 		cfg, err := awaitClaim()
 		if err != nil {
 			if errors.Is(err, errNotClaimed) {
@@ -82,6 +94,13 @@ func Main(args []string) error {
 		}
 		f.Close()
 	}
+	if a.toInit != nil {
+		// The family init judges setns(2) calls by the namespaces a sandbox's processes are in, but cannot read
+		// this (non-dumpable) agent's /proc/<pid>/ns: tell it.
+		if err := a.registerNamespaces(); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+	}
 	if a.bpf, err = seccomp.ProgramBytes(); err != nil {
 		return fmt.Errorf("agent: seccomp program: %w", err)
 	}
@@ -105,6 +124,57 @@ func Main(args []string) error {
 
 // SpareArg is the argument that starts a spare agent.
 const SpareArg = "--spare"
+
+// ConfigFromInit is the argument that starts an agent whose config is the first message on its init channel.
+const ConfigFromInit = "--config-from-init"
+
+// NamespacesMsg prefixes the message with which an agent registers its namespaces with the family init: the
+// prefix, then a JSON list of links as /proc/self/ns shows them ("net:[4026532000]").
+const NamespacesMsg = "ns "
+
+func readInitConfig() (string, error) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, _, _, _, err := unix.Recvmsg(fdInit, buf, nil, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("agent: read config: %w", err)
+		}
+		if n == 0 {
+			return "", errors.New("agent: the family init closed before sending a config")
+		}
+		return string(buf[:n]), nil
+	}
+}
+
+func (a *Agent) registerNamespaces() error {
+	// A non-dumpable process cannot list its own /proc/self/ns (the directory belongs to host root), but can
+	// read each link.
+	var links []string
+	for _, ns := range []string{"ipc", "uts", "net", "mnt", "cgroup", "pid", "time", "user"} {
+		if l, err := os.Readlink("/proc/self/ns/" + ns); err == nil {
+			links = append(links, l)
+		}
+	}
+	if len(links) < 4 {
+		return errors.New("register namespaces: cannot read /proc/self/ns")
+	}
+	b, _ := json.Marshal(links)
+	if _, _, err := a.toInit.WriteMsgUnix(append([]byte(NamespacesMsg), b...), nil, nil); err != nil {
+		return fmt.Errorf("register namespaces: %w", err)
+	}
+	// Wait for the init to have recorded them: a forked interpreter may ask to join them right after this agent
+	// answers its first ping.
+	a.toInit.SetReadDeadline(time.Now().Add(10 * time.Second))
+	defer a.toInit.SetReadDeadline(time.Time{})
+	ack := make([]byte, 16)
+	if _, err := a.toInit.Read(ack); err != nil {
+		return fmt.Errorf("register namespaces: no answer from the family init: %w", err)
+	}
+	return nil
+}
 
 var errNotClaimed = errors.New("agent: spare closed without work")
 
@@ -185,23 +255,36 @@ func (a *Agent) supervise(fd int) {
 	}()
 }
 
-// recvFD reads one message carrying a file descriptor from c.
-func recvFD(c *net.UnixConn) ([]byte, int, error) {
+// maxPassedFDs is the most descriptors one message may carry (the kernel's SCM_MAX_FD): a fork of 32 children
+// passes 4 namespace descriptors per child.
+const maxPassedFDs = 253
+
+// recvFDs reads one message from c with the descriptors passed along with it.
+func recvFDs(c *net.UnixConn) ([]byte, []int, error) {
 	buf := make([]byte, 4096)
-	oob := make([]byte, unix.CmsgSpace(4*4))
+	oob := make([]byte, unix.CmsgSpace(maxPassedFDs*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, nil, err
+	}
+	return buf[:n], Rights(oob[:oobn]), nil
+}
+
+// recvFD reads one message carrying at most one file descriptor from c (-1 when none came).
+func recvFD(c *net.UnixConn) ([]byte, int, error) {
+	msg, fds, err := recvFDs(c)
 	if err != nil {
 		return nil, -1, err
 	}
 	fd := -1
-	for i, f := range Rights(oob[:oobn]) {
+	for i, f := range fds {
 		if i == 0 {
 			fd = f
 		} else {
 			unix.Close(f)
 		}
 	}
-	return buf[:n], fd, nil
+	return msg, fd, nil
 }
 
 // Rights returns the descriptors passed (SCM_RIGHTS) in a message's control data.
@@ -234,15 +317,16 @@ func (a *Agent) handleConn(c net.Conn) {
 			c.Close()
 		}
 	}()
-	// The first message of a connection may carry a descriptor for its request (Client.CallWithFile).
-	first, fd, err := recvFD(c.(*net.UnixConn))
+	// The first message of a connection may carry descriptors for its request (Client.CallWithFiles).
+	first, fds, err := recvFDs(c.(*net.UnixConn))
 	if err != nil {
 		return
 	}
-	var file *os.File
-	if fd >= 0 {
-		file = os.NewFile(uintptr(fd), "request-file")
-		defer file.Close()
+	var files []*os.File
+	for _, fd := range fds {
+		f := os.NewFile(uintptr(fd), "request-file")
+		files = append(files, f)
+		defer f.Close()
 	}
 	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(first), c), 64<<10)
 	w := &eventWriter{w: bufio.NewWriterSize(c, 32<<10)}
@@ -256,15 +340,18 @@ func (a *Agent) handleConn(c net.Conn) {
 			w.emit(Event{Type: "error", Message: "bad request: " + err.Error()})
 			return
 		}
-		req.file, file = file, nil
+		req.files, files = files, nil
+		if len(req.files) > 0 {
+			req.file = req.files[0]
+		}
 		if req.Op == "attach_repl" {
 			// The connection now belongs to the interpreter: hand it over and stop reading it here.
 			keep = a.attachRepl(c, r, req)
 			return
 		}
 		a.handle(context.Background(), req, w)
-		if req.file != nil {
-			req.file.Close()
+		for _, f := range req.files {
+			f.Close()
 		}
 		if w.err != nil {
 			return
@@ -369,7 +456,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		w.emit(Event{Type: "ok", Skipped: skipped})
 	case "fork_repl":
-		pids, err := a.repl.fork(req.Targets)
+		pids, err := a.repl.fork(req.Targets, req.files)
 		if err != nil {
 			w.emit(Event{Type: "error", Message: "fork interpreter: " + err.Error()})
 			return

@@ -108,7 +108,20 @@ func (c *Client) Call(ctx context.Context, req Request, onEvent func(Event)) (Ev
 // a session stream's pipe reaches the interpreter. It takes f and closes it once sent, so that the other end of
 // a pipe sees EOF when the agent's side is done with it.
 func (c *Client) CallWithFile(ctx context.Context, req Request, f *os.File, onEvent func(Event)) (Event, error) {
-	defer f.Close()
+	return c.CallWithFiles(ctx, req, []*os.File{f}, onEvent)
+}
+
+// CallWithFiles is CallWithFile with several descriptors (at most 253); it takes and closes every one of them.
+func (c *Client) CallWithFiles(ctx context.Context, req Request, files []*os.File, onEvent func(Event)) (Event, error) {
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	defer closeAll()
+	if len(files) > maxPassedFDs {
+		return Event{}, fmt.Errorf("%d descriptors for one request (at most %d)", len(files), maxPassedFDs)
+	}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return Event{}, fmt.Errorf("%w: %v", ErrAgentGone, err)
@@ -122,8 +135,12 @@ func (c *Client) CallWithFile(ctx context.Context, req Request, f *os.File, onEv
 	if err != nil {
 		return Event{}, err
 	}
-	_, _, err = uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(int(f.Fd())), nil)
-	f.Close()
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	_, _, err = uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(fds...), nil)
+	closeAll()
 	if err != nil {
 		return Event{}, fmt.Errorf("%w: %v", ErrAgentGone, err)
 	}

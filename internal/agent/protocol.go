@@ -41,8 +41,9 @@ type Request struct {
 	// (snapshots made before session streams).
 	Stream bool   `json:"stream,omitempty"`
 	Dir    string `json:"dir,omitempty"`
-	// file is the descriptor that came with the request (SCM_RIGHTS), if any.
-	file *os.File
+	// files are the descriptors that came with the request (SCM_RIGHTS); file is the first, if any.
+	files []*os.File
+	file  *os.File
 
 	// attach_repl (sent by a forked interpreter) and expect_repl (sent by the server to a child's agent)
 	Token string `json:"token,omitempty"`
@@ -57,6 +58,10 @@ type ForkTarget struct {
 	// Cgroup is a fragment of /proc/self/cgroup the forked interpreter waits to see (the server moving it into
 	// the child's cgroup) before it enters the child's namespaces.
 	Cgroup string `json:"cgroup"`
+	// NS is the index, among the descriptors sent with fork_repl, of the first of the child agent's IPC, UTS,
+	// network and mount namespaces (in that order), which the forked interpreter joins: it cannot open them
+	// through /proc, the agent being out of its reach.
+	NS int `json:"ns"`
 }
 
 // ExecError describes an exception raised by run_code.

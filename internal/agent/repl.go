@@ -105,7 +105,7 @@ func (p *repl) spawn() (int, error) {
 	}()
 	cmd := exec.Command("python3", "-u", "-c", replBootstrap)
 	cmd.Env = append(a.environ(nil), "RAMIFY_SECCOMP_BPF="+hex.EncodeToString(a.bpf),
-		"RAMIFY_SECCOMP_FLAGS="+strconv.Itoa(seccomp.FilterFlags))
+		"RAMIFY_SECCOMP_FLAGS="+strconv.Itoa(seccomp.FilterFlags), interpreterCapsEnv())
 	cmd.Dir = a.workdir("")
 	if _, err := os.Stat(cmd.Dir); err != nil {
 		cmd.Dir = "/"
@@ -275,10 +275,10 @@ func (p *repl) waitSync(n int, limit time.Duration) {
 	}
 }
 
-func (p *repl) send(v any) error { return p.sendFile(v, -1) }
+func (p *repl) send(v any) error { return p.sendFile(v) }
 
-// sendFile sends one request line, with descriptor fd attached unless it is negative.
-func (p *repl) sendFile(v any, fd int) error {
+// sendFile sends one request line, with descriptors fds attached.
+func (p *repl) sendFile(v any, fds ...int) error {
 	b, _ := json.Marshal(v)
 	b = append(b, '\n')
 	p.mu.Lock()
@@ -287,8 +287,8 @@ func (p *repl) sendFile(v any, fd int) error {
 	if conn == nil {
 		return errors.New("no interpreter")
 	}
-	if fd >= 0 {
-		_, _, err := conn.(*net.UnixConn).WriteMsgUnix(b, unix.UnixRights(fd), nil)
+	if len(fds) > 0 {
+		_, _, err := conn.(*net.UnixConn).WriteMsgUnix(b, unix.UnixRights(fds...), nil)
 		return err
 	}
 	_, err := conn.Write(b)
@@ -415,16 +415,16 @@ func died(msg string) Event {
 
 // call sends one request that is not a code run (configure, fork, snapshot, restore) to the interpreter,
 // starting one first if needed, and returns its result. A dead interpreter is dropped.
-func (p *repl) call(req map[string]any) (replMsg, error) { return p.callFile(req, -1) }
+func (p *repl) call(req map[string]any) (replMsg, error) { return p.callFile(req) }
 
-// callFile is call with descriptor fd sent along with the request (unless negative).
-func (p *repl) callFile(req map[string]any, fd int) (replMsg, error) {
+// callFile is call with descriptors fds sent along with the request.
+func (p *repl) callFile(req map[string]any, fds ...int) (replMsg, error) {
 	p.runMu.Lock()
 	defer p.runMu.Unlock()
 	if _, err := p.ensure(); err != nil {
 		return replMsg{}, err
 	}
-	if err := p.sendFile(req, fd); err != nil {
+	if err := p.sendFile(req, fds...); err != nil {
 		p.drop()
 		return replMsg{}, err
 	}
@@ -450,8 +450,12 @@ func (p *repl) configure(env map[string]string, cwd string) error {
 }
 
 // fork asks the interpreter to fork once per target; it returns the children's pids (family PID namespace).
-func (p *repl) fork(targets []ForkTarget) ([]int, error) {
-	m, err := p.call(map[string]any{"op": "fork", "targets": targets})
+func (p *repl) fork(targets []ForkTarget, files []*os.File) ([]int, error) {
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	m, err := p.callFile(map[string]any{"op": "fork", "targets": targets}, fds...)
 	return m.Pids, err
 }
 

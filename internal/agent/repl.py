@@ -33,7 +33,7 @@ class _Reader:
                 line = bytes(self.buf[:i + 1])
                 del self.buf[:i + 1]
                 return line
-            data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(8 * 4))
+            data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(253 * 4))
             for level, typ, payload in anc:
                 if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
                     a = array.array("i")
@@ -179,17 +179,51 @@ def _send_fd(obj, fd):
     os.close(fd)
 
 
-def _setns(path, nstype):
+def _setns(fd, nstype):
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if _libc.setns(fd, nstype) != 0:
+    if _libc.setns(fd, nstype) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "setns %#x: %s" % (nstype, os.strerror(e)))
+
+
+_CAPS = os.environ.pop("RAMIFY_CAPS", "")
+
+
+def _confine():
+    """Reduce this process to sandbox code's capabilities (the agent's RAMIFY_CAPS, "<bounding>:<permitted>" in
+    hex): every capability outside the bounding mask leaves the bounding set, so no program this interpreter
+    starts ever holds it; the permitted and effective sets keep the second mask (CAP_SYS_ADMIN in addition, for
+    a fork child's setns); no inheritable or ambient capabilities; no_new_privs; not dumpable."""
+    global _libc
+    if not _CAPS:
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    bounding, permitted = (int(x, 16) for x in _CAPS.split(":"))
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+
+    def check(ok, what):
+        if not ok:
             e = ctypes.get_errno()
-            raise OSError(e, "setns %s: %s" % (path, os.strerror(e)))
-    finally:
-        os.close(fd)
+            raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+    for cap in range(last + 1):
+        if not bounding >> cap & 1:
+            check(_libc.prctl(24, cap, 0, 0, 0) == 0 or ctypes.get_errno() == 22, "drop capability %d" % cap)  # PR_CAPBSET_DROP
+    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)(permitted & 0xFFFFFFFF, permitted & 0xFFFFFFFF, 0,
+                                 permitted >> 32, permitted >> 32, 0)  # effective, permitted, inheritable x 2
+    check(_libc.capset(hdr, data) == 0, "capset")
+    check(_libc.prctl(47, 4, 0, 0, 0) == 0, "clear ambient capabilities")  # PR_CAP_AMBIENT, CLEAR_ALL
+    check(_libc.prctl(38, 1, 0, 0, 0) == 0, "no_new_privs")  # PR_SET_NO_NEW_PRIVS
+    # Not dumpable: the interpreter holds what the sandbox has loaded (data, models, credentials in variables);
+    # without CAP_SYS_PTRACE, which no sandbox process has, nothing can open its /proc/<pid>/mem, environ, fd or
+    # root: not a fork sibling's processes, which share its uid in the family's user namespace. Fork children
+    # inherit it; the interpreter never execs, so it never reverts.
+    check(_libc.prctl(4, 0, 0, 0, 0) == 0, "not dumpable")  # PR_SET_DUMPABLE
 
 
 def _open_files():
@@ -236,38 +270,45 @@ def _reopen(files):
 
 
 def _fork(req):
-    """Fork this interpreter once per target; each child moves into its target sandbox's namespaces."""
-    files = _open_files()
-    pids = []
-    for t in req["targets"]:
-        sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _become_child(t, files)
-            except BaseException:
-                _log_failure("fork child for agent %s failed:\n%s" % (t.get("agent_pid"), traceback.format_exc()))
-            os._exit(70)
-        _forked.append(pid)
-        pids.append(pid)
-    return {"type": "result", "pids": pids}
+    """Fork this interpreter once per target; each child moves into its target sandbox's namespaces, which come
+    as descriptors with the request (4 per target, from index t["ns"])."""
+    nsfds, _rfile.fds = _rfile.fds, []
+    try:
+        files = _open_files()
+        pids = []
+        for t in req["targets"]:
+            sys.stdout.flush()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    own = nsfds[t["ns"]:t["ns"] + 4]
+                    for fd in nsfds:
+                        if fd not in own:
+                            os.close(fd)
+                    _become_child(t, files, own)
+                except BaseException:
+                    _log_failure("fork child for agent %s failed:\n%s" % (t.get("agent_pid"), traceback.format_exc()))
+                os._exit(70)
+            _forked.append(pid)
+            pids.append(pid)
+        return {"type": "result", "pids": pids}
+    finally:
+        for fd in nsfds:
+            os.close(fd)
 
 
 def _log_failure(msg):
-    """Report a fork child's failure in the server's sandboxes.log (the family init's stderr)."""
-    for path in ("/proc/1/fd/2",):
-        try:
-            with open(path, "a") as f:
-                f.write("ramify repl[%d]: %s\n" % (os.getpid(), msg))
-        except OSError:
-            pass
+    """Report a fork child's failure on its stderr (the parent interpreter's, read by the parent's agent)."""
+    try:
+        os.write(2, ("ramify repl[%d]: %s\n" % (os.getpid(), msg)).encode(errors="replace"))
+    except OSError:
+        pass
 
 
-def _become_child(t, files):
+def _become_child(t, files, nsfds):
     global _sock, _rfile, _emit_sync
     _emit_sync = False
     old = _sock
-    holder = t["agent_pid"]
     # Wait until the server has moved this process into the child's cgroup.
     marker = t.get("cgroup") or ""
     deadline = time.monotonic() + 30
@@ -281,9 +322,10 @@ def _become_child(t, files):
             _log_failure("not moved into cgroup %s within 30s" % marker)
             os._exit(72)
         time.sleep(0.0005)
-    # Join the target's namespaces; the mount namespace last, since /proc/<pid> paths are read before it.
-    for ns, flag in (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000), ("mnt", 0x00020000)):
-        _setns("/proc/%d/ns/%s" % (holder, ns), flag)
+    # Join the target's IPC, UTS, network and mount namespaces (the mount namespace last).
+    for fd, flag in zip(nsfds, (0x08000000, 0x04000000, 0x40000000, 0x00020000)):
+        _setns(fd, flag)
+        os.close(fd)
     try:
         os.chdir(t.get("cwd") or "/")
     except OSError:
@@ -651,6 +693,7 @@ def main():
     sys.stdin = open(os.devnull)
     del sys.argv[:]
     sys.argv.append("")
+    _confine()
     _send_fd({"type": "ready", "pid": os.getpid()}, _install_filter())
     _serve()
 

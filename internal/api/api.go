@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"time"
 
@@ -23,20 +24,26 @@ var errNotFound = errdefs.New(errdefs.ErrNotFound, "sandbox not found")
 // MaxJSONBody limits JSON request bodies.
 const MaxJSONBody = 8 << 20
 
+// BodyIdleTimeout bounds how long a request body may make no progress: a client that stops sending its body
+// (a slow or stalled upload, or a JSON body that never ends) gets 408 and its connection closed. The deadline
+// moves with every read, so a large upload that keeps sending is never cut off.
+const BodyIdleTimeout = 30 * time.Second
+
 // Server serves the API.
 type Server struct {
-	svc     *sandbox.Service
-	key     string
-	log     *slog.Logger
-	version string
-	mux     *http.ServeMux
+	svc      *sandbox.Service
+	key      string
+	log      *slog.Logger
+	version  string
+	bodyIdle time.Duration // BodyIdleTimeout; tests shorten it
+	mux      *http.ServeMux
 	// patterns lists every pattern registered on mux, in order (the OpenAPI test compares them to the document).
 	patterns []string
 }
 
 // New returns the API handler.
 func New(svc *sandbox.Service, apiKey, version string, log *slog.Logger) *Server {
-	s := &Server{svc: svc, key: apiKey, log: log, version: version, mux: http.NewServeMux()}
+	s := &Server{svc: svc, key: apiKey, log: log, version: version, bodyIdle: BodyIdleTimeout, mux: http.NewServeMux()}
 	s.routes()
 	return s
 }
@@ -89,6 +96,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sw := &statusWriter{ResponseWriter: w, code: 200}
+	if r.Body != nil && r.Body != http.NoBody {
+		// Armed now, not at the first read: a handler that answers without reading (401, say) leaves the body to
+		// the server, which discards it under the same deadline.
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(s.bodyIdle)) == nil {
+			r.Body = &progressBody{ReadCloser: r.Body, rc: rc, idle: s.bodyIdle}
+		}
+	}
 	s.mux.ServeHTTP(sw, r)
 	s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", sw.code, "ms", time.Since(start).Milliseconds())
 }
@@ -105,6 +120,36 @@ func (w *statusWriter) Flush() {
 	}
 }
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// progressBody moves the connection's read deadline forward at every read of a request body, and clears it
+// when the body ends: the deadline bounds a stall, not the whole upload. (A deadline left set after the body's
+// end would fire in net/http's background read and cancel the request's context.)
+type progressBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	idle time.Duration
+	done bool
+}
+
+func (b *progressBody) Read(p []byte) (int, error) {
+	if b.done {
+		return b.ReadCloser.Read(p)
+	}
+	b.rc.SetReadDeadline(time.Now().Add(b.idle)) //nolint:errcheck // supported: checked when armed
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.done = true
+		b.rc.SetReadDeadline(time.Time{}) //nolint:errcheck // as above
+	}
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		b.done = true
+		err = errBodyTimeout
+	}
+	return n, err
+}
+
+// errBodyTimeout is a request body that made no progress for the body idle timeout: 408.
+var errBodyTimeout = errors.New("request body not received in time")
 
 func (s *Server) auth(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -127,6 +172,8 @@ func statusOf(err error) int {
 	switch {
 	case errors.Is(err, errdefs.ErrUnauthorized):
 		return http.StatusUnauthorized
+	case errors.Is(err, errBodyTimeout):
+		return http.StatusRequestTimeout
 	case errors.Is(err, errdefs.ErrNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, errdefs.ErrTooLarge), errors.As(err, &mbe):
@@ -135,6 +182,8 @@ func statusOf(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, errdefs.ErrConflict):
 		return http.StatusConflict
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
 }
@@ -145,6 +194,10 @@ func writeError(w http.ResponseWriter, err error) {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		msg = "request body too large"
+	}
+	if errors.Is(err, errBodyTimeout) {
+		msg = errBodyTimeout.Error()
+		w.Header().Set("Connection", "close")
 	}
 	writeJSON(w, code, map[string]string{"error": msg})
 }
@@ -166,11 +219,15 @@ func decode(w http.ResponseWriter, r *http.Request, v any, optional bool) error 
 			return nil
 		}
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		if errors.As(err, &mbe) || errors.Is(err, errBodyTimeout) {
 			return err
 		}
 		if errors.Is(err, io.EOF) {
 			return errdefs.New(errdefs.ErrInvalid, "request body must be a JSON object")
+		}
+		// DisallowUnknownFields: the field is the message ("unknown field \"bogus\""), not a syntax error.
+		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return errdefs.New(errdefs.ErrInvalid, "unknown field "+field)
 		}
 		return errdefs.New(errdefs.ErrInvalid, "malformed JSON: "+err.Error())
 	}

@@ -1,10 +1,12 @@
 package api
 
 import (
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/sandbox"
 )
 
@@ -49,9 +51,9 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		N           *int      `json:"n"`
-		StartPaused bool      `json:"start_paused"`
-		Egress      *[]string `json:"egress"`
+		N           json.RawMessage `json:"n"` // raw: an explicit null is refused, not taken for "absent"
+		StartPaused bool            `json:"start_paused"`
+		Egress      *[]string       `json:"egress"`
 	}
 	if err := decode(w, r, &req, true); err != nil {
 		writeError(w, err)
@@ -59,7 +61,10 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	}
 	n := 1
 	if req.N != nil {
-		n = *req.N
+		if err := json.Unmarshal(req.N, &n); err != nil || string(req.N) == "null" {
+			writeError(w, errdefs.New(errdefs.ErrInvalid, "n must be an integer between 1 and 32"))
+			return
+		}
 	}
 	res, err := s.svc.ForkWithEgress(r.Context(), r.PathValue("id"), n, req.StartPaused, req.Egress)
 	if err != nil {

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -23,11 +24,28 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if req.Cwd != "" {
+		// A cwd missing from the sandbox's file system would only show later, as every exec failing with a
+		// misleading "fork/exec /bin/sh": refuse the sandbox now.
+		if err := s.checkCwd(r, info.ID, info.Cwd); err != nil {
+			if derr := s.svc.Delete(r.Context(), info.ID); derr != nil {
+				s.log.Warn("create: could not remove the sandbox made with a missing cwd", "id", info.ID, "err", derr)
+			}
+			writeError(w, err)
+			return
+		}
+	}
 	writeJSON(w, http.StatusCreated, info)
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	o := sandbox.ListOptions{Status: sandbox.Status(r.URL.Query().Get("status")), Metadata: map[string]string{}}
+	if o.Status != "" {
+		if err := sandbox.ValidStatus(o.Status); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	for k, v := range r.URL.Query() {
 		if mk, ok := strings.CutPrefix(k, "metadata."); ok && len(v) > 0 {
 			o.Metadata[mk] = v[0]
@@ -157,13 +175,56 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
 	}{"result", res}, err)
 }
 
+// checkExec refuses what the kernel cannot pass to a process: NUL bytes in the command, its arguments or cwd
+// (execve would truncate them, or fail with a misleading exit 126).
+func checkExec(req sandbox.ExecRequest) error {
+	if strings.IndexByte(req.Cmd, 0) >= 0 {
+		return errdefs.New(errdefs.ErrInvalid, "cmd must not contain NUL bytes")
+	}
+	for _, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return errdefs.New(errdefs.ErrInvalid, "argv must not contain NUL bytes")
+		}
+	}
+	if strings.IndexByte(req.Cwd, 0) >= 0 {
+		return errdefs.New(errdefs.ErrInvalid, "cwd must not contain NUL bytes")
+	}
+	return nil
+}
+
+// checkCwd answers 400 unless cwd is a directory in sandbox id's file system (symlinks followed inside it).
+func (s *Server) checkCwd(r *http.Request, id, cwd string) error {
+	fs, release, err := s.svc.Files(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := fs.CheckDir(cwd); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
+			return errdefs.New(errdefs.ErrInvalid, "cwd "+cwd+" is not a directory in the sandbox")
+		}
+		return err
+	}
+	return nil
+}
+
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	var req sandbox.ExecRequest
 	if err := decode(w, r, &req, false); err != nil {
 		writeError(w, err)
 		return
 	}
+	if err := checkExec(req); err != nil {
+		writeError(w, err)
+		return
+	}
 	id := r.PathValue("id")
+	if req.Cwd != "" && req.Cwd[0] == '/' {
+		if err := s.checkCwd(r, id, req.Cwd); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	if !wantsStream(r, req.Stream) {
 		res, err := s.svc.Exec(r.Context(), id, req, nil)
 		if err != nil {

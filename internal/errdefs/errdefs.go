@@ -15,6 +15,8 @@ var (
 	ErrUnauthorized = errors.New("unauthorized")
 	// ErrTooLarge: a request body exceeds its limit (HTTP 413).
 	ErrTooLarge = errors.New("too large")
+	// ErrUnavailable: the server cannot serve the request now, e.g. it is out of capacity (HTTP 503).
+	ErrUnavailable = errors.New("unavailable")
 )
 
 // userError carries a message meant for API users alongside a sentinel.

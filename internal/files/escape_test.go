@@ -268,7 +268,7 @@ func TestMagicLinksAndPseudoFS(t *testing.T) {
 		if n > 1<<20 {
 			t.Errorf("tar of / with a proc mount is %d bytes", n)
 		}
-		if err := f.Remove("/proc", true); !errors.Is(err, errdefs.ErrConflict) {
+		if err := f.Remove("/proc", true); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("remove /proc: %v", err)
 		}
 		os.MkdirAll(filepath.Join(root, "x/p"), 0o755)
@@ -276,7 +276,7 @@ func TestMagicLinksAndPseudoFS(t *testing.T) {
 			t.Errorf("mount proc: %v", err)
 			return
 		}
-		if err := f.Remove("/x", true); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "pseudo") {
+		if err := f.Remove("/x", true); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "pseudo") {
 			t.Errorf("remove /x: %v", err)
 		}
 		unix.Unmount(filepath.Join(root, "x/p"), unix.MNT_DETACH)

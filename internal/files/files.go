@@ -138,6 +138,59 @@ func CleanPath(p string) (string, error) {
 	return path.Clean(p), nil
 }
 
+// protectedRoots are the sandbox's kernel and device file systems: the API never creates, replaces or removes
+// anything at or below them (the sandbox's own code may, as root in the sandbox). From the host, in another
+// mount namespace, removing /proc would not fail with EBUSY as it does inside: it would detach the sandbox's
+// proc mount.
+var protectedRoots = []string{"/proc", "/sys", "/dev"}
+
+// protected reports whether the clean absolute path p is one of protectedRoots or below one.
+func protected(p string) bool {
+	for _, r := range protectedRoots {
+		if p == r || strings.HasPrefix(p, r+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// refuseProtected is errdefs.ErrInvalid for a change at or below /proc, /sys or /dev.
+func refuseProtected(op, p string) error {
+	if !protected(p) {
+		return nil
+	}
+	return wrap(op, p, userErr(errdefs.ErrInvalid, "refusing to change /proc, /sys or /dev (kernel and device file systems)", p))
+}
+
+// pseudoPath reports whether the clean absolute path p is /proc or /sys or below them: never read or listed,
+// whatever the sandbox mounted there (from the host, /proc/self names no process of the sandbox's).
+func pseudoPath(p string) bool {
+	for _, r := range []string{"/proc", "/sys"} {
+		if p == r || strings.HasPrefix(p, r+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// refusePseudoRead is errdefs.ErrInvalid for reading or listing at or below /proc or /sys.
+func refusePseudoRead(op, p string) error {
+	if !pseudoPath(p) {
+		return nil
+	}
+	return wrap(op, p, userErr(errdefs.ErrInvalid, "refusing to read a kernel pseudo file system", p))
+}
+
+// mountRoot reports whether name in dirfd (not followed) is the root of a mount: a mount point in the sandbox's
+// mount namespace, which the API never removes.
+func mountRoot(dirfd int, name string) bool {
+	var stx unix.Statx_t
+	if err := unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE, &stx); err != nil {
+		return false
+	}
+	return stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+}
+
 // rel turns a clean absolute path into the relative form used with the root fd.
 func rel(p string) string {
 	r := strings.TrimLeft(p, "/")

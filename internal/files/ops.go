@@ -23,6 +23,9 @@ func (f *FS) OpenRead(p string) (*os.File, Entry, error) {
 	if err != nil {
 		return nil, Entry{}, err
 	}
+	if err := refusePseudoRead("read", p); err != nil {
+		return nil, Entry{}, err
+	}
 	root, err := f.acquire()
 	if err != nil {
 		return nil, Entry{}, err
@@ -73,6 +76,9 @@ func (f *FS) Write(p string, r io.Reader, mode os.FileMode) (int64, error) {
 	}
 	if p == "/" {
 		return 0, wrap("write", p, userErr(errdefs.ErrInvalid, "is a directory", p))
+	}
+	if err := refuseProtected("write", p); err != nil {
+		return 0, err
 	}
 	root, err := f.acquire()
 	if err != nil {
@@ -158,7 +164,10 @@ func (f *FS) writeAt(dirfd int, name string, r io.Reader, m uint32, mt *time.Tim
 // mkdirAll makes sure the directory p exists inside the root, creating missing components (owned by uid/gid,
 // mode 0755) below the deepest existing one, and returns an fd for it. Every prefix is resolved inside the
 // root; new directories are created with mkdirat in the parent's fd and opened without following symlinks.
-func (f *FS) mkdirAll(root int, p string) (int, error) {
+func (f *FS) mkdirAll(root int, p string) (int, error) { return f.mkdirAllNoting(root, p, nil) }
+
+// mkdirAllNoting is mkdirAll that calls created with the path of each directory it creates, in order.
+func (f *FS) mkdirAllNoting(root int, p string, created func(p string)) (int, error) {
 	fd, err := resolve(root, p, unix.O_PATH|unix.O_DIRECTORY)
 	if err == nil || err != unix.ENOENT {
 		if err == unix.ENOTDIR {
@@ -175,9 +184,13 @@ func (f *FS) mkdirAll(root int, p string) (int, error) {
 		prefix := "/" + strings.Join(comps[:i+1], "/")
 		next, err := resolve(root, prefix, unix.O_PATH|unix.O_DIRECTORY)
 		if err == unix.ENOENT {
-			next, _, err = f.mkdirIn(cur, c, 0o755)
+			var made bool
+			next, made, err = f.mkdirIn(cur, c, 0o755)
 			if err == unix.ELOOP {
 				err = unix.ENOTDIR // a dangling symlink
+			}
+			if made && created != nil {
+				created(prefix)
 			}
 		}
 		unix.Close(cur)
@@ -289,6 +302,9 @@ func (f *FS) List(p string) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := refusePseudoRead("list", p); err != nil {
+		return nil, err
+	}
 	root, err := f.acquire()
 	if err != nil {
 		return nil, err
@@ -318,6 +334,26 @@ func (f *FS) List(p string) ([]Entry, error) {
 	return entries, nil
 }
 
+// CheckDir returns nil if p resolves (symlinks followed inside the root) to a directory, errdefs.ErrNotFound if
+// it does not exist, errdefs.ErrInvalid if it is not a directory.
+func (f *FS) CheckDir(p string) error {
+	p, err := CleanPath(p)
+	if err != nil {
+		return err
+	}
+	root, err := f.acquire()
+	if err != nil {
+		return err
+	}
+	defer f.release()
+	fd, err := resolve(root, p, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return wrap("stat", p, err)
+	}
+	unix.Close(fd)
+	return nil
+}
+
 // openDir opens the directory p (following symlinks inside the root) for reading its entries.
 func openDir(root int, p string) (int, error) {
 	pfd, err := resolve(root, p, unix.O_PATH)
@@ -332,6 +368,9 @@ func openDir(root int, p string) (int, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return -1, userErr(errdefs.ErrInvalid, "not a directory", p)
 	}
+	if pseudoFS(pfd) {
+		return -1, userErr(errdefs.ErrInvalid, "refusing to read a kernel pseudo file system", p)
+	}
 	return openat2(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY, 0, beneath)
 }
 
@@ -341,6 +380,9 @@ func openDir(root int, p string) (int, error) {
 func (f *FS) Mkdir(p string, parents bool) (Entry, error) {
 	p, err := CleanPath(p)
 	if err != nil {
+		return Entry{}, err
+	}
+	if err := refuseProtected("mkdir", p); err != nil {
 		return Entry{}, err
 	}
 	root, err := f.acquire()
@@ -404,6 +446,9 @@ func (f *FS) Remove(p string, recursive bool) error {
 	if p == "/" {
 		return wrap("remove", p, errdefs.New(errdefs.ErrInvalid, "refusing to remove /"))
 	}
+	if err := refuseProtected("remove", p); err != nil {
+		return err
+	}
 	root, err := f.acquire()
 	if err != nil {
 		return err
@@ -417,6 +462,9 @@ func (f *FS) Remove(p string, recursive bool) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return wrap("remove", p, err)
+	}
+	if mountRoot(dirfd, name) {
+		return wrap("remove", p, userErr(errdefs.ErrInvalid, "refusing to remove a mount point", p))
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		err := unix.Unlinkat(dirfd, name, 0)
@@ -454,9 +502,9 @@ func removeAll(dirfd int, name, p string) error {
 		default:
 			return oerr
 		}
-		if pseudoFS(fd) {
+		if pseudoFS(fd) || mountRoot(dirfd, name) {
 			unix.Close(fd)
-			return userErr(errdefs.ErrConflict, "refusing to remove files on a kernel pseudo file system", p)
+			return userErr(errdefs.ErrInvalid, "refusing to remove files on a kernel pseudo file system or a mount point", p)
 		}
 		err = removeContents(fd, p)
 		unix.Close(fd)

@@ -25,6 +25,9 @@ func (f *FS) WriteTar(p string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := refusePseudoRead("archive", p); err != nil {
+		return err
+	}
 	root, err := f.acquire()
 	if err != nil {
 		return err
@@ -203,10 +206,18 @@ func (zeroReader) Read(b []byte) (int, error) {
 // checked; they resolve inside the root when used). Hard links must name a target inside p. Regular files,
 // symlinks and hard links replace what is in their way (files atomically); directories are merged. Everything
 // created is owned by the FS's uid/gid and gets the entry's mode bits and modification time. Fifos, devices and
-// other entry types are skipped. Entries extracted before an error stay. Size limits are the caller's.
+// other entry types are skipped. Size limits are the caller's.
+//
+// Extraction is all or nothing: every change is recorded as it is made (a file or link that an entry replaces
+// is kept under a temporary hard link next to it, a directory's old mode is noted), and an error undoes the
+// changes made so far, newest first, before it is returned. Entries, parents and the destination under /proc,
+// /sys or /dev are refused (errdefs.ErrInvalid).
 func (f *FS) ExtractTar(p string, r io.Reader) (int, error) {
 	p, err := CleanPath(p)
 	if err != nil {
+		return 0, err
+	}
+	if err := refuseProtected("extract", p); err != nil {
 		return 0, err
 	}
 	root, err := f.acquire()
@@ -214,13 +225,25 @@ func (f *FS) ExtractTar(p string, r io.Reader) (int, error) {
 		return 0, err
 	}
 	defer f.release()
-	dfd, err := f.mkdirAll(root, p)
+	x := extractor{f: f, root: root, dest: p, links: map[string]bool{}}
+	n, err := x.extract(r)
+	if err != nil {
+		x.rollback()
+		return 0, err
+	}
+	x.commit()
+	return n, nil
+}
+
+// extract does ExtractTar's work, recording in x.undo what it changes.
+func (x *extractor) extract(r io.Reader) (int, error) {
+	p := x.dest
+	dfd, err := x.f.mkdirAllNoting(x.root, p, x.noteCreated)
 	if err != nil {
 		return 0, wrap("extract", p, err)
 	}
 	unix.Close(dfd)
 
-	x := extractor{f: f, root: root, dest: p, links: map[string]bool{}}
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
@@ -251,6 +274,96 @@ type extractor struct {
 	links map[string]bool // names (relative to dest) of symlinks this archive created
 	dirs  []dirTime
 	files int
+	undo  []undoStep // what the extraction changed, oldest first
+}
+
+// undoStep is one change of an extraction, as rollback reverts it: path (absolute inside the root) was created
+// (backup == "" and !chmod), or replaced while its old version was kept as backup (a name in the same
+// directory), or is a directory whose mode was mode before (chmod).
+type undoStep struct {
+	path   string
+	backup string
+	chmod  bool
+	mode   uint32
+}
+
+func (x *extractor) noteCreated(p string) { x.undo = append(x.undo, undoStep{path: p}) }
+
+// preserve records what a change of name in dirfd (full path full) is about to replace: nothing (the change
+// creates it), or a non-directory, which is kept under a hard link (for a symlink, the link itself) until the
+// extraction commits. A directory in the way is left to the change, which refuses it.
+func (x *extractor) preserve(dirfd int, name, full string) error {
+	var st unix.Stat_t
+	err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	if err == unix.ENOENT {
+		x.noteCreated(full)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return nil
+	}
+	var backup string
+	for i := 0; i < 16; i++ {
+		backup = tmpName()
+		if err = unix.Linkat(dirfd, name, dirfd, backup, 0); err != unix.EEXIST {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("keep the old %s: %w", full, err)
+	}
+	x.undo = append(x.undo, undoStep{path: full, backup: backup})
+	return nil
+}
+
+// rollback reverts the recorded changes, newest first. It is best effort: the sandbox may have changed the
+// same files meanwhile.
+func (x *extractor) rollback() {
+	for i := len(x.undo) - 1; i >= 0; i-- {
+		u := x.undo[i]
+		dirfd, name, err := openParent(x.root, u.path)
+		if err != nil {
+			continue
+		}
+		switch {
+		case u.chmod:
+			if fd, err := openat2(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0, beneath); err == nil {
+				unix.Fchmod(fd, u.mode)
+				unix.Close(fd)
+			}
+		case u.backup != "":
+			var st unix.Stat_t
+			if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) // a directory entry replaced the file: empty by now
+			}
+			if unix.Renameat(dirfd, u.backup, dirfd, name) != nil {
+				unix.Unlinkat(dirfd, u.backup, 0)
+			}
+		default:
+			if err := unix.Unlinkat(dirfd, name, 0); err == unix.EISDIR {
+				unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+			}
+		}
+		unix.Close(dirfd)
+	}
+	x.undo = nil
+}
+
+// commit drops the backups of a successful extraction.
+func (x *extractor) commit() {
+	for _, u := range x.undo {
+		if u.backup == "" {
+			continue
+		}
+		if dirfd, _, err := openParent(x.root, u.path); err == nil {
+			unix.Unlinkat(dirfd, u.backup, 0)
+			unix.Close(dirfd)
+		}
+	}
+	x.undo = nil
 }
 
 type dirTime struct {
@@ -302,22 +415,30 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 		return wrap("extract", x.dest, err)
 	}
 	full := path.Join(x.dest, rel)
+	if err := refuseProtected("extract", full); err != nil {
+		return err
+	}
 	if rel == "" {
 		if h.Typeflag == tar.TypeDir {
 			return nil // the destination itself
 		}
 		return wrap("extract", full, userErr(errdefs.ErrInvalid, "tar entry names the destination directory", h.Name))
 	}
-	dirfd, err := x.f.mkdirAll(x.root, path.Dir(full))
+	dirfd, err := x.f.mkdirAllNoting(x.root, path.Dir(full), x.noteCreated)
 	if err != nil {
 		return wrap("extract", full, err)
 	}
 	defer unix.Close(dirfd)
 	name := path.Base(full)
 	mode := uint32(h.Mode) & 07777
+	if h.Typeflag != tar.TypeDir {
+		if err := x.preserve(dirfd, name, full); err != nil {
+			return wrap("extract", full, err)
+		}
+	}
 	switch h.Typeflag {
 	case tar.TypeDir:
-		err = x.dir(dirfd, name, mode)
+		err = x.dir(dirfd, name, full, mode)
 		if err == nil {
 			delete(x.links, rel)
 			x.dirs = append(x.dirs, dirTime{full, h.ModTime})
@@ -352,18 +473,27 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 	return nil
 }
 
-func (x *extractor) dir(dirfd int, name string, mode uint32) error {
+func (x *extractor) dir(dirfd int, name, full string, mode uint32) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		// A non-directory in the way goes, kept as a backup until the extraction commits.
+		if err := x.preserve(dirfd, name, full); err != nil {
+			return err
+		}
 		if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
 			return err
 		}
 	}
-	fd, _, err := x.f.mkdirIn(dirfd, name, mode)
+	fd, created, err := x.f.mkdirIn(dirfd, name, mode)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
+	if created {
+		x.noteCreated(full)
+	} else if err := unix.Fstat(fd, &st); err == nil {
+		x.undo = append(x.undo, undoStep{path: full, chmod: true, mode: st.Mode & 07777})
+	}
 	return unix.Fchmod(fd, mode)
 }
 

@@ -28,7 +28,16 @@ type Result struct {
 	Added    []string `json:"added"`
 	Removed  []string `json:"removed"`
 	Modified []string `json:"modified"`
+	// Truncated is true when the comparison stopped because a list reached MaxEntries: the lists then hold
+	// the differences among the paths that sort before where it stopped, and nothing after.
+	Truncated bool `json:"truncated"`
 }
+
+// MaxEntries bounds each list of a Result (a diff of 300,000 files was 7 MB of JSON and seconds of work).
+const MaxEntries = 10000
+
+// maxEntries is MaxEntries; tests lower it.
+var maxEntries = MaxEntries
 
 // Layers are one sandbox's layers on the host.
 type Layers struct {
@@ -100,6 +109,10 @@ func sortedNames(set map[string]bool) []string {
 func diffNames(a, b resolver, names []string, shared func(ea, eb *entry) bool) (Result, error) {
 	res := Result{Added: []string{}, Removed: []string{}, Modified: []string{}}
 	for _, n := range names {
+		if len(res.Added) >= maxEntries || len(res.Removed) >= maxEntries || len(res.Modified) >= maxEntries {
+			res.Truncated = true
+			break
+		}
 		ea, err := a.resolve(n)
 		if err != nil {
 			return res, err

@@ -36,17 +36,22 @@ func populateBench(b *testing.B, dir string) {
 }
 
 // BenchmarkClone clones a layer of 1,000 files (≈50 MB) and reports the p50 and p99 latency of Clone:
-// btrfs snapshots, the copy driver on a non-reflink file system (the test's temporary directory), and the copy
-// driver on btrfs, where files are reflinked.
+// btrfs snapshots (with full qgroups, the default; without quotas; with simple quotas), the copy driver on a
+// non-reflink file system (the test's temporary directory), and the copy driver on btrfs, where files are
+// reflinked.
 func BenchmarkClone(b *testing.B) {
 	requireRoot(b)
 	ctx := context.Background()
 	host, _ := openBtrfs(b)
+	noQuota, _ := openBtrfsQuota(b, QuotaOff)
+	simple, _ := openBtrfsQuota(b, QuotaSimple)
 	drivers := []struct {
 		name string
 		d    Driver
 	}{
-		{"btrfs", host},
+		{"btrfs", host}, // full qgroups, the default
+		{"btrfs-noquota", noQuota},
+		{"btrfs-simplequota", simple},
 		{"copy", openCopy(b, b.TempDir())},
 		{"copy-reflink", openCopy(b, mustCreateB(b, host, "copyhost"))},
 	}
@@ -96,4 +101,53 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 		i = 1
 	}
 	return sorted[i-1]
+}
+
+// BenchmarkCloneQuota measures what btrfs quotas cost a fork: Clone of a layer holding 200 MB (200 files of
+// 1 MiB) plus setting the clone's limit, and Remove, with no quotas, full qgroups and simple quotas.
+func BenchmarkCloneQuota(b *testing.B) {
+	requireRoot(b)
+	ctx := context.Background()
+	for _, mode := range []QuotaMode{QuotaOff, QuotaFull, QuotaSimple} {
+		d, _ := openBtrfsQuota(b, mode)
+		src := mustCreateB(b, d, "src")
+		buf := make([]byte, 1<<20)
+		rng := rand.NewChaCha8([32]byte{2})
+		for i := 0; i < 200; i++ {
+			_, _ = rng.Read(buf)
+			if err := os.WriteFile(filepath.Join(src, fmt.Sprintf("f%03d", i)), buf, 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+		unix.Sync()
+		lim, limited := LimiterOf(d)
+		b.Run(string(mode), func(b *testing.B) {
+			var clones, removes []time.Duration
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				if _, err := d.Clone(ctx, "src", "dst"); err != nil {
+					b.Fatal(err)
+				}
+				if limited {
+					if err := lim.SetLimit("dst", 1<<30); err != nil {
+						b.Fatal(err)
+					}
+				}
+				clones = append(clones, time.Since(start))
+				start = time.Now()
+				if err := d.Remove(ctx, "dst"); err != nil {
+					b.Fatal(err)
+				}
+				removes = append(removes, time.Since(start))
+				b.StopTimer()
+				unix.Sync()
+				b.StartTimer()
+			}
+			slices.Sort(clones)
+			slices.Sort(removes)
+			b.ReportMetric(float64(percentile(clones, 50).Microseconds()), "clone-p50-us")
+			b.ReportMetric(float64(percentile(clones, 99).Microseconds()), "clone-p99-us")
+			b.ReportMetric(float64(percentile(removes, 50).Microseconds()), "remove-p50-us")
+		})
+	}
 }

@@ -125,7 +125,8 @@ type btrfsDriver struct {
 	root   string
 	rootFd int
 	log    *slog.Logger
-	copier *copier // for cloning a source that is not a subvolume
+	copier *copier   // for cloning a source that is not a subvolume
+	quota  QuotaMode // how the file system accounts layers' disk use (see quota.go)
 }
 
 func newBtrfsDriver(root string, log *slog.Logger) (*btrfsDriver, error) {
@@ -133,7 +134,7 @@ func newBtrfsDriver(root string, log *slog.Logger) (*btrfsDriver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open layer root %s: %w", root, err)
 	}
-	d := &btrfsDriver{root: root, rootFd: fd, log: log, copier: &copier{}}
+	d := &btrfsDriver{root: root, rootFd: fd, log: log, copier: &copier{}, quota: QuotaOff}
 	d.removeTemps()
 	return d, nil
 }
@@ -254,9 +255,11 @@ func (d *btrfsDriver) Remove(ctx context.Context, id string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("remove layer %s: %w", id, err)
 	}
+	qgroup := d.qgroupOf(id)
 	if err := d.destroy(id); err != nil {
 		return fmt.Errorf("remove layer %s: %w", id, err)
 	}
+	d.removeQgroup(qgroup)
 	return nil
 }
 

@@ -71,9 +71,15 @@ func unmountLoop(t testing.TB, mnt string) {
 // end of the test.
 func openBtrfs(t testing.TB) (Driver, string) {
 	t.Helper()
+	return openBtrfsQuota(t, "")
+}
+
+// openBtrfsQuota is openBtrfs with quota mode quota ("" is Open's default).
+func openBtrfsQuota(t testing.TB, quota QuotaMode) (Driver, string) {
+	t.Helper()
 	requireRoot(t)
 	dir := t.TempDir()
-	d, err := Open(context.Background(), dir, Options{Driver: "btrfs", ImageSize: testImageSize, Logger: testLogger(t)})
+	d, err := Open(context.Background(), dir, Options{Driver: "btrfs", ImageSize: testImageSize, Logger: testLogger(t), Quota: quota})
 	if err != nil {
 		t.Fatalf("Open btrfs: %v", err)
 	}

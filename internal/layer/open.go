@@ -37,6 +37,11 @@ type Options struct {
 	// ImageSize is the apparent size of the sparse loop image created when dir is not on btrfs.
 	// 0 means DefaultImageSize. It only matters when the image is first created.
 	ImageSize int64
+	// Quota is how per-layer disk limits are accounted on btrfs: "" or QuotaFull (full qgroups, the default),
+	// QuotaSimple (simple quotas, kernel 6.7+), or QuotaOff (no limits). Quotas are enabled on the layer file
+	// system once, when Open finds them off; a file system with quotas already on keeps its mode. If they
+	// cannot be enabled, Open logs why and continues without limits (LimiterOf then reports none).
+	Quota QuotaMode
 	// Logger receives notices about the choices Open makes; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -79,6 +84,12 @@ func Open(ctx context.Context, dir string, opts Options) (Driver, error) {
 		return nil, fmt.Errorf("open layers: %w", errdefs.New(errdefs.ErrInvalid,
 			fmt.Sprintf("layer image size %d is below the minimum of %d bytes", size, MinImageSize)))
 	}
+	switch opts.Quota {
+	case "", QuotaFull, QuotaSimple, QuotaOff:
+	default:
+		return nil, fmt.Errorf("open layers: %w", errdefs.New(errdefs.ErrInvalid,
+			fmt.Sprintf("unknown quota mode %q (want \"full\", \"simple\" or \"off\")", opts.Quota)))
+	}
 	switch opts.Driver {
 	case "", "btrfs", "copy":
 	default:
@@ -104,13 +115,13 @@ func Open(ctx context.Context, dir string, opts Options) (Driver, error) {
 		return nil, fmt.Errorf("open layers: %w", err)
 	} else if native {
 		log.Info("using btrfs layer driver on the data directory's own btrfs", "root", dir)
-		return newBtrfsDriver(dir, log)
+		return newBtrfsWithQuota(dir, log, opts.Quota)
 	}
 
 	// Already mounted: a server restart.
 	if ok, _ := isBtrfs(root); ok {
 		log.Info("using btrfs layer driver on the already mounted image", "root", root, "source", mountSource(root))
-		return newBtrfsDriver(root, log)
+		return newBtrfsWithQuota(root, log, opts.Quota)
 	}
 
 	img := filepath.Join(dir, imageName)
@@ -120,7 +131,7 @@ func Open(ctx context.Context, dir string, opts Options) (Driver, error) {
 			return nil, fmt.Errorf("open layers: mount existing image %s: %w", img, err)
 		}
 		log.Info("using btrfs layer driver on the remounted image", "root", root, "image", img, "device", dev)
-		return newBtrfsDriver(root, log)
+		return newBtrfsWithQuota(root, log, opts.Quota)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("open layers: %w", err)
 	}
@@ -144,7 +155,26 @@ func Open(ctx context.Context, dir string, opts Options) (Driver, error) {
 		return newCopyDriver(root, log)
 	}
 	log.Info("using btrfs layer driver on a new image", "root", root, "image", img, "size", size, "device", dev)
-	return newBtrfsDriver(root, log)
+	return newBtrfsWithQuota(root, log, opts.Quota)
+}
+
+// newBtrfsWithQuota makes a btrfs driver on root and enables quota mode on its file system; failing to enable
+// quotas only leaves layers without limits (logged).
+func newBtrfsWithQuota(root string, log *slog.Logger, mode QuotaMode) (Driver, error) {
+	d, err := newBtrfsDriver(root, log)
+	if err != nil {
+		return nil, err
+	}
+	if mode == "" {
+		mode = QuotaFull
+	}
+	if mode != QuotaOff {
+		if err := d.enableQuota(mode); err != nil {
+			d.log.Warn("btrfs quotas unavailable: per-sandbox disk limits are not enforced", "err", err)
+			d.quota = QuotaOff
+		}
+	}
+	return d, nil
 }
 
 // hasEntries reports whether dir exists and is not empty.

@@ -31,6 +31,7 @@ func runDriverSuite(t *testing.T, newDriver func(t *testing.T) Driver) {
 	t.Run("CloneAtomic", func(t *testing.T) { testCloneAtomic(t, newDriver(t)) })
 	t.Run("InvalidIDs", func(t *testing.T) { testInvalidIDs(t, newDriver(t)) })
 	t.Run("RemoveContents", func(t *testing.T) { testRemoveContents(t, newDriver(t)) })
+	t.Run("Limits", func(t *testing.T) { testLimits(t, newDriver(t)) })
 }
 
 func mustList(t *testing.T, d Driver) []string {

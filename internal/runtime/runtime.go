@@ -20,6 +20,7 @@ type Spec struct {
 	VCPU     float64
 	MemMiB   int
 	MaxProcs int
+	DiskMiB  int // cap on the sandbox's writable layer (0: none) where the layer driver enforces one
 	Env      map[string]string
 	Cwd      string
 	// Egress is the sandbox's outbound allowlist (network.ParseEgress): nil is the server's default policy,
@@ -119,4 +120,21 @@ type Forker interface {
 	Thaw(ctx context.Context, h Handle) error
 	// LowerDir is the host directory of the read-only image under every sandbox.
 	LowerDir() string
+}
+
+// Lost is a sandbox whose own machinery (its agent, or its family's init) died: it cannot answer.
+type Lost struct {
+	Handle Handle
+	Reason string
+}
+
+// Healer is implemented by runtimes that notice when a sandbox's machinery dies under it (killed from the host,
+// out of memory, a bug) and can bring the sandbox back.
+type Healer interface {
+	// Lost lists the running sandboxes whose agent or family init is gone. It is cheap: the service polls it.
+	Lost() []Lost
+	// Revive starts a lost sandbox afresh on its own file system: whatever is left of its processes is killed,
+	// and a new agent and interpreter start with spec's limits, env, cwd and address. Files are kept; the
+	// interpreter's variables are not. It returns the sandbox's new handle.
+	Revive(ctx context.Context, h Handle, spec Spec) (Handle, error)
 }

@@ -64,22 +64,14 @@ func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPau
 	if err != nil {
 		return ForkResult{}, err
 	}
-	e, err := s.lookup(id)
+	// Exclusive: in-flight calls on the parent finish first, so its interpreter is idle when it forks.
+	es, release, err := s.acquire(exclusive, OpFork, id)
 	if err != nil {
 		return ForkResult{}, err
 	}
-	// Exclusive: in-flight calls on the parent finish first, so its interpreter is idle when it forks.
-	e.op.Lock()
-	defer e.op.Unlock()
+	defer release()
+	e := es[0]
 	s.mu.Lock()
-	if e.gone {
-		s.mu.Unlock()
-		return ForkResult{}, errNotFound
-	}
-	if err := check(OpFork, Status(e.rec.Status)); err != nil {
-		s.mu.Unlock()
-		return ForkResult{}, err
-	}
 	if Status(e.rec.Status) == StatusPaused {
 		s.mu.Unlock()
 		if err := s.snapshots(); err != nil {
@@ -91,48 +83,50 @@ func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPau
 	if egress != nil {
 		spec.Egress = *egress
 	}
+	if err := s.admitLocked(spec, n); err != nil {
+		s.mu.Unlock()
+		return ForkResult{}, fmt.Errorf("fork %s: %w", id, err)
+	}
 	specs := make([]runtime.Spec, n)
 	kids := make([]*entry, n)
 	now := time.Now().UTC()
 	specJSON, _ := json.Marshal(spec)
+	var undo undoStack
+	fail := func(err error) (ForkResult, error) {
+		return ForkResult{}, s.fail(ctx, &undo, fmt.Errorf("fork %s: %w", id, err))
+	}
 	for i := range specs {
 		cid := NewID()
 		ip, err := s.allocateIP()
 		if err != nil {
-			for _, k := range kids[:i] {
-				delete(s.items, k.rec.ID)
-			}
 			s.mu.Unlock()
-			return ForkResult{}, fmt.Errorf("fork %s: %w", id, err)
+			return fail(err)
 		}
 		specs[i] = runtime.Spec{ID: cid, Hostname: hostnameOf(cid), IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
-			MaxProcs: spec.MaxProcs, Env: spec.Env, Cwd: spec.Cwd}
+			MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd}
 		specs[i].Egress = spec.Egress
 		k := &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusCreating), FamilyID: e.rec.FamilyID,
 			ParentID: id, IP: ip.String(), Hostname: specs[i].Hostname, CreatedAt: now, Spec: specJSON}}
-		k.op.Lock()
+		k.op.Lock() // new: nobody else holds it; calls on the child wait until it is made
+		defer k.op.Unlock()
 		kids[i] = k
 		s.items[cid] = k // reserves the address
+		undo.push("reserve "+cid, func(context.Context) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.retire(k)
+			return nil
+		})
 	}
 	s.mu.Unlock()
-	defer func() {
-		for _, k := range kids {
-			k.op.Unlock()
-		}
-	}()
-	fail := func(err error) (ForkResult, error) {
-		s.mu.Lock()
-		for _, k := range kids {
-			delete(s.items, k.rec.ID)
-		}
-		s.mu.Unlock()
-		return ForkResult{}, fmt.Errorf("fork %s: %w", id, err)
-	}
 
 	start := time.Now()
 	res, err := fk.Fork(ctx, parent, specs)
 	if err != nil {
 		return fail(err)
+	}
+	for _, h := range res.Children {
+		undo.push("child "+h.ID, func(ctx context.Context) error { return s.cfg.Runtime.Destroy(ctx, h) })
 	}
 	recs := make([]store.Record, n)
 	s.mu.Lock()
@@ -141,16 +135,23 @@ func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPau
 		hj, _ := json.Marshal(h)
 		k.handle = h
 		k.rec.Handle = hj
-		k.rec.Status = string(StatusRunning)
 		recs[i] = k.rec
+		recs[i].Status = string(StatusRunning) // applied in memory once saved
+		if err := transition(k.rec.ID, Status(k.rec.Status), StatusRunning); err != nil {
+			s.mu.Unlock()
+			return fail(err)
+		}
 	}
 	s.mu.Unlock()
+	// One transaction: every child's record or none.
 	if err := s.cfg.Store.PutMany(ctx, recs, nil); err != nil {
-		for _, h := range res.Children {
-			s.cfg.Runtime.Destroy(context.Background(), h) //nolint:errcheck // undo: the records could not be saved
-		}
 		return fail(err)
 	}
+	s.mu.Lock()
+	for _, k := range kids {
+		s.setStatus(k, StatusRunning) //nolint:errcheck // checked above; the child is held exclusively
+	}
+	s.mu.Unlock()
 	out := ForkResult{ParentPauseMs: float64(res.PauseWindow.Microseconds()) / 1000, Note: ForkNote}
 	for _, k := range kids {
 		out.Children = append(out.Children, k.rec.ID)
@@ -159,18 +160,6 @@ func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPau
 	s.log.Info("sandbox forked", "sandbox", id, "family", e.rec.FamilyID, "n", n, "ms", time.Since(start).Milliseconds(),
 		"pause_ms", out.ParentPauseMs)
 	return out, nil
-}
-
-// lockPair takes the exclusive locks of two distinct entries in a fixed (id) order, so that two calls on the
-// same pair in opposite roles cannot deadlock.
-func lockPair(a, b *entry) func() {
-	first, second := a, b
-	if b.rec.ID < a.rec.ID {
-		first, second = b, a
-	}
-	first.op.Lock()
-	second.op.Lock()
-	return func() { second.op.Unlock(); first.op.Unlock() }
 }
 
 // MergeInto commits winner's state into parent: parent's id drives the winner's interpreter, files, processes
@@ -183,27 +172,13 @@ func (s *Service) MergeInto(ctx context.Context, parentID, winnerID string) erro
 	if err != nil {
 		return err
 	}
-	p, err := s.lookup(parentID)
+	es, release, err := s.acquire(exclusive, OpMerge, parentID, winnerID)
 	if err != nil {
 		return err
 	}
-	w, err := s.lookup(winnerID)
-	if err != nil {
-		return err
-	}
-	unlock := lockPair(p, w)
-	defer unlock()
+	defer release()
+	p, w := es[0], es[1]
 	s.mu.Lock()
-	if p.gone || w.gone {
-		s.mu.Unlock()
-		return errNotFound
-	}
-	for _, e := range []*entry{p, w} {
-		if err := check(OpMerge, Status(e.rec.Status)); err != nil {
-			s.mu.Unlock()
-			return err
-		}
-	}
 	ph, wh := p.handle, w.handle
 	s.mu.Unlock()
 
@@ -223,11 +198,7 @@ func (s *Service) MergeInto(ctx context.Context, parentID, winnerID string) erro
 	specJSON, _ := json.Marshal(p.spec)
 	p.rec.Spec = specJSON
 	rec := p.rec
-	w.gone = true
-	if w.timer != nil {
-		w.timer.Stop()
-	}
-	delete(s.items, winnerID)
+	s.retire(w)
 	s.mu.Unlock()
 	if err := s.cfg.Store.PutMany(ctx, []store.Record{rec}, []string{winnerID}); err != nil {
 		// The runtime already swapped; the records will be reconciled at the next start.
@@ -262,22 +233,12 @@ func (s *Service) Diff(ctx context.Context, aID, bID string, paths []string) (fs
 	if err != nil {
 		return fsdiff.Result{}, err
 	}
-	a, doneA, err := s.use(aID)
+	es, release, err := s.acquire(shared, OpDiff, aID, bID)
 	if err != nil {
 		return fsdiff.Result{}, err
 	}
-	defer doneA()
-	var b *entry
-	if bID == aID {
-		b = a
-	} else {
-		var doneB func()
-		b, doneB, err = s.use(bID)
-		if err != nil {
-			return fsdiff.Result{}, err
-		}
-		defer doneB()
-	}
+	defer release()
+	a, b := es[0], es[1]
 	s.mu.Lock()
 	ha, hb := a.handle, b.handle
 	s.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -105,44 +106,55 @@ func (s *Service) startLifecycle(ctx context.Context, id string, op Op, done, bu
 	if err != nil {
 		return Info{}, false, err
 	}
-	e.op.Lock()
-	s.mu.Lock()
-	st := Status(e.rec.Status)
-	if e.gone {
-		s.mu.Unlock()
-		e.op.Unlock()
-		return Info{}, false, errNotFound
-	}
-	if st == done {
-		in := s.info(e)
-		s.mu.Unlock()
-		e.op.Unlock()
-		return in, false, nil
-	}
-	err = check(op, st)
-	if err == nil && ready != nil {
-		err = ready(e)
-	}
+	var already *Info
+	release, err := s.acquireEntries(exclusive, func(e *entry) error {
+		st := Status(e.rec.Status)
+		if st == done {
+			in := s.info(e)
+			already = &in
+			return nil
+		}
+		if err := check(op, st); err != nil {
+			return err
+		}
+		if ready != nil {
+			if err := ready(e); err != nil {
+				return err
+			}
+		}
+		if err := transition(e.rec.ID, st, busy); err != nil {
+			return err
+		}
+		// Counted now, under s.mu, so that Close either waits for the work or refuses it before it starts.
+		if !s.enterLocked() {
+			return errClosing
+		}
+		return nil
+	}, e)
 	if err != nil {
-		s.mu.Unlock()
-		e.op.Unlock()
 		return Info{}, false, err
 	}
-	e.rec.Status = string(busy)
+	if already != nil {
+		release()
+		return *already, false, nil
+	}
+	s.mu.Lock()
 	rec := e.rec
-	in := s.info(e)
+	rec.Status = string(busy) // applied in memory once saved
 	s.mu.Unlock()
 	if err := s.cfg.Store.Put(ctx, rec); err != nil {
-		s.mu.Lock()
-		e.rec.Status = string(st)
-		s.mu.Unlock()
-		e.op.Unlock()
+		s.wg.Done()
+		release()
 		return Info{}, false, err
 	}
-	s.wg.Add(1)
+	s.mu.Lock()
+	s.setStatus(e, busy) //nolint:errcheck // admitted above; e is held exclusively
+	in := s.info(e)
+	s.mu.Unlock()
+	// The work holds e until it is finished; it runs on the service's context, which Close cancels.
 	go func() {
 		defer s.wg.Done()
-		defer e.op.Unlock()
+		defer release()
 		work(e)
 	}()
 	return in, true, nil
@@ -154,21 +166,31 @@ func (s *Service) pauseOnTimeout(ctx context.Context, id string) error {
 	return err
 }
 
-// pause does the work; the caller holds e.op exclusively.
+// pause does the work on the service's context (Close cancels it: the pause then fails and rolls back); the
+// caller holds e.op exclusively.
 func (s *Service) pause(e *entry) {
-	ctx := context.Background()
+	ctx := s.ctx
 	start := time.Now()
 	s.mu.Lock()
 	h, id, specJSON := e.handle, e.rec.ID, e.rec.Spec
 	s.mu.Unlock()
 	fk, _ := s.cfg.Runtime.(runtime.Forker)
+	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
 	fail := func(err error) {
 		s.log.Warn("pause failed; the sandbox keeps running", "sandbox", id, "err", err)
+		// Undoing must happen even when the failure is Close's cancellation.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		if err := s.cfg.Snapshots.Delete(ctx, prefix); err != nil { // what was written of the snapshot
+			s.log.Warn("pause failed: delete the partial snapshot", "sandbox", id, "err", err)
+		}
 		if fk != nil {
 			fk.Thaw(ctx, h) //nolint:errcheck // best effort: it may not be frozen
 		}
 		s.mu.Lock()
-		e.rec.Status = string(StatusRunning)
+		if err := s.setStatus(e, StatusRunning); err != nil {
+			s.log.Error("pause failed", "sandbox", id, "err", err)
+		}
 		pi := s.pauseInfo(e)
 		pi.Error = "pause failed: " + err.Error()
 		s.setPauseInfo(e, pi)
@@ -185,16 +207,13 @@ func (s *Service) pause(e *entry) {
 		fail(err)
 		return
 	}
-	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
 	session, notSaved, err := s.saveSession(ctx, c, prefix+"session.bin")
 	if err != nil {
-		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("save the interpreter: %w", err))
 		return
 	}
 	s.log.Debug("pause phase", "sandbox", id, "phase", "session saved", "ms", ms(time.Since(start)))
 	if err := fk.Freeze(ctx, h); err != nil {
-		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("freeze: %w", err))
 		return
 	}
@@ -202,7 +221,6 @@ func (s *Service) pause(e *entry) {
 		Parts: map[string]Part{"session.bin": session}, NotSaved: notSaved}
 	layerPart, err := s.putTar(ctx, prefix+"layer.tar", fk.UpperDir(h), nil)
 	if err != nil {
-		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("write layer.tar: %w", err))
 		return
 	}
@@ -210,12 +228,13 @@ func (s *Service) pause(e *entry) {
 	s.log.Debug("pause phase", "sandbox", id, "phase", "layer saved", "ms", ms(time.Since(start)))
 	mb, _ := json.MarshalIndent(m, "", "  ")
 	if _, err := s.cfg.Snapshots.Put(ctx, prefix+"manifest.json", bytesReader(mb)); err != nil {
-		s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
 		fail(fmt.Errorf("write manifest: %w", err))
 		return
 	}
 	// The snapshot is complete: free the host, then record it. (A crash in between leaves a "pausing" record
-	// whose sandbox is gone: the next start sees its snapshot and marks it paused.)
+	// whose sandbox is gone: the next start sees its snapshot and marks it paused.) From here on the pause is
+	// committed and finishes even if Close cancels.
+	ctx = context.WithoutCancel(ctx)
 	s.mu.Lock()
 	prev := e.rec.Snapshot
 	e.rec.Snapshot = prefix
@@ -232,7 +251,9 @@ func (s *Service) pause(e *entry) {
 	now := time.Now().UTC()
 	s.mu.Lock()
 	old := prev
-	e.rec.Status = string(StatusPaused)
+	if err := s.setStatus(e, StatusPaused); err != nil {
+		s.log.Error("pause", "sandbox", id, "err", err)
+	}
 	e.rec.Snapshot = prefix
 	e.rec.Handle = nil
 	e.handle = runtime.Handle{}
@@ -414,21 +435,27 @@ func (s *Service) Resume(ctx context.Context, id string) (info Info, accepted bo
 		if e.rec.Snapshot == "" {
 			return errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error (it has no snapshot to resume)")
 		}
-		return nil
+		return s.admitLocked(e.spec, 1) // called under s.mu
 	}
 	return s.startLifecycle(ctx, id, OpResume, StatusRunning, StatusResuming, hasSnapshot, s.resume)
 }
 
+// resume does the work on the service's context (Close cancels it: the resume then fails, the snapshot is
+// kept); the caller holds e.op exclusively.
 func (s *Service) resume(e *entry) {
-	ctx := context.Background()
+	ctx := s.ctx
 	start := time.Now()
 	s.mu.Lock()
 	id, prefix, spec, ipStr, hostname := e.rec.ID, e.rec.Snapshot, e.spec, e.rec.IP, e.rec.Hostname
 	s.mu.Unlock()
 	fail := func(err error) {
 		s.log.Warn("resume failed; the snapshot is kept, resume may be retried", "sandbox", id, "err", err)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
 		s.mu.Lock()
-		e.rec.Status = string(StatusError)
+		if err := s.setStatus(e, StatusError); err != nil {
+			s.log.Error("resume failed", "sandbox", id, "err", err)
+		}
 		e.rec.Error = "resume failed: " + errdefs.Message(err)
 		rec := e.rec
 		s.mu.Unlock()
@@ -445,7 +472,7 @@ func (s *Service) resume(e *entry) {
 	ip := parseIP(ipStr)
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID: id, Hostname: hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
-		Env: spec.Env, Cwd: spec.Cwd,
+		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
 		Egress: spec.Egress,
 		Populate: func(upper string) error {
 			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
@@ -480,16 +507,19 @@ func (s *Service) resume(e *entry) {
 		}
 	}
 	if err != nil {
-		s.cfg.Runtime.Destroy(ctx, h) //nolint:errcheck // undo the half-resumed sandbox
+		s.cfg.Runtime.Destroy(context.WithoutCancel(ctx), h) //nolint:errcheck // undo the half-resumed sandbox
 		fail(fmt.Errorf("restore the interpreter: %w", err))
 		return
 	}
+	ctx = context.WithoutCancel(ctx) // the sandbox runs: record it even if Close cancels now
 	s.log.Debug("resume phase", "sandbox", id, "phase", "interpreter restored", "ms", ms(time.Since(start)))
 	hj, _ := json.Marshal(h)
 	s.mu.Lock()
 	e.handle = h
 	e.rec.Handle = hj
-	e.rec.Status = string(StatusRunning)
+	if err := s.setStatus(e, StatusRunning); err != nil {
+		s.log.Error("resume", "sandbox", id, "err", err)
+	}
 	e.rec.Error = ""
 	e.rec.FamilyID = h.FamilyID
 	e.rec.Snapshot = ""
@@ -568,8 +598,11 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// forkPaused makes n new sandboxes from a byte-identical copy of a paused sandbox's snapshot. They are paused;
-// unless startPaused, each then resumes.
+// forkPaused makes n new sandboxes from a byte-identical copy of a paused sandbox's snapshot, all or nothing:
+// every child's snapshot is copied, then every child's record is written in one transaction (the commit point);
+// a failure before that undoes what was done. The children are paused; unless startPaused, each then resumes
+// (in the background: a failed resume leaves that child in error, like any resume). The caller holds e.
+// A non-nil egress gives the children that egress list instead of the parent's.
 func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused bool, egress *[]string) (ForkResult, error) {
 	s.mu.Lock()
 	parent := e.rec
@@ -580,48 +613,77 @@ func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused b
 		spec.Egress = *egress
 		childSpec, _ = json.Marshal(spec)
 	}
-	var out ForkResult
-	out.Note = "forked from a paused sandbox's snapshot: each child is an independent sandbox with its own id and address"
-	for i := 0; i < n; i++ {
+	out := ForkResult{Note: "forked from a paused sandbox's snapshot: each child is an independent sandbox with its own id and address"}
+	var undo undoStack
+	fail := func(err error) (ForkResult, error) {
+		return ForkResult{}, s.fail(ctx, &undo, fmt.Errorf("fork %s: %w", parent.ID, err))
+	}
+	m, err := s.readManifest(ctx, parent.Snapshot)
+	if err != nil {
+		return fail(err)
+	}
+	parts := make([]string, 0, len(m.Parts)+1)
+	for name := range m.Parts {
+		parts = append(parts, name)
+	}
+	sort.Strings(parts)
+	parts = append(parts, "manifest.json") // the manifest last, as a pause writes it
+	kids := make([]*entry, n)
+	for i := range kids {
 		cid := NewID()
 		prefix := fmt.Sprintf("%s/%d/", cid, time.Now().UnixNano())
-		m, err := s.readManifest(ctx, parent.Snapshot)
-		if err != nil {
-			return out, err
-		}
-		parts := []string{}
-		for name := range m.Parts {
-			parts = append(parts, name)
-		}
-		for _, part := range append(parts, "manifest.json") { // the manifest last, as a pause writes it
+		undo.push("snapshot copy "+prefix, func(ctx context.Context) error { return s.cfg.Snapshots.Delete(ctx, prefix) })
+		for _, part := range parts {
 			if err := s.cfg.Snapshots.Copy(ctx, parent.Snapshot+part, prefix+part); err != nil {
-				s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
-				return out, fmt.Errorf("copy snapshot: %w", err)
+				return fail(fmt.Errorf("copy snapshot: %w", err))
 			}
 		}
-		s.mu.Lock()
+		kids[i] = &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusPaused), FamilyID: "fam_" + cid[4:],
+			ForkedFrom: parent.ID, Hostname: hostnameOf(cid), CreatedAt: time.Now().UTC(),
+			Spec: childSpec, Snapshot: prefix, Pause: parent.Pause}}
+	}
+	// The children are held until their records are saved: no call on one can start before it exists.
+	var held []*entry
+	releaseKids := func() {
+		for _, k := range held {
+			k.op.Unlock()
+		}
+		held = nil
+	}
+	defer releaseKids()
+	recs := make([]store.Record, n)
+	s.mu.Lock()
+	for i, k := range kids {
 		ip, err := s.allocateIP()
 		if err != nil {
 			s.mu.Unlock()
-			s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
-			return out, err
+			return fail(err)
 		}
-		k := &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusPaused), FamilyID: "fam_" + cid[4:],
-			ForkedFrom: parent.ID, IP: ip.String(), Hostname: hostnameOf(cid), CreatedAt: time.Now().UTC(),
-			Spec: childSpec, Snapshot: prefix, Pause: parent.Pause}}
-		s.items[cid] = k
-		s.mu.Unlock()
-		if err := s.cfg.Store.Put(ctx, k.rec); err != nil {
+		k.rec.IP = ip.String()
+		k.op.Lock() // new: nobody else holds it
+		held = append(held, k)
+		s.items[k.rec.ID] = k // reserves the address
+		recs[i] = k.rec
+		undo.push("reserve "+k.rec.ID, func(context.Context) error {
 			s.mu.Lock()
-			delete(s.items, cid)
-			s.mu.Unlock()
-			s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck
-			return out, err
-		}
-		out.Children = append(out.Children, cid)
-		if !startPaused {
+			defer s.mu.Unlock()
+			s.retire(k)
+			return nil
+		})
+	}
+	s.mu.Unlock()
+	if err := s.cfg.Store.PutMany(ctx, recs, nil); err != nil {
+		return fail(err)
+	}
+	for _, k := range kids {
+		out.Children = append(out.Children, k.rec.ID)
+	}
+	releaseKids()
+	s.log.Info("paused sandbox forked", "sandbox", parent.ID, "n", n)
+	if !startPaused {
+		for _, cid := range out.Children {
 			if _, _, err := s.Resume(ctx, cid); err != nil {
-				return out, err
+				s.log.Warn("fork of a paused sandbox: resume a child", "sandbox", cid, "err", err)
 			}
 		}
 	}

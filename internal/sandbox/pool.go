@@ -20,11 +20,11 @@ func (s *Service) kickPool() {
 	}
 }
 
+// fillPool runs in the background (goBackground) until Close.
 func (s *Service) fillPool() {
-	defer s.wg.Done()
 	for {
 		select {
-		case <-s.closed:
+		case <-s.ctx.Done():
 			return
 		case <-s.refill:
 		}
@@ -35,16 +35,21 @@ func (s *Service) fillPool() {
 			if !need {
 				break
 			}
-			select {
-			case <-s.closed:
+			if s.ctx.Err() != nil {
 				return
-			default:
 			}
-			spec, _ := CreateRequest{}.normalize()
-			info, err := s.createCold(context.Background(), spec, StatusWarm)
+			spec, _ := CreateRequest{DiskMiB: s.cfg.DiskMiB}.normalize()
+			info, err := s.createCold(s.ctx, spec, StatusWarm)
 			if err != nil {
+				if s.ctx.Err() != nil {
+					return
+				}
 				s.log.Warn("warm pool: start a sandbox", "err", err)
-				time.Sleep(time.Second)
+				select {
+				case <-s.ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
 				continue
 			}
 			s.mu.Lock()
@@ -70,11 +75,17 @@ func (s *Service) claimWarm(ctx context.Context, spec CreateRequest) (Info, bool
 	s.mu.Unlock()
 	defer s.kickPool()
 
-	e.op.Lock()
-	defer e.op.Unlock()
+	release, err := s.acquireEntries(exclusive, func(e *entry) error {
+		return transition(e.rec.ID, Status(e.rec.Status), StatusRunning)
+	}, e)
+	if err != nil {
+		s.log.Warn("warm pool: claim refused, starting cold", "sandbox", h.ID, "err", err)
+		return Info{}, false
+	}
+	defer release()
 	start := time.Now()
 	if err := s.cfg.Runtime.Configure(ctx, h, runtime.Spec{ID: h.ID, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
-		MaxProcs: spec.MaxProcs, Env: spec.Env, Cwd: spec.Cwd,
+		MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
 		Egress: spec.Egress}); err != nil {
 		s.log.Warn("warm pool: claim failed, starting cold", "sandbox", h.ID, "err", err)
 		s.dropWarm(e)
@@ -82,18 +93,20 @@ func (s *Service) claimWarm(ctx context.Context, spec CreateRequest) (Info, bool
 	}
 	specJSON, _ := json.Marshal(spec)
 	s.mu.Lock()
-	e.spec = spec
-	e.rec.Spec = specJSON
-	e.rec.Status = string(StatusRunning)
-	e.rec.CreatedAt = time.Now().UTC()
-	e.pooled = false
 	rec := e.rec
+	rec.Spec, rec.Status, rec.CreatedAt = specJSON, string(StatusRunning), time.Now().UTC()
 	s.mu.Unlock()
 	if err := s.cfg.Store.Put(ctx, rec); err != nil {
 		s.log.Warn("warm pool: save claimed sandbox", "sandbox", h.ID, "err", err)
 		s.dropWarm(e)
 		return Info{}, false
 	}
+	s.mu.Lock()
+	e.spec = spec
+	e.rec.Spec, e.rec.CreatedAt = rec.Spec, rec.CreatedAt
+	s.setStatus(e, StatusRunning) //nolint:errcheck // admitted above; e is held exclusively
+	e.pooled = false
+	s.mu.Unlock()
 	s.armTimer(e)
 	s.log.Info("sandbox created", "sandbox", rec.ID, "ip", rec.IP, "warm", true, "ms", time.Since(start).Milliseconds())
 	s.mu.Lock()
@@ -106,7 +119,6 @@ func (s *Service) dropWarm(e *entry) {
 	s.cfg.Runtime.Destroy(context.Background(), e.handle) //nolint:errcheck // best effort
 	s.cfg.Store.Delete(context.Background(), e.rec.ID)    //nolint:errcheck
 	s.mu.Lock()
-	e.gone = true
-	delete(s.items, e.rec.ID)
+	s.retire(e)
 	s.mu.Unlock()
 }

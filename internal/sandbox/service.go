@@ -40,18 +40,37 @@ type Config struct {
 	WarmPool int
 	// Snapshots is where pauses write their snapshots (nil: pause is unavailable).
 	Snapshots snapstore.Store
+	// DiskMiB is the disk quota of sandboxes created without disk_mib (0: DefaultDiskMiB).
+	DiskMiB int
+	// CloseTimeout bounds how long Close waits for background work (pauses, resumes, timeout actions, the
+	// pool) after cancelling it; 0 means DefaultCloseTimeout.
+	CloseTimeout time.Duration
+	// MemOvercommit and CPUOvercommit bound the totals of live sandboxes' mem_mib and vcpu, as multiples of the
+	// host's memory and CPUs (0: DefaultMemOvercommit, DefaultCPUOvercommit); past them create, fork and resume
+	// answer 503 (see capacity.go).
+	MemOvercommit, CPUOvercommit float64
+	// HostCPUs and HostMemMiB override what the host is taken to have (0: read from the host).
+	HostCPUs, HostMemMiB int
 }
+
+// DefaultCloseTimeout is Config.CloseTimeout's default.
+const DefaultCloseTimeout = 30 * time.Second
 
 // Service is the sandbox service.
 type Service struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	host hostShape // what this host has (capacity.go)
+	log  *slog.Logger
 
 	mu    sync.Mutex // guards entries and IP allocation
 	items map[string]*entry
 
-	wg     sync.WaitGroup
-	closed chan struct{}
+	// ctx is the service's life: background work (pause, resume, timeout actions, the pool) runs on it, and
+	// Close cancels it.
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // background work; Add only through goBackground
+	closing bool           // guarded by mu: Close has begun, no background work starts any more
 
 	warm    []*entry      // guarded by mu: ready pre-started sandboxes
 	filling bool          // guarded by mu: a refill goroutine runs
@@ -64,12 +83,13 @@ type entry struct {
 	op sync.RWMutex
 
 	// guarded by Service.mu
-	rec    store.Record
-	spec   CreateRequest
-	handle runtime.Handle
-	timer  *time.Timer
-	gone   bool // destroyed or merged away: lookups fail from now on
-	pooled bool // a warm-pool sandbox (being started or ready): invisible to the API until claimed
+	rec     store.Record
+	spec    CreateRequest
+	handle  runtime.Handle
+	timer   *time.Timer
+	gone    bool          // destroyed or merged away: lookups fail from now on
+	changed chan struct{} // closed at the next status change or retirement (see notify); nil when none waits
+	pooled  bool          // a warm-pool sandbox (being started or ready): invisible to the API until claimed
 }
 
 // New builds the service and reconciles the records with what is running: sandboxes that survived a restart
@@ -78,11 +98,28 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, closed: make(chan struct{}), refill: make(chan struct{}, 1)}
+	if cfg.CloseTimeout <= 0 {
+		cfg.CloseTimeout = DefaultCloseTimeout
+	}
+	if cfg.MemOvercommit <= 0 {
+		cfg.MemOvercommit = DefaultMemOvercommit
+	}
+	if cfg.CPUOvercommit <= 0 {
+		cfg.CPUOvercommit = DefaultCPUOvercommit
+	}
+	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, refill: make(chan struct{}, 1), host: detectHost()}
+	if cfg.HostCPUs > 0 {
+		s.host.cpus = cfg.HostCPUs
+	}
+	if cfg.HostMemMiB > 0 {
+		s.host.memMiB = cfg.HostMemMiB
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	recs, err := cfg.Store.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("load sandboxes: %w", err)
 	}
+	var loaded []*entry
 	for _, rec := range recs {
 		e := &entry{rec: rec}
 		json.Unmarshal(rec.Spec, &e.spec)     //nolint:errcheck // written by us
@@ -102,7 +139,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			if err := cfg.Runtime.Recover(ctx, e.handle); err != nil {
 				s.log.Warn("sandbox did not survive the restart", "sandbox", rec.ID, "err", err)
 				s.stopQuietly(e)
-				e.rec.Status, e.rec.Error = string(StatusError), "lost when the server restarted: "+err.Error()
+				s.recoverAs(e, StatusError)
+				e.rec.Error = "lost when the server restarted: " + err.Error()
 				cfg.Store.Put(ctx, e.rec) //nolint:errcheck // best effort; the in-memory state is right
 			} else {
 				s.log.Info("sandbox recovered", "sandbox", rec.ID)
@@ -116,34 +154,91 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		case StatusPausing:
 			// The pause was cut short: the sandbox may well still run; then it simply stays running.
 			if err := cfg.Runtime.Recover(ctx, e.handle); err == nil {
-				e.rec.Status = string(StatusRunning)
+				s.recoverAs(e, StatusRunning)
 				pi := s.pauseInfo(e)
 				pi.Error = "pause interrupted by a server restart"
 				s.setPauseInfo(e, pi)
 			} else if rec.Snapshot != "" {
 				// The snapshot was complete and the sandbox already freed: it is paused.
 				s.stopQuietly(e)
-				e.rec.Status, e.rec.Handle, e.handle = string(StatusPaused), nil, runtime.Handle{}
+				s.recoverAs(e, StatusPaused)
+				e.rec.Handle, e.handle = nil, runtime.Handle{}
 			} else {
 				s.stopQuietly(e)
-				e.rec.Status, e.rec.Error = string(StatusError), "interrupted by a server restart while pausing: "+err.Error()
+				s.recoverAs(e, StatusError)
+				e.rec.Error = "interrupted by a server restart while pausing: " + err.Error()
 			}
 			cfg.Store.Put(ctx, e.rec) //nolint:errcheck
 		case StatusCreating, StatusResuming:
 			// Interrupted half-way by the restart: nothing usable is left.
 			s.stopQuietly(e)
-			e.rec.Status, e.rec.Error = string(StatusError), "interrupted by a server restart while "+rec.Status
+			s.recoverAs(e, StatusError)
+			e.rec.Error = "interrupted by a server restart while " + rec.Status
 			cfg.Store.Put(ctx, e.rec) //nolint:errcheck
 		}
 		s.items[rec.ID] = e
+		loaded = append(loaded, e)
+	}
+	// Timers last: an overdue one fires at once, and its action changes s.items.
+	for _, e := range loaded {
 		s.armTimer(e)
 	}
 	if cfg.WarmPool > 0 {
-		s.wg.Add(1)
-		go s.fillPool()
+		s.goBackground(s.fillPool)
 		s.kickPool()
 	}
+	if h, ok := cfg.Runtime.(runtime.Healer); ok {
+		s.goBackground(func() { s.watchHealth(h) })
+	}
 	return s, nil
+}
+
+// recoverAs moves a record read at start-up to status to (New owns e alone: no lock needed).
+func (s *Service) recoverAs(e *entry, to Status) {
+	if err := s.setStatus(e, to); err != nil {
+		s.log.Error("recover: refused by the state table", "sandbox", e.rec.ID, "err", err)
+	}
+}
+
+// goBackground runs f in a goroutine that Close waits for, unless Close has begun (then it returns false and
+// f does not run). The check and the WaitGroup's Add happen under s.mu, which Close takes to set closing, so
+// no Add can race with Close's Wait.
+func (s *Service) goBackground(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.enterLocked() {
+		return false
+	}
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// enterLocked counts one piece of background work (the caller calls s.wg.Done when it ends) unless Close has
+// begun. The caller holds s.mu.
+func (s *Service) enterLocked() bool {
+	if s.closing {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
+
+var errClosing = errdefs.New(errdefs.ErrConflict, "the server is shutting down")
+
+// retire makes e unknown to the API (destroyed, merged away, or rolled back): lookups fail, its timer stops and
+// its waiters wake. The caller holds s.mu.
+func (s *Service) retire(e *entry) {
+	e.gone = true
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	if s.items[e.rec.ID] == e {
+		delete(s.items, e.rec.ID)
+	}
+	s.notify(e)
 }
 
 // stopQuietly kills whatever may be left of a sandbox's processes, keeping its layer so its files are not lost.
@@ -161,18 +256,30 @@ func (s *Service) stopQuietly(e *entry) {
 	}
 }
 
-// Close stops timers and the warm pool; sandboxes keep running for the next server (which destroys the warm
-// ones).
+// Close stops timers and the warm pool, cancels background work (pauses and resumes in progress roll back)
+// and waits for it, at most Config.CloseTimeout; sandboxes keep running for the next server (which destroys the
+// warm ones). Closing twice is harmless.
 func (s *Service) Close() {
-	close(s.closed)
 	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return
+	}
+	s.closing = true
 	for _, e := range s.items {
 		if e.timer != nil {
 			e.timer.Stop()
 		}
 	}
 	s.mu.Unlock()
-	s.wg.Wait()
+	s.cancel()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.cfg.CloseTimeout):
+		s.log.Error("close: background work still running; not waiting any longer", "waited", s.cfg.CloseTimeout)
+	}
 	// Spare sandboxes are not left running while no server can hand them out.
 	s.mu.Lock()
 	warm := s.warm
@@ -211,6 +318,7 @@ func (s *Service) info(e *entry) Info {
 		CreatedAt: r.CreatedAt, FamilyID: r.FamilyID, Error: r.Error,
 	}
 	in.Egress = spec.Egress
+	in.DiskMiB = spec.DiskMiB
 	if in.Metadata == nil {
 		in.Metadata = map[string]string{}
 	}
@@ -244,9 +352,6 @@ func (s *Service) Get(ctx context.Context, id string) (Info, error) {
 	return s.info(e), nil
 }
 
-// waitPoll is how often Wait looks at the status.
-const waitPoll = 5 * time.Millisecond
-
 // Wait returns the sandbox's info as soon as its status is want or error (a failed pause or resume), or when
 // timeout has passed or ctx ends (with the status it has then). It lets clients wait for a pause or resume
 // without polling over HTTP.
@@ -256,21 +361,30 @@ func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time
 	default:
 		return Info{}, invalid("unknown status %q", want)
 	}
+	e, err := s.lookup(id)
+	if err != nil {
+		return Info{}, err
+	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	tick := time.NewTicker(waitPoll)
-	defer tick.Stop()
 	for {
-		info, err := s.Get(ctx, id)
-		if err != nil || info.Status == want || info.Status == StatusError {
-			return info, err
+		s.mu.Lock()
+		if e.gone {
+			s.mu.Unlock()
+			return Info{}, errNotFound
+		}
+		info := s.info(e)
+		changed := s.changes(e) // woken by setStatus and retire
+		s.mu.Unlock()
+		if info.Status == want || info.Status == StatusError {
+			return info, nil
 		}
 		select {
 		case <-ctx.Done():
 			return info, nil
 		case <-t.C:
 			return info, nil
-		case <-tick.C:
+		case <-changed:
 		}
 	}
 }
@@ -320,7 +434,19 @@ func (s *Service) allocateIP() (net.IP, error) {
 
 // Create makes and starts a sandbox.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	if req.DiskMiB == 0 {
+		req.DiskMiB = s.cfg.DiskMiB
+	}
 	spec, err := req.normalize()
+	if err != nil {
+		return Info{}, err
+	}
+	if err := s.fitsHost(spec); err != nil {
+		return Info{}, err
+	}
+	s.mu.Lock()
+	err = s.admitLocked(spec, 1)
+	s.mu.Unlock()
 	if err != nil {
 		return Info{}, err
 	}
@@ -335,6 +461,12 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 	id := NewID()
 	specJSON, _ := json.Marshal(spec)
 	s.mu.Lock()
+	if status != StatusWarm {
+		if err := s.admitLocked(spec, 1); err != nil {
+			s.mu.Unlock()
+			return Info{}, err
+		}
+	}
 	ip, err := s.allocateIP()
 	if err != nil {
 		s.mu.Unlock()
@@ -350,39 +482,53 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 	}}
 	e.op.Lock()
 	defer e.op.Unlock()
-	s.items[id] = e
+	s.items[id] = e // reserves the address
 	s.mu.Unlock()
 
-	fail := func(err error) (Info, error) {
+	var undo undoStack
+	undo.push("reserve "+id, func(context.Context) error {
 		s.mu.Lock()
-		delete(s.items, id)
-		s.mu.Unlock()
-		s.cfg.Store.Delete(context.Background(), id) //nolint:errcheck // the record may not exist yet
-		return Info{}, fmt.Errorf("create sandbox: %w", err)
+		defer s.mu.Unlock()
+		s.retire(e)
+		return nil
+	})
+	fail := func(err error) (Info, error) {
+		return Info{}, s.fail(ctx, &undo, fmt.Errorf("create sandbox: %w", err))
 	}
 	if err := s.cfg.Store.Put(ctx, e.rec); err != nil {
 		return fail(err)
 	}
+	undo.push("record of "+id, func(ctx context.Context) error { return s.cfg.Store.Delete(ctx, id) })
 	start := time.Now()
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID: id, Hostname: e.rec.Hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
-		Env: spec.Env, Cwd: spec.Cwd,
+		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
 		Egress: spec.Egress,
 	})
 	if err != nil {
 		return fail(err)
 	}
+	undo.push("sandbox "+id, func(ctx context.Context) error { return s.cfg.Runtime.Destroy(ctx, h) })
 	hj, _ := json.Marshal(h)
 	s.mu.Lock()
 	e.handle = h
 	e.rec.Handle = hj
-	e.rec.Status = string(status)
 	e.rec.FamilyID = h.FamilyID
 	rec := e.rec
+	if status != initial {
+		rec.Status = string(status) // applied in memory once saved
+	}
 	s.mu.Unlock()
-	if err := s.cfg.Store.Put(ctx, rec); err != nil {
-		s.cfg.Runtime.Destroy(context.Background(), h) //nolint:errcheck // undo: the record could not be saved
+	if err := transition(id, initial, status); status != initial && err != nil {
 		return fail(err)
+	}
+	if err := s.cfg.Store.Put(ctx, rec); err != nil {
+		return fail(err)
+	}
+	if status != initial {
+		s.mu.Lock()
+		s.setStatus(e, status) //nolint:errcheck // checked above; e is held exclusively
+		s.mu.Unlock()
 	}
 	if status == StatusWarm {
 		s.log.Debug("warm sandbox ready", "sandbox", id, "ms", time.Since(start).Milliseconds())
@@ -404,53 +550,38 @@ func (s *Service) armTimer(e *entry) {
 	if e.spec.TimeoutS <= 0 || e.gone || e.timer != nil {
 		return
 	}
-	id := e.rec.ID
+	id, onTimeout := e.rec.ID, e.spec.OnTimeout
 	d := time.Until(e.rec.CreatedAt.Add(time.Duration(e.spec.TimeoutS) * time.Second))
 	e.timer = time.AfterFunc(max(d, 0), func() {
-		select {
-		case <-s.closed:
-			return
-		default:
-		}
-		s.wg.Add(1)
-		defer s.wg.Done()
-		s.log.Info("sandbox timed out", "sandbox", id, "on_timeout", e.spec.OnTimeout)
-		var err error
-		if e.spec.OnTimeout == "pause" {
-			if p, ok := any(s).(interface {
-				pauseOnTimeout(context.Context, string) error
-			}); ok {
-				err = p.pauseOnTimeout(context.Background(), id)
-			} else {
-				err = s.Delete(context.Background(), id)
-			}
-		} else {
-			err = s.Delete(context.Background(), id)
-		}
-		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			s.log.Warn("timeout action failed", "sandbox", id, "err", err)
-		}
+		// Tracked, so Close waits for it; refused once Close has begun.
+		s.goBackground(func() { s.timeout(id, onTimeout) })
 	})
+}
+
+// timeout is a sandbox's timeout action: destroy it, or pause it (on_timeout "pause").
+func (s *Service) timeout(id, onTimeout string) {
+	s.log.Info("sandbox timed out", "sandbox", id, "on_timeout", onTimeout)
+	var err error
+	if onTimeout == "pause" {
+		err = s.pauseOnTimeout(s.ctx, id)
+	} else {
+		err = s.Delete(s.ctx, id)
+	}
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		s.log.Warn("timeout action failed", "sandbox", id, "err", err)
+	}
 }
 
 // Delete destroys a sandbox: its processes, file system and record.
 func (s *Service) Delete(ctx context.Context, id string) error {
-	e, err := s.lookup(id)
+	es, release, err := s.acquire(exclusive, OpDestroy, id)
 	if err != nil {
 		return err
 	}
-	e.op.Lock()
-	defer e.op.Unlock()
+	defer release()
+	e := es[0]
 	s.mu.Lock()
-	if e.gone {
-		s.mu.Unlock()
-		return errNotFound
-	}
-	if err := check(OpDestroy, Status(e.rec.Status)); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	h := e.handle
+	h, snapshot := e.handle, e.rec.Snapshot
 	if h.ID == "" {
 		h = runtime.Handle{ID: id, FamilyID: e.rec.FamilyID}
 	}
@@ -458,8 +589,8 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 	if err := s.cfg.Runtime.Destroy(ctx, h); err != nil {
 		s.log.Warn("destroy", "sandbox", id, "err", err)
 	}
-	if e.rec.Snapshot != "" && s.cfg.Snapshots != nil {
-		if err := s.cfg.Snapshots.Delete(ctx, e.rec.Snapshot); err != nil {
+	if snapshot != "" && s.cfg.Snapshots != nil {
+		if err := s.cfg.Snapshots.Delete(ctx, snapshot); err != nil {
 			s.log.Warn("destroy: delete snapshot", "sandbox", id, "err", err)
 		}
 	}
@@ -467,11 +598,7 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	s.mu.Lock()
-	e.gone = true
-	if e.timer != nil {
-		e.timer.Stop()
-	}
-	delete(s.items, id)
+	s.retire(e)
 	s.mu.Unlock()
 	s.log.Info("sandbox destroyed", "sandbox", id)
 	return nil
@@ -479,23 +606,11 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 
 // use takes a shared hold on a running sandbox for run_code, exec and files.
 func (s *Service) use(id string) (*entry, func(), error) {
-	e, err := s.lookup(id)
+	es, release, err := s.acquire(shared, OpUse, id)
 	if err != nil {
 		return nil, nil, err
 	}
-	e.op.RLock()
-	s.mu.Lock()
-	gone, st := e.gone, Status(e.rec.Status)
-	s.mu.Unlock()
-	if gone {
-		e.op.RUnlock()
-		return nil, nil, errNotFound
-	}
-	if err := check(OpUse, st); err != nil {
-		e.op.RUnlock()
-		return nil, nil, err
-	}
-	return e, e.op.RUnlock, nil
+	return es[0], release, nil
 }
 
 // RunCodeRequest is the body of run_code.

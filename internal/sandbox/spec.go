@@ -17,6 +17,7 @@ type CreateRequest struct {
 	VCPU      float64           `json:"vcpu,omitempty"`
 	MemMiB    int               `json:"mem_mib,omitempty"`
 	MaxProcs  int               `json:"max_procs,omitempty"`
+	DiskMiB   int               `json:"disk_mib,omitempty"`
 	TimeoutS  int               `json:"timeout_s,omitempty"`
 	OnTimeout string            `json:"on_timeout,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
@@ -35,6 +36,21 @@ const (
 	DefaultCwd      = "/root"
 )
 
+// Disk quota: the default when neither the request nor the server (Config.DiskMiB) sets one, and the bounds.
+const (
+	DefaultDiskMiB = 10240
+	MinDiskMiB     = 64
+	MaxDiskMiB     = 1 << 20
+)
+
+// ValidDiskMiB checks a disk_mib value (a request's, or the server's default).
+func ValidDiskMiB(n int) error {
+	if n < MinDiskMiB || n > MaxDiskMiB {
+		return invalid("disk_mib must be between %d and %d", MinDiskMiB, MaxDiskMiB)
+	}
+	return nil
+}
+
 func invalid(format string, a ...any) error {
 	return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf(format, a...))
 }
@@ -52,6 +68,12 @@ func (r CreateRequest) normalize() (CreateRequest, error) {
 	}
 	if r.Cwd == "" {
 		r.Cwd = DefaultCwd
+	}
+	if r.DiskMiB == 0 {
+		r.DiskMiB = DefaultDiskMiB
+	}
+	if err := ValidDiskMiB(r.DiskMiB); err != nil {
+		return r, err
 	}
 	if r.OnTimeout == "" {
 		r.OnTimeout = "destroy"
@@ -131,6 +153,7 @@ type Info struct {
 	VCPU       float64           `json:"vcpu"`
 	MemMiB     int               `json:"mem_mib"`
 	MaxProcs   int               `json:"max_procs"`
+	DiskMiB    int               `json:"disk_mib"` // 0: none (created before disk quotas); enforced by the btrfs driver only
 	Shape      string            `json:"shape"`
 	TimeoutS   int               `json:"timeout_s"`
 	OnTimeout  string            `json:"on_timeout"`
@@ -150,4 +173,14 @@ type Info struct {
 
 func shape(vcpu float64, mem int) string {
 	return fmt.Sprintf("%svcpu-%dmib", strings.TrimSuffix(strings.TrimRight(fmt.Sprintf("%.2f", vcpu), "0"), "."), mem)
+}
+
+// ValidStatus checks a status named by a client (a list filter, a wait target): one of the statuses a client
+// can see.
+func ValidStatus(s Status) error {
+	switch s {
+	case StatusCreating, StatusRunning, StatusPausing, StatusPaused, StatusResuming, StatusError:
+		return nil
+	}
+	return invalid("unknown status %q (want creating, running, pausing, paused, resuming or error)", s)
 }

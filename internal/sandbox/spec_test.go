@@ -17,6 +17,9 @@ func TestNormalize(t *testing.T) {
 		{"vcpu too small", CreateRequest{VCPU: 0.05}, "vcpu must be between 0.1 and 64"},
 		{"mem too small", CreateRequest{MemMiB: 10}, "mem_mib must be between 64 and 262144"},
 		{"procs", CreateRequest{MaxProcs: 1}, "max_procs must be between 16 and 65536"},
+		{"disk too small", CreateRequest{DiskMiB: 63}, "disk_mib must be between 64 and 1048576"},
+		{"disk negative", CreateRequest{DiskMiB: -1}, "disk_mib must be between 64 and 1048576"},
+		{"disk too large", CreateRequest{DiskMiB: 1<<20 + 1}, "disk_mib must be between 64 and 1048576"},
 		{"timeout negative", CreateRequest{TimeoutS: -1}, "timeout_s must be between 0 and 2592000"},
 		{"on_timeout", CreateRequest{OnTimeout: "explode"}, `on_timeout must be "destroy" or "pause"`},
 		{"relative cwd", CreateRequest{Cwd: "root"}, "cwd must be an absolute path"},
@@ -29,7 +32,7 @@ func TestNormalize(t *testing.T) {
 			if err != nil {
 				t.Errorf("%s: %v", c.name, err)
 			}
-			if got.VCPU == 0 || got.MemMiB == 0 || got.Cwd == "" {
+			if got.VCPU == 0 || got.MemMiB == 0 || got.Cwd == "" || got.DiskMiB == 0 {
 				t.Errorf("%s: defaults not filled: %+v", c.name, got)
 			}
 			continue

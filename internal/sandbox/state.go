@@ -33,6 +33,7 @@ const (
 	OpResume  Op = "resume"
 	OpDestroy Op = "destroy"
 	OpDiff    Op = "diff"
+	OpRestart Op = "restart" // the service reviving a sandbox whose agent died (health.go)
 )
 
 // allowed is the one table every handler asks: which operation may start in which state.
@@ -43,14 +44,18 @@ var allowed = map[Op]map[Status]bool{
 	OpPause:   {StatusRunning: true},
 	OpResume:  {StatusPaused: true, StatusError: true},
 	OpDestroy: {StatusRunning: true, StatusPaused: true, StatusError: true, StatusCreating: true},
-	OpDiff:    {StatusRunning: true, StatusPaused: true},
+	OpDiff:    {StatusRunning: true},
+	OpRestart: {StatusRunning: true},
 }
 
-// transitions lists the legal status changes.
+// transitions lists the legal status changes; setStatus refuses any other. A record is born creating (a new
+// sandbox or a fork child), warm (a pool sandbox) or paused (a child of a paused sandbox), and a destroyed
+// sandbox has no record, so neither birth nor death is a transition.
 var transitions = map[Status][]Status{
-	StatusCreating: {StatusRunning, StatusError},
-	StatusRunning:  {StatusPausing, StatusError},
-	StatusPausing:  {StatusPaused, StatusRunning, StatusError},
+	StatusCreating: {StatusRunning, StatusError},               // started; failed, or interrupted by a restart
+	StatusWarm:     {StatusRunning},                            // claimed by a create
+	StatusRunning:  {StatusPausing, StatusError},               // pause begins; lost at a restart or for good
+	StatusPausing:  {StatusPaused, StatusRunning, StatusError}, // done; failed (keeps running); lost at a restart
 	StatusPaused:   {StatusResuming},
 	StatusResuming: {StatusRunning, StatusError},
 	StatusError:    {StatusResuming},
@@ -62,13 +67,27 @@ func check(op Op, s Status) error {
 		return nil
 	}
 	switch op {
-	case OpUse, OpPause, OpMerge:
+	case OpUse, OpPause, OpMerge, OpDiff:
 		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
 	case OpResume:
 		return errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error")
 	}
 	return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("cannot %s a sandbox that is %s", op, s))
 }
+
+// TransitionError is a status change the transition table does not allow. It is a conflict (409): like runc's
+// state machine, the service refuses to move a sandbox along an edge the table lacks rather than corrupt it.
+type TransitionError struct {
+	ID       string
+	From, To Status
+}
+
+func (e *TransitionError) Error() string {
+	return fmt.Sprintf("sandbox %s is %s and cannot become %s", e.ID, e.From, e.To)
+}
+
+// Unwrap makes a TransitionError match errdefs.ErrConflict.
+func (e *TransitionError) Unwrap() error { return errdefs.ErrConflict }
 
 // canTransition reports whether from → to is legal.
 func canTransition(from, to Status) bool {
@@ -78,4 +97,39 @@ func canTransition(from, to Status) bool {
 		}
 	}
 	return false
+}
+
+// transition returns a *TransitionError unless from → to is in the table.
+func transition(id string, from, to Status) error {
+	if !canTransition(from, to) {
+		return &TransitionError{ID: id, From: from, To: to}
+	}
+	return nil
+}
+
+// setStatus is the one place a sandbox's status changes: it consults the transition table, records the new
+// status and wakes whoever waits for a change of this sandbox (Wait). The caller holds s.mu.
+func (s *Service) setStatus(e *entry, to Status) error {
+	if err := transition(e.rec.ID, Status(e.rec.Status), to); err != nil {
+		return err
+	}
+	e.rec.Status = string(to)
+	s.notify(e)
+	return nil
+}
+
+// notify wakes the waiters of e. The caller holds s.mu.
+func (s *Service) notify(e *entry) {
+	if e.changed != nil {
+		close(e.changed)
+		e.changed = nil
+	}
+}
+
+// changes returns a channel closed at e's next status change or retirement. The caller holds s.mu.
+func (s *Service) changes(e *entry) <-chan struct{} {
+	if e.changed == nil {
+		e.changed = make(chan struct{})
+	}
+	return e.changed
 }

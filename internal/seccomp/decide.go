@@ -85,6 +85,11 @@ func (s *Supervisor) decide(r request) verdict {
 	if err != nil {
 		return deny(unix.EPERM, "caller: "+err.Error())
 	}
+	if s.protected(r.caller) {
+		// ramify's own code (an agent's command-spawning thread, which carries the sandbox's filter so that the
+		// commands it starts inherit it): trusted, and out of sandbox code's reach.
+		return verdict{kind: vContinue, reason: "ramify's own process", callerKey: callerKey}
+	}
 	v := s.decideOp(r, callerKey)
 	v.callerKey = callerKey
 	return v
@@ -96,7 +101,7 @@ func (s *Supervisor) decideOp(r request, callerKey string) verdict {
 	case opKill:
 		pid, sig := int32(a[0]), int32(a[1])
 		if pid > 0 {
-			return s.judgePid(callerKey, int(pid))
+			return s.judgePid(r.caller, callerKey, int(pid))
 		}
 		return s.decideKillGroup(r, callerKey, pid, sig)
 	case opTkill:
@@ -104,20 +109,20 @@ func (s *Supervisor) decideOp(r request, callerKey string) verdict {
 		if tid <= 0 {
 			return deny(unix.EINVAL, "tkill: tid <= 0")
 		}
-		return s.judgePid(callerKey, int(tid))
+		return s.judgePid(r.caller, callerKey, int(tid))
 	case opRtSigqueueinfo:
 		pid := int32(a[0])
 		if pid <= 0 {
 			// The kernel looks pid up as is (no group semantics) and finds nothing.
 			return deny(unix.ESRCH, "rt_sigqueueinfo: pid <= 0")
 		}
-		return s.judgePid(callerKey, int(pid))
+		return s.judgePid(r.caller, callerKey, int(pid))
 	case opTgkill, opRtTgsigqueueinfo:
 		tgid, tid := int32(a[0]), int32(a[1])
 		if tgid <= 0 || tid <= 0 {
 			return deny(unix.EINVAL, r.op.String()+": tgid or tid <= 0")
 		}
-		v := s.judgePid(callerKey, int(tgid))
+		v := s.judgePid(r.caller, callerKey, int(tgid))
 		if v.kind != vContinue {
 			return v
 		}
@@ -137,25 +142,25 @@ func (s *Supervisor) decideOp(r request, callerKey string) verdict {
 		if pid <= 0 {
 			return deny(unix.ESRCH, "ptrace: pid <= 0")
 		}
-		return s.judgePid(callerKey, int(pid))
+		return s.judgePid(r.caller, callerKey, int(pid))
 	case opProcessVMReadv, opProcessVMWritev:
 		pid := int32(a[0])
 		if pid <= 0 {
 			return deny(unix.ESRCH, r.op.String()+": pid <= 0")
 		}
-		return s.judgePid(callerKey, int(pid))
+		return s.judgePid(r.caller, callerKey, int(pid))
 	case opPidfdOpen:
 		pid := int32(a[0])
 		if pid <= 0 {
 			return deny(unix.EINVAL, "pidfd_open: pid <= 0")
 		}
-		return s.judgePid(callerKey, int(pid))
+		return s.judgePid(r.caller, callerKey, int(pid))
 	case opKcmp:
 		for _, p := range []int32{int32(a[0]), int32(a[1])} {
 			if p <= 0 {
 				return deny(unix.ESRCH, "kcmp: pid <= 0")
 			}
-			if v := s.judgePid(callerKey, int(p)); v.kind != vContinue {
+			if v := s.judgePid(r.caller, callerKey, int(p)); v.kind != vContinue {
 				return v
 			}
 		}
@@ -203,8 +208,9 @@ func (s *Supervisor) decideOp(r request, callerKey string) verdict {
 	return deny(unix.EPERM, "unknown syscall "+r.op.String())
 }
 
-// judgePid allows a call whose target is pid when pid is in the sandbox callerKey.
-func (s *Supervisor) judgePid(callerKey string, pid int) verdict {
+// judgePid allows a call of caller (a tid) whose target is pid when pid is in the sandbox callerKey and is not
+// one of ramify's own processes (unless it is the caller's own process: a process may signal its own threads).
+func (s *Supervisor) judgePid(caller int, callerKey string, pid int) verdict {
 	key, err := s.sandboxKey(pid)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -215,18 +221,21 @@ func (s *Supervisor) judgePid(callerKey string, pid int) verdict {
 	if key != callerKey {
 		return deny(unix.EPERM, "target "+strconv.Itoa(pid)+" is in another sandbox")
 	}
+	if s.protected(pid) && !s.sameProcess(caller, pid) {
+		return deny(unix.EPERM, "target "+strconv.Itoa(pid)+" is ramify's own process")
+	}
 	return allow("target " + strconv.Itoa(pid) + " in sandbox")
 }
 
 // judgePidfdTarget judges the process a pidfd designates, given the pid read from its fdinfo.
-func (s *Supervisor) judgePidfdTarget(callerKey string, pid int) verdict {
+func (s *Supervisor) judgePidfdTarget(caller int, callerKey string, pid int) verdict {
 	switch {
 	case pid == -1:
 		return deny(unix.ESRCH, "pidfd: process exited")
 	case pid <= 0:
 		return deny(unix.EPERM, "pidfd: process outside this PID namespace")
 	}
-	return s.judgePid(callerKey, pid)
+	return s.judgePid(caller, callerKey, pid)
 }
 
 // judgeCallerPidfd judges the process that the caller's fd designates; notPidfd is the answer for an fd that is open
@@ -246,7 +255,7 @@ func (s *Supervisor) judgeCallerPidfd(caller int, callerKey string, fd int, notP
 	if err != nil {
 		return deny(unix.EPERM, err.Error())
 	}
-	return s.judgePidfdTarget(callerKey, pid)
+	return s.judgePidfdTarget(caller, callerKey, pid)
 }
 
 // nsFiles lists, for each namespace type as it appears in an nsfs link ("net:[4026531840]"), the /proc/<pid>/ns
@@ -299,6 +308,13 @@ func (s *Supervisor) decideSetns(r request, callerKey string) verdict {
 		if err != nil || key != callerKey {
 			continue
 		}
+		if s.guard != nil {
+			for _, l := range s.guard.Namespaces(p) {
+				if l == link {
+					return allow("setns: " + link + " held by agent " + strconv.Itoa(p) + " of the sandbox")
+				}
+			}
+		}
 		for _, f := range files {
 			if l, err := os.Readlink(s.procPath(p, "ns", f)); err == nil && l == link {
 				return allow("setns: " + link + " held by " + strconv.Itoa(p) + " of the sandbox")
@@ -339,8 +355,8 @@ func (s *Supervisor) decideKillGroup(r request, callerKey string, pid, sig int32
 			continue // kill(-1) spares init and the caller
 		}
 		key, err := s.sandboxKey(p)
-		if err != nil || key != callerKey {
-			continue
+		if err != nil || key != callerKey || (s.guard != nil && s.guard.Protected(p)) {
+			continue // kill(-1) and process-group kills never reach ramify's own processes
 		}
 		if pgrp != 0 {
 			if g, err := s.processGroup(p); err != nil || g != pgrp {

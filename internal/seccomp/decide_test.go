@@ -205,3 +205,51 @@ func TestCgroupKey(t *testing.T) {
 		}
 	}
 }
+
+// guardOf protects the listed thread groups, with the namespaces given.
+type guardOf map[int][]string
+
+func (g guardOf) Protected(tgid int) bool      { _, ok := g[tgid]; return ok }
+func (g guardOf) Namespaces(tgid int) []string { return g[tgid] }
+
+// With a Guard, ramify's own processes (here 201, standing for an agent, and 1) are never a target, even in the
+// caller's sandbox; kill(-1) passes them over; their own calls are trusted; the namespaces they register count
+// for setns although their /proc/<pid>/ns cannot be read.
+func TestDecideGuard(t *testing.T) {
+	s := newFixture(t)
+	s.SetGuard(guardOf{1: nil, 201: {"net:[444]"}})
+	f := &fakeProc{t: t, root: s.procRoot}
+	f.link("100/fd/13", "net:[444]")
+	cases := []struct {
+		name    string
+		caller  int
+		op      op
+		args    []uint64
+		kind    verdictKind
+		targets []int
+	}{
+		{name: "kill agent", op: opKill, args: []uint64{201, 9}, kind: vErrno},
+		{name: "tgkill agent", op: opTgkill, args: []uint64{201, 201, 9}, kind: vErrno},
+		{name: "ptrace agent", op: opPtrace, args: []uint64{unix.PTRACE_ATTACH, 201}, kind: vErrno},
+		{name: "pidfd_open agent", op: opPidfdOpen, args: []uint64{201, 0}, kind: vErrno},
+		{name: "process_vm_readv agent", op: opProcessVMReadv, args: []uint64{201}, kind: vErrno},
+		{name: "kill -1 spares the agent", op: opKill, args: []uint64{u(-1), 9}, kind: vKillGroup, targets: []int{200}},
+		{name: "kill own sandbox's process still allowed", op: opKill, args: []uint64{200, 9}, kind: vContinue},
+		{name: "the agent's own calls are trusted", caller: 201, op: opKill, args: []uint64{300, 9}, kind: vContinue},
+		{name: "setns into a namespace the agent registered", op: opSetns, args: []uint64{13, 0}, kind: vContinue},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			caller := c.caller
+			if caller == 0 {
+				caller = 100
+			}
+			var args [6]uint64
+			copy(args[:], c.args)
+			v := s.decide(request{caller: caller, arch: auditArchX8664, op: c.op, args: args})
+			if v.kind != c.kind || (c.kind == vErrno && v.errno != unix.EPERM) || !slices.Equal(v.targets, c.targets) {
+				t.Fatalf("got %v %v targets %v (%s), want %v targets %v", v.kind, v.errno, v.targets, v.reason, c.kind, c.targets)
+			}
+		})
+	}
+}

@@ -22,6 +22,42 @@ import (
 type Supervisor struct {
 	procRoot string
 	log      *slog.Logger
+	guard    Guard
+}
+
+// Guard tells the supervisor about ramify's own processes among the filtered ones' neighbours (the family init and
+// the agents): sandbox code may never target them, even in its own sandbox. Its methods are called concurrently.
+type Guard interface {
+	// Protected reports whether the thread group tgid is one of ramify's processes.
+	Protected(tgid int) bool
+	// Namespaces returns the namespace links ("net:[4026532000]") that a protected process registered, which the
+	// supervisor cannot read from /proc (protected processes are not dumpable), or nil.
+	Namespaces(tgid int) []string
+}
+
+// SetGuard makes s refuse every call that targets a process g protects; call it before Serve.
+func (s *Supervisor) SetGuard(g Guard) { s.guard = g }
+
+// sameProcess reports whether threads a and b belong to one process.
+func (s *Supervisor) sameProcess(a, b int) bool {
+	if a == b {
+		return true
+	}
+	ta, err1 := s.threadGroup(a)
+	tb, err2 := s.threadGroup(b)
+	return err1 == nil && err2 == nil && ta == tb
+}
+
+// protected reports whether pid (a thread or process) belongs to one of ramify's processes.
+func (s *Supervisor) protected(pid int) bool {
+	if s.guard == nil {
+		return false
+	}
+	if s.guard.Protected(pid) {
+		return true
+	}
+	tgid, err := s.threadGroup(pid)
+	return err == nil && tgid != pid && s.guard.Protected(tgid)
 }
 
 // NewSupervisor returns a supervisor that judges calls by comparing cgroups read from procRoot (normally "/proc").
@@ -281,7 +317,7 @@ func (s *Supervisor) pidfdCall(listenerFD int, n *notif, r request, v verdict) {
 		}
 		return
 	}
-	if j := s.judgePidfdTarget(v.callerKey, target); j.kind != vContinue {
+	if j := s.judgePidfdTarget(r.caller, v.callerKey, target); j.kind != vContinue {
 		s.log.Debug("seccomp: decision", "pid", r.caller, "syscall", r.op.String(), "verdict", j.kind.String(),
 			"errno", j.errno, "reason", j.reason)
 		s.replyErrno(listenerFD, n.ID, j.errno)

@@ -37,6 +37,7 @@ type Server struct {
 	cmd    *exec.Cmd
 	logf   *os.File
 	bridge string
+	extra  []*os.File // descriptors the server inherits (see StartInheriting)
 }
 
 var seq atomic.Int32
@@ -54,8 +55,21 @@ func Binary(t testing.TB) string {
 }
 
 // Start starts a server; it is stopped, and every sandbox it still has destroyed, when the test ends.
-func Start(t testing.TB, extraArgs ...string) *Server {
-	bin := Binary(t)
+func Start(t testing.TB, extraArgs ...string) *Server { return StartInheriting(t, nil, extraArgs...) }
+
+// StartInheriting is Start with files left open in the server from descriptor 3 on, not close-on-exec, as a
+// careless launcher would leave them.
+func StartInheriting(t testing.TB, files []*os.File, extraArgs ...string) *Server {
+	return start(t, Binary(t), files, extraArgs)
+}
+
+// StartBinary is Start with another server binary than RAMIFY_TEST_BINARY (a benchmark's baseline build, say).
+func StartBinary(t testing.TB, bin string, extraArgs ...string) *Server {
+	Binary(t) // the same preconditions
+	return start(t, bin, nil, extraArgs)
+}
+
+func start(t testing.TB, bin string, files []*os.File, extraArgs []string) *Server {
 	images := os.Getenv("RAMIFY_TEST_IMAGE_DIR")
 	if images == "" {
 		images = "/var/cache/ramify/images"
@@ -71,6 +85,7 @@ func Start(t testing.TB, extraArgs ...string) *Server {
 		Key:     fmt.Sprintf("test-key-%d-%d", os.Getpid(), n),
 		DataDir: t.TempDir(),
 		bridge:  fmt.Sprintf("rfyt%d", id),
+		extra:   files,
 	}
 	s.args = append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", s.DataDir, "--image-dir", images,
 		"--api-key", s.Key, "--bridge", s.bridge, "--subnet", fmt.Sprintf("10.%d.%d.0/24", 220+id/100, id%100+1),
@@ -96,6 +111,7 @@ func (s *Server) start() {
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "RAMIFY_READY_FILE="+ready)
+	cmd.ExtraFiles = s.extra
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -45,3 +45,27 @@ func TestEveryPackageHasADocComment(t *testing.T) {
 		t.Fatalf("checked only %d packages: is the walk broken?", checked)
 	}
 }
+
+// docs/architecture.md's package map names every Go package of the repository.
+func TestArchitectureMapsEveryPackage(t *testing.T) {
+	arch, err := os.ReadFile("../../docs/architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, root := range []string{"internal", "client", "cmd", "tests"} {
+		filepath.WalkDir(filepath.Join("../..", root), func(dir string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() || strings.Contains(dir, "testdata") {
+				return nil
+			}
+			files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+			if len(files) == 0 {
+				return nil
+			}
+			rel, _ := filepath.Rel("../..", dir)
+			if !strings.Contains(string(arch), "`"+rel+"`") {
+				t.Errorf("docs/architecture.md's package map does not list `%s`", rel)
+			}
+			return nil
+		})
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ramify-dev/ramify/internal/testserver"
 )
 
 // killSandboxProcesses SIGKILLs, from the host, every process in the sandbox's cgroup (its agent and
@@ -27,22 +29,7 @@ func killSandboxProcesses(id string) error {
 }
 
 // sandboxPids returns the host pids of a sandbox's processes (from its cgroup).
-func sandboxPids(id string) []int {
-	files, _ := filepath.Glob("/sys/fs/cgroup/*/ramify/*/" + id + "/cgroup.procs")
-	more, _ := filepath.Glob("/sys/fs/cgroup/ramify/*/" + id + "/cgroup.procs")
-	seen := map[int]bool{}
-	var out []int
-	for _, f := range append(files, more...) {
-		b, _ := os.ReadFile(f)
-		for _, p := range strings.Fields(string(b)) {
-			if pid, _ := strconv.Atoi(p); pid > 0 && !seen[pid] {
-				seen[pid] = true
-				out = append(out, pid)
-			}
-		}
-	}
-	return out
-}
+func sandboxPids(id string) []int { return testserver.SandboxPids(id) }
 
 // procField returns a field of /proc/<pid>/status ("" if the process is gone).
 func procField(pid int, field string) string {

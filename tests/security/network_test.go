@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +23,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/testserver"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // The network policy, attacked from inside real sandboxes: the host, other sandboxes (separately created and fork
@@ -500,10 +504,15 @@ func netPublicPeer(t *testing.T) (string, int) {
 	return peerIP.String(), ln.Addr().(*net.TCPAddr).Port
 }
 
-// TestNetworkSpoofing: a sandbox cannot take its neighbour's address. It forges ARP replies and requests that say
-// "the neighbour's IP is at my MAC", puts the neighbour's IP on its own eth0, and sends an IP packet with the
-// neighbour's source address; the host's ARP entry for the neighbour must not move, the host must keep reaching
-// the neighbour, and the forged packet must not arrive.
+// TestNetworkSpoofing: a sandbox cannot take its neighbour's address. The attacker forges ARP replies and
+// requests that say "the neighbour's IP is at my MAC", puts the neighbour's IP on its own eth0, and sends an IP
+// packet with the neighbour's source address; the host's ARP entry for the neighbour must not move, the host
+// must keep reaching the neighbour, and the forged packet must not arrive.
+//
+// Sandbox root has neither CAP_NET_RAW nor CAP_NET_ADMIN (the capability policy), so the test first checks that
+// it cannot even try, then sends the attacker's frames itself, from inside the attacker's network namespace, as
+// sandbox code would if it had those capabilities (or a kernel bug that bypasses them): the bridge's pin must
+// hold on its own.
 func TestNetworkSpoofing(t *testing.T) {
 	s := testserver.Start(t)
 	first := netCreate(t, s, []string{})
@@ -518,12 +527,15 @@ func TestNetworkSpoofing(t *testing.T) {
 	victim := netCreate(t, s, allow)
 	attacker := netCreate(t, s, allow)
 	netSandboxGreeter(t, s, victim.ID, 8765, "the victim")
+	attackerNS := netSandboxNetns(t, attacker.ID)
 
 	br, err := net.InterfaceByName(netBridgeOf(t, gw))
 	if err != nil {
 		t.Fatal(err)
 	}
-	victimMAC := network.MACFor(net.ParseIP(victim.IP)).String()
+	victimIP, gwIP := net.ParseIP(victim.IP).To4(), net.ParseIP(gw).To4()
+	victimMAC := network.MACFor(victimIP).String()
+	attackerMAC := network.MACFor(net.ParseIP(attacker.IP))
 	hostDial := func() string {
 		c, err := net.DialTimeout("tcp", net.JoinHostPort(victim.IP, "8765"), 5*time.Second)
 		if err != nil {
@@ -537,7 +549,7 @@ func TestNetworkSpoofing(t *testing.T) {
 	neighMAC := func() string {
 		ns, _ := netlink.NeighList(br.Index, netlink.FAMILY_V4)
 		for _, n := range ns {
-			if n.IP.Equal(net.ParseIP(victim.IP)) {
+			if n.IP.Equal(victimIP) {
 				return n.HardwareAddr.String()
 			}
 		}
@@ -550,29 +562,34 @@ func TestNetworkSpoofing(t *testing.T) {
 		t.Fatalf("host's ARP entry for the victim: %q, want %s", got, victimMAC)
 	}
 
-	t.Run("ForgedARP", func(t *testing.T) {
-		// Replies and requests claiming the victim's IP, for longer than the neighbour table's lock time (1 s).
+	t.Run("NoRawSocketsOrAddressChangesInside", func(t *testing.T) {
 		out := netSh(t, s, attacker.ID, fmt.Sprintf(`python3 -c "
-import socket, fcntl, struct, time
-try:
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-    s.bind(('eth0', 0))
-except PermissionError as e:
-    print('noperm', e); raise SystemExit
-mine = fcntl.ioctl(s.fileno(), 0x8927, struct.pack('256s', b'eth0'))[18:24]
-vic, gw = socket.inet_aton('%s'), socket.inet_aton('%s')
-bc = b'\xff' * 6
-def arp(op, tha, tpa):
-    return bc + mine + b'\x08\x06' + struct.pack('!HHBBH', 1, 0x0800, 6, 4, op) + mine + vic + tha + tpa
-for i in range(30):
-    s.send(arp(2, bc, vic)); s.send(arp(2, bc, gw)); s.send(arp(1, b'\x00' * 6, gw))
-    time.sleep(0.1)
-print('sent')"`, victim.IP, gw))
-		if strings.Contains(out, "noperm") {
-			t.Skipf("sandbox root has no CAP_NET_RAW (raw sockets refused): the forged-ARP variant cannot be tried: %s", out)
+import socket
+for fam, typ in ((socket.AF_PACKET, socket.SOCK_RAW), (socket.AF_INET, socket.SOCK_RAW)):
+    try:
+        socket.socket(fam, typ, 255); print('raw socket opened')
+    except PermissionError:
+        print('raw socket refused')
+"; ip addr add %s/32 dev eth0 && echo address added || echo address refused`, victim.IP))
+		if strings.Contains(out, "opened") || strings.Contains(out, "address added") {
+			t.Logf("sandbox root can send raw frames or change its addresses (%q): the pins below are what stops spoofing", out)
 		}
-		if !strings.Contains(out, "sent") {
-			t.Fatalf("forging ARP: %s", out)
+	})
+
+	t.Run("ForgedARP", func(t *testing.T) {
+		bc := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+		var frames [][]byte
+		// Replies and requests claiming the victim's IP, for longer than the neighbour table's lock time (1 s).
+		for _, f := range [][]byte{
+			netARP(bc, attackerMAC, 2, attackerMAC, victimIP, bc, victimIP),
+			netARP(bc, attackerMAC, 2, attackerMAC, victimIP, bc, gwIP),
+			netARP(bc, attackerMAC, 1, attackerMAC, victimIP, make(net.HardwareAddr, 6), gwIP),
+		} {
+			frames = append(frames, f)
+		}
+		for i := 0; i < 30; i++ {
+			netInject(t, attackerNS, frames)
+			time.Sleep(100 * time.Millisecond)
 		}
 		if got := neighMAC(); got != victimMAC {
 			t.Errorf("host's ARP entry for the victim moved to %q (victim %s)", got, victimMAC)
@@ -583,12 +600,20 @@ print('sent')"`, victim.IP, gw))
 	})
 
 	t.Run("NeighbourIPOnOwnEth0", func(t *testing.T) {
-		out := netSh(t, s, attacker.ID, fmt.Sprintf("ip addr add %s/32 dev eth0 && echo added", victim.IP))
-		if !strings.Contains(out, "added") {
-			t.Skipf("sandbox root cannot add an address (no CAP_NET_ADMIN in its namespace): %s", out)
+		h, err := netlink.NewHandleAt(attackerNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		eth, err := h.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: victimIP, Mask: net.CIDRMask(32, 32)}}); err != nil && !errors.Is(err, unix.EEXIST) {
+			t.Fatal(err)
 		}
 		// Make the host ask again: both the victim and the attacker now answer for the victim's IP.
-		netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Index, IP: net.ParseIP(victim.IP)})
+		netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Index, IP: victimIP})
 		for i := 0; i < 5; i++ {
 			if got := hostDial(); got != "the victim" {
 				t.Errorf("host to victim with the attacker claiming its IP: %q", got)
@@ -612,26 +637,14 @@ print('sent')"`, victim.IP, gw))
 				got <- string(buf[:n]) + " from " + from.String()
 			}
 		}()
+		// The victim's allowlist opens this port: without the pin, a packet with its source would pass.
+		forged := netUDPFrame(network.MACFor(gwIP), attackerMAC, victimIP, gwIP, 40000, uint16(uport), []byte("forged"))
+		netInject(t, attackerNS, [][]byte{forged, forged, forged})
 		out := netSh(t, s, attacker.ID, fmt.Sprintf(`python3 -c "
-import socket, struct
-try:
-    r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-except PermissionError as e:
-    print('noperm', e); raise SystemExit
-src, dst, port = socket.inet_aton('%s'), socket.inet_aton('%s'), %d
-data = b'forged'
-udp = struct.pack('!HHHH', 40000, port, 8 + len(data), 0) + data
-ip = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, src, dst)
-for i in range(3):
-    r.sendto(ip + udp, ('%s', 0))
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-u.sendto(b'genuine', ('%s', port))
-print('sent')"`, victim.IP, gw, uport, gw, gw))
-		if strings.Contains(out, "noperm") {
-			t.Skipf("sandbox root has no CAP_NET_RAW: the forged-source variant cannot be tried: %s", out)
-		}
+import socket
+socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'genuine', ('%s', %d)); print('sent')"`, gw, uport))
 		if !strings.Contains(out, "sent") {
-			t.Fatalf("forging a packet: %s", out)
+			t.Fatalf("sending the genuine datagram: %s", out)
 		}
 		timeout := time.After(20 * time.Second)
 		for {
@@ -651,6 +664,90 @@ print('sent')"`, victim.IP, gw, uport, gw, gw))
 			}
 		}
 	})
+}
+
+// netSandboxNetns opens the network namespace of sandbox id, through a process of its cgroup.
+func netSandboxNetns(t *testing.T, id string) netns.NsHandle {
+	t.Helper()
+	files, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil || !bytes.Contains(b, []byte("/"+id)) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		if err != nil {
+			continue
+		}
+		ns, err := netns.GetFromPid(pid)
+		if err != nil {
+			continue
+		}
+		t.Cleanup(func() { ns.Close() })
+		return ns
+	}
+	t.Fatalf("no process of sandbox %s found", id)
+	return 0
+}
+
+// netInject sends raw Ethernet frames out of eth0 inside ns.
+func netInject(t *testing.T, ns netns.NsHandle, frames [][]byte) {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	fd, serr := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(netHtons(unix.ETH_P_ALL)))
+	ifi, ierr := net.InterfaceByName("eth0")
+	if err := netns.Set(orig); err != nil {
+		panic(err) // this thread must not go back to the pool in the sandbox's namespace
+	}
+	runtime.UnlockOSThread()
+	if serr != nil || ierr != nil {
+		t.Fatalf("raw socket in the sandbox's namespace: %v %v", serr, ierr)
+	}
+	defer unix.Close(fd)
+	sa := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Protocol: netHtons(unix.ETH_P_ALL)}
+	for _, f := range frames {
+		if err := unix.Sendto(fd, f, 0, sa); err != nil {
+			t.Fatalf("send a frame: %v", err)
+		}
+	}
+}
+
+func netHtons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// netARP builds an Ethernet frame holding an ARP packet.
+func netARP(dst, src net.HardwareAddr, op uint16, sha net.HardwareAddr, spa net.IP, tha net.HardwareAddr, tpa net.IP) []byte {
+	f := append(append(append([]byte{}, dst...), src...), 0x08, 0x06)
+	f = append(f, 0, 1, 0x08, 0x00, 6, 4, byte(op>>8), byte(op))
+	f = append(append(f, sha...), spa.To4()...)
+	return append(append(f, tha...), tpa.To4()...)
+}
+
+// netUDPFrame builds an Ethernet frame holding an IPv4 UDP datagram (UDP checksum 0: none).
+func netUDPFrame(dst, src net.HardwareAddr, sip, dip net.IP, sport, dport uint16, data []byte) []byte {
+	ulen := 8 + len(data)
+	ip := []byte{0x45, 0, byte((20 + ulen) >> 8), byte(20 + ulen), 0, 1, 0, 0, 64, 17, 0, 0}
+	ip = append(append(ip, sip.To4()...), dip.To4()...)
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(ip[i])<<8 | uint32(ip[i+1])
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	ip[10], ip[11] = byte(^sum>>8), byte(^sum)
+	udp := []byte{byte(sport >> 8), byte(sport), byte(dport >> 8), byte(dport), byte(ulen >> 8), byte(ulen), 0, 0}
+	f := append(append(append([]byte{}, dst...), src...), 0x08, 0x00)
+	return append(append(append(f, ip...), udp...), data...)
 }
 
 // netBridgeOf finds the host interface holding gw (the test server's bridge).

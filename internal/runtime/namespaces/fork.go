@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -81,6 +82,11 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 				c.err = fmt.Errorf("clone layer: %w", err)
 				return
 			}
+			if err := r.limitLayer(c.spec.ID, c.spec.DiskMiB); err != nil {
+				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
+				c.err = err
+				return
+			}
 			c.sb, c.err = r.spawn(ctx, f, c.spec, dir, c.token)
 			if c.err != nil {
 				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
@@ -107,14 +113,26 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	r.log.Debug("fork phase", "phase", "children spawned", "ms", time.Since(start).Milliseconds())
 	// 3. Fork the parent's interpreter, one child per target.
 	targets := make([]agent.ForkTarget, len(kids))
+	var nsFiles []*os.File
 	for i, c := range kids {
-		targets[i] = agent.ForkTarget{AgentPid: c.sb.h.AgentNsPid, Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID)}
+		targets[i] = agent.ForkTarget{AgentPid: c.sb.h.AgentNsPid, Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID), NS: len(nsFiles)}
+		fs, err := namespaceFiles(c.sb.h.AgentPid)
+		if err != nil {
+			for _, f := range nsFiles {
+				f.Close()
+			}
+			return res, fmt.Errorf("fork child %s: %w", c.spec.ID, err)
+		}
+		nsFiles = append(nsFiles, fs...)
 	}
 	pc, err := r.Agent(parent.ID)
 	if err != nil {
+		for _, f := range nsFiles {
+			f.Close()
+		}
 		return res, err
 	}
-	ev, err := pc.Call(ctx, agent.Request{Op: "fork_repl", Targets: targets}, nil)
+	ev, err := pc.CallWithFiles(ctx, agent.Request{Op: "fork_repl", Targets: targets}, nsFiles, nil)
 	if err != nil {
 		return res, fmt.Errorf("fork interpreter: %w", err)
 	}
@@ -181,6 +199,23 @@ func (r *Runtime) refillSpares(f *family, n int) {
 			r.log.Debug("start spare agents", "family", f.id, "err", err)
 		}
 	}()
+}
+
+// namespaceFiles opens the IPC, UTS, network and mount namespaces of the agent with host pid pid, in the order
+// a forked interpreter joins them (agent.ForkTarget.NS).
+func namespaceFiles(pid int) ([]*os.File, error) {
+	var out []*os.File
+	for _, ns := range []string{"ipc", "uts", "net", "mnt"} {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			return nil, fmt.Errorf("open the agent's %s namespace: %w", ns, err)
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 // cgroupMarker is the path fragment a forked interpreter waits to see in /proc/self/cgroup before it enters

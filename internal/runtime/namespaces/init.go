@@ -1,6 +1,7 @@
 package namespaces
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -66,6 +67,10 @@ func InitMain(args []string) error {
 	if os.Getpid() != 1 {
 		return errors.New("__init must run as PID 1 of a new PID namespace")
 	}
+	if err := agent.HardenSelf(3); err != nil {
+		return fmt.Errorf("init: %w", err)
+	}
+	supervisor.SetGuard(ramifyProcs)
 	if err := initRoot(); err != nil {
 		return fmt.Errorf("init: %w", err)
 	}
@@ -153,6 +158,7 @@ func reapForever() {
 			if pid <= 0 || err != nil {
 				break
 			}
+			ramifyProcs.forget(pid)
 		}
 		select {
 		case <-ch:
@@ -198,7 +204,7 @@ func handleInit(msg []byte, fds []int) initReply {
 		if pid, ok := claimSpare(cfg, fds[0]); ok {
 			return initReply{OK: true, Pid: pid, Spare: true}
 		}
-		pid, err := startAgent(string(cfg), fds[0])
+		pid, err := startAgent(agent.ConfigFromInit, fds[0], cfg)
 		if err != nil {
 			return initReply{Message: err.Error()}
 		}
@@ -216,14 +222,23 @@ func handleInit(msg []byte, fds []int) initReply {
 }
 
 // startAgent starts an agent in fresh mount, network, UTS and IPC namespaces, with fd3 as its descriptor 3 (the
-// root mount, or a spare's claim socket) and a channel over which it hands this init the seccomp listeners of
-// its sandbox's processes.
-func startAgent(arg string, fd3 int) (int, error) {
+// root mount, or a spare's claim socket) and a channel over which it receives its config (unless it is a spare)
+// and hands this init the seccomp listeners of its sandbox's processes. The agent is exec'd from the sealed,
+// unreadable ramify binary (see namespaces.sealedBinary), so it is never dumpable, and is registered as one of
+// ramify's processes, which sandbox code may not target, before it runs.
+func startAgent(arg string, fd3 int, cfg []byte) (int, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("socketpair: %w", err)
 	}
 	defer unix.Close(pair[1])
+	if cfg != nil {
+		if err := unix.Sendmsg(pair[0], cfg, nil, nil, unix.MSG_NOSIGNAL); err != nil {
+			unix.Close(pair[0])
+			return 0, fmt.Errorf("send agent config: %w", err)
+		}
+	}
+	ramifyProcs.mu.Lock() // held across the fork, so that the new pid is protected before the agent runs
 	pid, err := syscall.ForkExec("/proc/self/exe", []string{"ramify", "__agent", arg}, &syscall.ProcAttr{
 		Dir:   "/",
 		Env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GOMAXPROCS=1", "GOGC=50"},
@@ -233,13 +248,57 @@ func startAgent(arg string, fd3 int) (int, error) {
 			Setsid:     true,
 		},
 	})
+	if err == nil {
+		ramifyProcs.pids[pid] = nil
+	}
+	ramifyProcs.mu.Unlock()
 	if err != nil {
 		unix.Close(pair[0])
 		return 0, fmt.Errorf("spawn agent: %w", err)
 	}
-	go superviseFrom(pair[0])
+	go superviseFrom(pair[0], pid)
 	spawned.Store(true)
 	return pid, nil
+}
+
+// ramifyProcs are the family's agents (and spares), by pid in the family's PID namespace, with the namespaces
+// each registered. The supervisor refuses every process-targeting call on them and on PID 1; a pid leaves the set
+// when the init reaps it, so a recycled pid is never mistaken for an agent.
+var ramifyProcs = &procRegistry{pids: map[int][]string{}}
+
+type procRegistry struct {
+	mu   sync.Mutex
+	pids map[int][]string
+}
+
+func (p *procRegistry) Protected(tgid int) bool {
+	if tgid == 1 {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.pids[tgid]
+	return ok
+}
+
+func (p *procRegistry) Namespaces(tgid int) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pids[tgid]
+}
+
+func (p *procRegistry) setNamespaces(pid int, links []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.pids[pid]; ok {
+		p.pids[pid] = links
+	}
+}
+
+func (p *procRegistry) forget(pid int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.pids, pid)
 }
 
 // claimSpare hands cfg and the root mount to an idle spare, if there is a live one, and returns its pid.
@@ -284,7 +343,7 @@ func keepSpares(n int) error {
 		if err != nil {
 			return fmt.Errorf("socketpair: %w", err)
 		}
-		pid, err := startAgent(agent.SpareArg, claim[1])
+		pid, err := startAgent(agent.SpareArg, claim[1], nil)
 		unix.Close(claim[1])
 		if err != nil {
 			unix.Close(claim[0])
@@ -335,15 +394,23 @@ func onlySparesLeft() bool {
 // children in other sandboxes, so its listener must not die with the sandbox that created it.
 var supervisor = seccomp.NewSupervisor("/proc", slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 
-// superviseFrom receives listeners from an agent until it goes away, and serves each.
-func superviseFrom(fd int) {
+// superviseFrom receives, from the agent pid until it goes away, its namespaces (registered, and acknowledged)
+// and the seccomp listeners of its sandbox's processes, serving each listener.
+func superviseFrom(fd, pid int) {
 	defer unix.Close(fd)
-	buf := make([]byte, 64)
+	buf := make([]byte, 16<<10)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	for {
 		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, 0)
 		if err != nil || (n == 0 && oobn == 0) {
 			return
+		}
+		if msg := buf[:n]; bytes.HasPrefix(msg, []byte(agent.NamespacesMsg)) {
+			var links []string
+			if json.Unmarshal(msg[len(agent.NamespacesMsg):], &links) == nil {
+				ramifyProcs.setNamespaces(pid, links)
+			}
+			unix.Sendmsg(fd, []byte("ok"), nil, nil, unix.MSG_NOSIGNAL) //nolint:errcheck // the agent waits for it
 		}
 		for _, l := range agent.Rights(oob[:oobn]) {
 			go supervisor.Serve(context.Background(), l) //nolint:errcheck // ends when its processes are gone

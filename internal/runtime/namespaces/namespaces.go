@@ -65,6 +65,9 @@ type Runtime struct {
 	sandboxes map[string]*sandbox
 
 	bg sync.WaitGroup // clean-up finishing in the background (after a merge)
+
+	bin  *os.File // the ramify executable, sealed in a memfd (see sealedBinary)
+	logs *logSink // where families' inits and agents write their diagnostics
 }
 
 type sandbox struct {
@@ -84,7 +87,16 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o700); err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, families: map[string]*family{}, sandboxes: map[string]*sandbox{}}, nil
+	bin, err := sealedBinary(cfg.Binary)
+	if err != nil {
+		return nil, err
+	}
+	logs, err := openLogSink(filepath.Join(cfg.DataDir, "logs", "sandboxes.log"))
+	if err != nil {
+		bin.Close()
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger, families: map[string]*family{}, sandboxes: map[string]*sandbox{}, bin: bin, logs: logs}, nil
 }
 
 // cleanup is a rollback stack: functions run in reverse order unless Release is called.
@@ -101,17 +113,16 @@ func (c *cleanup) release() { c.fns = nil }
 
 // startFamily starts a family init in fresh user, PID, mount, network, UTS and IPC namespaces.
 func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
-	logf, err := os.OpenFile(filepath.Join(r.cfg.DataDir, "logs", "sandboxes.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	// The init's (and its agents') stdout and stderr are a pipe that the server copies into sandboxes.log: no
+	// process of a family holds a descriptor of a host file.
+	logw, err := r.logs.writer(id)
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
-	bin := r.cfg.Binary
-	if bin == "" {
-		bin = "/proc/self/exe"
-	}
-	cmd := exec.Command(bin, "__init")
-	cmd.Stdout, cmd.Stderr = logf, logf
+	defer logw.Close()
+	cmd := exec.Command(execPath(r.bin), "__init")
+	cmd.Args[0] = "ramify"
+	cmd.Stdout, cmd.Stderr = logw, logw
 	cmd.Env = []string{"GOMAXPROCS=1", "GOGC=50"}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -123,7 +134,7 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 		Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
 		Setsid:                     true,
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startOwnedBy(cmd, newOwnerUID()); err != nil {
 		return nil, fmt.Errorf("start family init: %w", err)
 	}
 	go cmd.Wait() //nolint:errcheck // reaps the init when it exits
@@ -315,6 +326,10 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 			return runtime.Handle{}, fmt.Errorf("populate layer: %w", err)
 		}
 	}
+	// After Populate: a resumed layer is restored whole, then held to its quota.
+	if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
+		return runtime.Handle{}, err
+	}
 	f, err := r.startFamily(ctx, "fam_"+spec.ID[len("sbx_"):])
 	if err != nil {
 		return runtime.Handle{}, err
@@ -500,6 +515,9 @@ func (r *Runtime) Configure(ctx context.Context, h runtime.Handle, spec runtime.
 	if err := sb.cg.Update(limitsOf(spec)); err != nil {
 		return err
 	}
+	if err := r.limitLayer(h.Layer(), spec.DiskMiB); err != nil {
+		return err
+	}
 	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
 		return fmt.Errorf("configure %s: %w", h.ID, err)
 	}
@@ -512,6 +530,19 @@ func (r *Runtime) SetEgress(ctx context.Context, h runtime.Handle, egress []stri
 		return nil
 	}
 	return r.cfg.Network.SetEgress(ctx, vethOf(h), egress)
+}
+
+// limitLayer caps layer id at mib MiB (0: no cap) when the layer driver enforces limits (btrfs with quotas);
+// with the copy driver it does nothing.
+func (r *Runtime) limitLayer(id string, mib int) error {
+	lim, ok := layer.LimiterOf(r.cfg.Layers)
+	if !ok {
+		return nil
+	}
+	if err := lim.SetLimit(id, int64(mib)<<20); err != nil {
+		return fmt.Errorf("disk quota: %w", err)
+	}
+	return nil
 }
 
 // Usage implements runtime.Runtime.
@@ -545,4 +576,56 @@ func (r *Runtime) Close() error {
 		sb.client.Close()
 	}
 	return nil
+}
+
+var _ runtime.Healer = (*Runtime)(nil)
+
+// Lost implements runtime.Healer.
+func (r *Runtime) Lost() []runtime.Lost {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []runtime.Lost
+	for _, sb := range r.sandboxes {
+		switch {
+		case !alive(sb.h.InitPid, sb.h.InitStart):
+			out = append(out, runtime.Lost{Handle: sb.h, Reason: "its family init died"})
+		case !alive(sb.h.AgentPid, sb.h.AgentStart):
+			out = append(out, runtime.Lost{Handle: sb.h, Reason: "its agent died"})
+		}
+	}
+	return out
+}
+
+// Revive implements runtime.Healer: the sandbox restarts in a family of its own (its old family may be gone, or
+// busy with its siblings), on its own layer, with a cgroup and veth named as before.
+func (r *Runtime) Revive(ctx context.Context, h runtime.Handle, spec runtime.Spec) (_ runtime.Handle, err error) {
+	r.Stop(ctx, h) //nolint:errcheck // reports nothing it could act on
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	f, err := r.startFamily(ctx, fmt.Sprintf("fam_%s_r%d", h.ID[len("sbx_"):], time.Now().UnixNano()))
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	undo.add(f.kill)
+	name := h.CgroupName()
+	spec.ID = name
+	sb, err := r.spawn(ctx, f, spec, r.cfg.Layers.Path(h.Layer()), "")
+	if err != nil {
+		return runtime.Handle{}, err
+	}
+	undo.add(func() { r.teardown(sb) })
+	sb.h.ID, sb.h.LayerID, sb.h.Cgroup, sb.h.Veth = h.ID, h.Layer(), name, network.VethName(name)
+	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
+		return runtime.Handle{}, fmt.Errorf("start sandbox: %w", err)
+	}
+	r.mu.Lock()
+	f.members[h.ID] = true
+	r.families[f.id] = f
+	r.sandboxes[h.ID] = sb
+	r.mu.Unlock()
+	return sb.h, nil
 }

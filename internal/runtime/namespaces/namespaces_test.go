@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -86,8 +87,17 @@ func newTestRuntime(t testing.TB) *testEnv {
 		}
 	})
 	// The family init runs the binary from an empty root, so it must be static: make test passes the built
-	// bin/ramify; a test binary built with CGO_ENABLED=0 can also play both roles itself (see TestMain).
-	rt, err := New(Config{DataDir: dir, Binary: os.Getenv("RAMIFY_TEST_BINARY"), ImageRootfs: rootfs, Layers: layers, Cgroups: cg, Network: nw, Logger: log})
+	// bin/ramify; a test binary built with CGO_ENABLED=0 can also play both roles itself (see TestMain). It is
+	// copied into a directory only host root can enter, as a checkout under /root is: the runtime must never
+	// need the sandbox's uid to reach it by path.
+	bin := filepath.Join(dir, "private", "ramify")
+	if err := os.MkdirAll(filepath.Dir(bin), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(os.Getenv("RAMIFY_TEST_BINARY")); err != nil || os.WriteFile(bin, b, 0o700) != nil {
+		t.Fatalf("copy the test binary: %v", err)
+	}
+	rt, err := New(Config{DataDir: dir, Binary: bin, ImageRootfs: rootfs, Layers: layers, Cgroups: cg, Network: nw, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,75 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/runtime"
+)
+
+// healthInterval is how often the service asks the runtime which sandboxes lost their machinery: a sandbox whose
+// agent died is noticed within about this long, and restored or marked error.
+const healthInterval = 500 * time.Millisecond
+
+// watchHealth keeps the API from reporting "running" for a sandbox that cannot answer. When a sandbox's agent or
+// family init dies anyway (killed from the host, out of memory, a bug: nothing inside a sandbox can reach them),
+// the sandbox is restarted on its own files with a fresh interpreter, or, if that fails, marked error with why.
+func (s *Service) watchHealth(h runtime.Healer) {
+	t := time.NewTicker(healthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, l := range h.Lost() {
+			s.heal(h, l)
+		}
+	}
+}
+
+// heal revives one lost sandbox, if it is still the running sandbox the runtime saw lost.
+func (s *Service) heal(h runtime.Healer, l runtime.Lost) {
+	es, release, err := s.acquire(exclusive, OpRestart, l.Handle.ID)
+	if err != nil {
+		return // destroyed, paused or warm meanwhile (a failed warm claim drops the sandbox)
+	}
+	defer release()
+	e := es[0]
+	s.mu.Lock()
+	cur, spec, ip, hostname := e.handle, e.spec, e.rec.IP, e.rec.Hostname
+	s.mu.Unlock()
+	if cur.AgentPid != l.Handle.AgentPid || cur.AgentStart != l.Handle.AgentStart {
+		return // it changed under us (merged, already revived)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	nh, err := h.Revive(ctx, cur, runtime.Spec{
+		ID: cur.ID, Hostname: hostname, IP: parseIP(ip), VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
+		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
+	})
+	s.mu.Lock()
+	if err != nil {
+		if serr := s.setStatus(e, StatusError); serr != nil {
+			s.log.Warn("mark a lost sandbox error", "sandbox", e.rec.ID, "err", serr)
+		}
+		e.rec.Error = "ramify's processes for this sandbox died (" + l.Reason + ") and it could not be restarted: " + err.Error()
+	} else {
+		hj, _ := json.Marshal(nh)
+		e.handle, e.rec.Handle = nh, hj
+	}
+	rec := e.rec
+	s.mu.Unlock()
+	if err := s.cfg.Store.Put(context.WithoutCancel(ctx), rec); err != nil {
+		s.log.Warn("save sandbox record", "sandbox", rec.ID, "err", err)
+	}
+	if rec.Status == string(StatusError) {
+		s.log.Error("sandbox lost", "sandbox", rec.ID, "reason", l.Reason, "err", rec.Error)
+		return
+	}
+	s.log.Warn("sandbox restarted: its interpreter's state is lost, its files are kept", "sandbox", rec.ID,
+		"reason", l.Reason, "ms", time.Since(start).Milliseconds())
+}

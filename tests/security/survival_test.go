@@ -1,0 +1,235 @@
+package security
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+// killEverything is what hostile (or careless) code runs to take its sandbox down: every way of signalling
+// every process it can see, ramify's own included, one exec each (a pkill -f may take its own shell with it).
+var killEverything = []string{
+	"kill -9 -1",
+	"kill -9 1",
+	"pkill -9 -f ramify",
+	"pkill -9 -f __agent",
+	`python3 -c '
+import os
+for p in os.listdir("/proc"):
+    if p.isdigit() and int(p) != os.getpid():
+        try:
+            os.kill(int(p), 9)
+        except OSError:
+            pass
+'`,
+}
+
+// A sandbox survives its own code trying to kill everything in sight: its agent (and the family init) are out of
+// reach, only the sandbox's own processes die, and it answers the next calls with its files intact. The same for
+// a fork child, whose parent and sibling are untouched. reboot(2) is refused (in a PID namespace it would kill the
+// family's init, and with it every sandbox of the family).
+func TestSandboxSurvivesKillingEverything(t *testing.T) {
+	s := testserver.Start(t)
+	parent := s.Create(t, nil)
+	s.Sh(t, parent, "echo kept > /root/file.txt")
+	s.Value(t, parent, "x = 'parent state'")
+	kids := s.Fork(t, parent, 2)
+	for _, id := range []string{parent, kids[0]} {
+		s.Value(t, id, "import subprocess; bg = subprocess.Popen(['sleep', '1000'])") // a user process: it does go
+		for _, attack := range killEverything {
+			r, err := s.Client.Exec(testserver.Ctx(t), id, client.ExecRequest{Cmd: attack})
+			if err != nil {
+				t.Fatalf("%s: %q: %v", id, attack, err)
+			}
+			t.Logf("%s: %q: exit %d %q", id, attack, r.ExitCode, r.Stderr)
+		}
+		reboot := s.Sh(t, id, `python3 -c 'import ctypes; print(ctypes.CDLL(None, use_errno=True).reboot(0x01234567), ctypes.get_errno())'`)
+		if reboot.Stdout != "-1 1\n" { // EPERM
+			t.Errorf("%s: reboot(2) was not refused with EPERM: %+v", id, reboot)
+		}
+		// The sandbox still answers: exec at once, run_code after reporting the interpreter it lost.
+		if out := s.Sh(t, id, "cat /root/file.txt; pgrep -c -x sleep || true").Stdout; out != "kept\n0\n" {
+			t.Errorf("%s after kill -9 -1: files or processes: %q", id, out)
+		}
+		if ex := s.Run(t, id, "1"); ex.Error != nil && ex.Error.Name != "InterpreterDied" {
+			t.Errorf("%s: run_code after the kill: %+v", id, ex.Error)
+		}
+		if v := s.Value(t, id, "2 + 2"); v != "4" {
+			t.Errorf("%s: run_code after the kill: %q", id, v)
+		}
+		if info, err := s.Client.Get(testserver.Ctx(t), id); err != nil || info.Status != "running" {
+			t.Errorf("%s: status after the kill: %+v %v", id, info, err)
+		}
+	}
+	// The sibling that did nothing kept its interpreter, state and all.
+	if v := s.Value(t, kids[1], "x"); v != "'parent state'" {
+		t.Errorf("sibling lost its state: %s", v)
+	}
+}
+
+// ramifyPids lists, as sandbox code sees them, the family init (PID 1) and every agent (their command lines say
+// __agent): the processes ramify runs next to sandbox code.
+func ramifyPids(t *testing.T, s *testserver.Server, id string) []string {
+	t.Helper()
+	out := s.Sh(t, id, `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q '__agent\|__init' && echo ${p#/proc/}; done; true`).Stdout
+	pids := strings.Fields(out)
+	if len(pids) < 2 {
+		t.Fatalf("expected the init and at least one agent among the sandbox's processes, saw %q", out)
+	}
+	return pids
+}
+
+// Nothing in a sandbox, not even its root, can read or write the memory, descriptors, environment, files or
+// executable of ramify's own processes, trace them, take their descriptors, or signal them.
+func TestRamifyProcessesOutOfReach(t *testing.T) {
+	s := testserver.Start(t)
+	parent := s.Create(t, nil)
+	kids := s.Fork(t, parent, 1)
+	for _, id := range []string{parent, kids[0]} {
+		pids := ramifyPids(t, s, id)
+		probe := fmt.Sprintf(`
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(what, f):
+    try:
+        r = f()
+        print("REACHED", what, repr(r)[:80])
+    except OSError as e:
+        print("refused", what, e.errno)
+for pid in %s:
+    for name, flags in (("mem", os.O_RDWR), ("mem", os.O_RDONLY), ("environ", os.O_RDONLY), ("auxv", os.O_RDONLY)):
+        attempt("open /proc/%%d/%%s" %% (pid, name), lambda: os.open("/proc/%%d/%%s" %% (pid, name), flags))
+    for link in ("root", "cwd", "exe", "fd/0", "fd/1", "fd/2", "fd/3", "fd/4"):
+        attempt("readlink /proc/%%d/%%s" %% (pid, link), lambda: os.readlink("/proc/%%d/%%s" %% (pid, link)))
+        attempt("open /proc/%%d/%%s" %% (pid, link), lambda: os.open("/proc/%%d/%%s" %% (pid, link), os.O_RDONLY))
+    attempt("listdir /proc/%%d/fd" %% pid, lambda: os.listdir("/proc/%%d/fd" %% pid))
+    attempt("listdir /proc/%%d/root/" %% pid, lambda: os.listdir("/proc/%%d/root/" %% pid))
+    attempt("signal 0 %%d" %% pid, lambda: os.kill(pid, 0))
+    attempt("SIGSTOP %%d" %% pid, lambda: os.kill(pid, signal.SIGSTOP))
+    attempt("pidfd_open %%d" %% pid, lambda: os.pidfd_open(pid))
+    def ptrace(pid=pid):
+        if libc.ptrace(16, pid, 0, 0) != 0:  # PTRACE_ATTACH
+            raise OSError(ctypes.get_errno(), "ptrace")
+    attempt("ptrace %%d" %% pid, ptrace)
+    def vm_read(pid=pid):
+        buf = ctypes.create_string_buffer(8)
+        local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)
+        remote = (ctypes.c_void_p * 2)(0x400000, 8)
+        if libc.process_vm_readv(pid, local, 1, remote, 1, 0) < 0:
+            raise OSError(ctypes.get_errno(), "process_vm_readv")
+    attempt("process_vm_readv %%d" %% pid, vm_read)
+`, "["+strings.Join(pids, ", ")+"]")
+		r := s.Sh(t, id, "python3 - <<'PY'\n"+probe+"PY")
+		out := r.Stdout + r.Stderr
+		if strings.Contains(out, "REACHED") || strings.Count(out, "refused") < 20*len(pids) {
+			t.Errorf("%s: sandbox code reached ramify's processes %v:\n%s", id, pids, out)
+		}
+		// The fork token is nowhere on a command line.
+		if cmdlines := s.Sh(t, id, `cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' '`).Stdout; strings.Contains(cmdlines, "token") || strings.Contains(cmdlines, "{") {
+			t.Errorf("%s: a command line carries a config or token: %q", id, cmdlines)
+		}
+		// And everything still works, fork included.
+		if v := s.Value(t, id, "21 * 2"); v != "42" {
+			t.Errorf("%s: run_code after the attempts: %s", id, v)
+		}
+	}
+	if more := s.Fork(t, kids[0], 1); len(more) != 1 {
+		t.Fatal("fork after the attempts")
+	}
+}
+
+// Sandbox code holds the reduced capability set (UserCaps) with no_new_privs; the interpreter additionally holds
+// CAP_SYS_ADMIN (for a fork child's setns) but cannot pass it on to what it starts.
+func TestSandboxCapabilities(t *testing.T) {
+	s := testserver.Start(t)
+	id := s.Create(t, nil)
+	var want uint64
+	for _, c := range agent.UserCaps {
+		want |= 1 << uint(c)
+	}
+	field := func(status, name string) uint64 {
+		for _, line := range strings.Split(status, "\n") {
+			if v, ok := strings.CutPrefix(line, name+":"); ok {
+				n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+				if err == nil {
+					return n
+				}
+			}
+		}
+		t.Fatalf("no %s in %q", name, status)
+		return 0
+	}
+	execStatus := s.Sh(t, id, "cat /proc/self/status").Stdout
+	subStatus := s.Run(t, id, "import subprocess; print(subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout)").Stdout
+	replStatus := s.Run(t, id, "print(open('/proc/self/status').read())").Stdout
+	for name, st := range map[string]string{"exec": execStatus, "interpreter's subprocess": subStatus} {
+		if eff, bnd := field(st, "CapEff"), field(st, "CapBnd"); eff != want || bnd != want {
+			t.Errorf("%s: CapEff %x CapBnd %x, want %x", name, eff, bnd, want)
+		}
+		if !strings.Contains(st, "NoNewPrivs:\t1") {
+			t.Errorf("%s: no_new_privs is not set", name)
+		}
+	}
+	if eff, bnd := field(replStatus, "CapEff"), field(replStatus, "CapBnd"); eff != want|1<<21 || bnd != want {
+		t.Errorf("interpreter: CapEff %x CapBnd %x, want %x and %x", eff, bnd, want|1<<21, want)
+	}
+}
+
+// A descriptor the server inherited from whatever launched it (not close-on-exec) reaches no sandbox process.
+func TestInheritedDescriptorsDoNotReachSandboxes(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "launcher-secret.txt")
+	if err := os.WriteFile(secret, []byte("host secret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := testserver.StartInheriting(t, []*os.File{f})
+	id := s.Create(t, nil)
+	kid := s.Fork(t, id, 1)[0]
+	for _, sb := range []string{id, kid} {
+		out := s.Sh(t, sb, `for p in /proc/[0-9]*; do ls -l $p/fd/ 2>/dev/null; done | grep -c launcher-secret || true`).Stdout
+		inRepl := s.Value(t, sb, "import os\ndef link(f):\n    try:\n        return os.readlink('/proc/self/fd/' + f)\n    except OSError:\n        return ''\n[link(f) for f in os.listdir('/proc/self/fd')]")
+		if strings.TrimSpace(out) != "0" || strings.Contains(inRepl, "launcher-secret") {
+			t.Errorf("%s: a sandbox process holds the server's inherited descriptor: exec %q, interpreter %s", sb, out, inRepl)
+		}
+	}
+}
+
+// What ramify takes away from sandbox code must not break ordinary process management inside the sandbox:
+// signals by pid, pkill, pidfds, kill of the process group, and tracing one's own child.
+func TestOwnProcessesStayManageable(t *testing.T) {
+	s := testserver.Start(t)
+	parent := s.Create(t, nil)
+	kid := s.Fork(t, parent, 1)[0]
+	for _, id := range []string{parent, kid} {
+		r := s.Sh(t, id, `sleep 1001 & kill -TERM $! && wait $! ; echo "kill: $?"
+sleep 1002 >/dev/null 2>&1 & sleep 0.1; pkill -x sleep; echo "pkill: $?"
+python3 - <<'PY'
+import os, signal, subprocess, ctypes
+p = subprocess.Popen(["sleep", "1003"])
+fd = os.pidfd_open(p.pid)
+signal.pidfd_send_signal(fd, signal.SIGKILL)
+print("pidfd:", p.wait())
+libc = ctypes.CDLL(None, use_errno=True)
+q = subprocess.Popen(["sleep", "1004"])
+print("ptrace own child:", libc.ptrace(16, q.pid, 0, 0), ctypes.get_errno())
+q.kill()
+PY`)
+		out := r.Stdout + r.Stderr
+		for _, want := range []string{"kill: 143", "pkill: 0", "pidfd: -9", "ptrace own child: 0 0"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: missing %q in:\n%s", id, want, out)
+			}
+		}
+	}
+}
