@@ -90,6 +90,7 @@ type Manager struct {
 	lookup    func(ctx context.Context, host string) ([]netip.Addr, error)
 	stop      chan struct{}
 	done      chan struct{}
+	bg        sync.WaitGroup // conntrack clean-ups of detached ports
 }
 
 // port is a sandbox's bridge port as the kernel has it: its pin and the elements of its egress policy.
@@ -352,6 +353,7 @@ func (m *Manager) Close() error {
 		close(m.stop)
 	}
 	<-m.done
+	m.bg.Wait()
 	m.nftMu.Lock()
 	defer m.nftMu.Unlock()
 	if m.nft != nil {
