@@ -134,6 +134,7 @@ func (c *Client) CallWithFile(ctx context.Context, req Request, f *os.File, onEv
 type staleErr struct{ err error }
 
 func (s *staleErr) Error() string { return s.err.Error() }
+func (s *staleErr) Unwrap() error { return s.err }
 
 func (c *Client) call(ctx context.Context, cc *clientConn, req Request, onEvent func(Event)) (Event, error) {
 	b, err := json.Marshal(req)

@@ -199,6 +199,9 @@ type streamWriter struct {
 
 var syncPrefix = []byte("\x00ramify-sync:")
 
+// maxSyncDigits bounds a marker's count: the prefix followed by more bytes than this without a NUL is output.
+const maxSyncDigits = 20
+
 func (s *streamWriter) Write(b []byte) (int, error) {
 	data := append(s.pending, b...)
 	s.pending = nil
@@ -220,9 +223,16 @@ func (s *streamWriter) Write(b []byte) (int, error) {
 		s.forward(data[:i])
 		rest := data[i+len(syncPrefix):]
 		end := bytes.IndexByte(rest, 0)
-		if end < 0 {
-			s.pending = append([]byte(nil), data[i:]...)
+		if end < 0 && len(rest) <= maxSyncDigits {
+			s.pending = append([]byte(nil), data[i:]...) // a marker split across writes
 			break
+		}
+		if end < 0 || end > maxSyncDigits {
+			// Not a marker (sandbox code wrote the prefix): plain output, so that it cannot hold back all
+			// output after it in pending.
+			s.forward(data[i : i+1])
+			data = data[i+1:]
+			continue
 		}
 		n, _ := strconv.Atoi(string(rest[:end]))
 		s.p.noteSync(s.typ, n)
