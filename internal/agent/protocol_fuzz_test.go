@@ -78,7 +78,7 @@ func FuzzReadLine(f *testing.F) {
 }
 
 // splitMarkers is the reference parse of an interpreter output stream: the bytes that are output, and the
-// count of the last sync marker ("\x00ramify-sync:<n>\x00", n at most maxSyncDigits bytes; -1: none).
+// count of the last sync marker ("\x00ramify-sync:<n>\x00", n 1 to maxSyncDigits ASCII digits; -1: none).
 func splitMarkers(data []byte) ([]byte, int) {
 	var out []byte
 	last := -1
@@ -90,7 +90,7 @@ func splitMarkers(data []byte) ([]byte, int) {
 		out = append(out, data[:i]...)
 		rest := data[i+len(syncPrefix):]
 		end := bytes.IndexByte(rest, 0)
-		if end < 0 || end > maxSyncDigits {
+		if end < 1 || end > maxSyncDigits || strings.Trim(string(rest[:end]), "0123456789") != "" {
 			out = append(out, data[i])
 			data = data[i+1:]
 			continue
@@ -111,7 +111,8 @@ func FuzzSyncMarkers(f *testing.F) {
 		"plain output", "a\x00ramify-sync:3\x00b", "\x00ramify-sync:12\x00\x00ramify-sync:13\x00",
 		"\x00ramify-sy", "\x00ramify-sync:", "\x00ramify-sync:99999999999999999999999\x00after",
 		"\x00ramify-sync:abc\x00x", "\x00ramify-sync:" + strings.Repeat("A", 4096) + "held back?",
-		"\x00\x00ramify-sync:1\x00", "x\x00ramify-sync:-5\x00y\x00ramify-sync:7",
+		"\x00\x00ramify-sync:1\x00", "x\x00ramify-sync:-5\x00y\x00ramify-sync:7", "\x00ramify-sync:after-marker\n",
+		"\x00ramify-sync:\x00", "\x00ramify-sync:12 \x00",
 	} {
 		f.Add([]byte(s), []byte{1, 5, 13})
 		f.Add([]byte(s), []byte{})
@@ -147,6 +148,17 @@ func FuzzSyncMarkers(f *testing.F) {
 		}
 		if gotLast, ok := p.synced["stdout"]; (wantLast >= 0 || ok) && gotLast != wantLast {
 			t.Fatalf("recorded sync %d (%v), want %d", gotLast, ok, wantLast)
+		}
+		// The interpreter's own marker after the run's output is recognised, and nothing of the output is lost,
+		// unless the output itself ends in an unfinished marker (the pieces then join, as they would anyway).
+		if len(w.pending) == 0 {
+			n := len(data) + 1
+			got = got[:0]
+			w.Write([]byte("\x00ramify-sync:" + strconv.Itoa(n) + "\x00"))
+			if p.synced["stdout"] != n || len(got) != 0 || len(w.pending) != 0 {
+				t.Fatalf("after %q the interpreter's marker was not recognised: sync %d, forwarded %q, held %q",
+					data, p.synced["stdout"], got, w.pending)
+			}
 		}
 	})
 }
