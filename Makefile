@@ -56,7 +56,7 @@ test-examples:
 # Every Go fuzz target (func FuzzXxx in a _test.go file under internal/ or cmd/) fuzzes for FUZZTIME on top of its
 # committed corpus (testdata/fuzz/FuzzXxx); plain go test (test-go) already runs the corpora. A failing input is
 # written to the package's testdata/fuzz/FuzzXxx: commit it with the fix. Most targets need root (chown, mknod).
-FUZZTIME ?= 5s
+FUZZTIME ?= 4s
 test-fuzz:
 	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' internal cmd | sort); do \
 		for fn in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
