@@ -228,3 +228,41 @@ func FuzzClientEvents(f *testing.F) {
 		}
 	})
 }
+
+// FuzzOutputCap checks the output cap of run_code and exec (capped): what it keeps is a prefix of the output
+// cut at a character boundary, and its size in the JSON event line, as encoding/json writes it, is at most the
+// limit. The agent's result events carry two capped outputs, so this is what keeps them below the client's
+// line limit (maxEvent) whatever bytes sandbox code prints.
+func FuzzOutputCap(f *testing.F) {
+	for _, s := range []string{"plain", "\x00\x01\x1f", "<&>\"\\\n\t\b\f", "\xff\xfe\xc3", "é\u2028\u2029😀", ""} {
+		f.Add(s, s+s, uint16(10))
+	}
+	f.Fuzz(func(t *testing.T, a, b string, limit uint16) {
+		var c capped
+		c.limit = int(limit)
+		c.add(a)
+		c.add(b)
+		got, _ := strings.CutSuffix(c.sb.String(), "\n[output truncated]\n")
+		if got != c.sb.String() != c.truncated {
+			t.Fatalf("truncated %v, output %q", c.truncated, c.sb.String())
+		}
+		if !strings.HasPrefix(a+b, got) || (!c.truncated && got != a+b) {
+			t.Fatalf("kept %q of %q", got, a+b)
+		}
+		enc, _ := json.Marshal(got)
+		if len(enc)-2 > c.limit {
+			t.Fatalf("kept %q: %d bytes encoded, limit %d", got, len(enc)-2, c.limit)
+		}
+		// The cost function is exact: encoding/json agrees on every string.
+		all, _ := json.Marshal(a + b)
+		n := 0
+		for s := a + b; s != ""; {
+			k, size := jsonRuneCost(s)
+			n += k
+			s = s[size:]
+		}
+		if n != len(all)-2 {
+			t.Fatalf("cost of %q: %d, encoding/json writes %d bytes", a+b, n, len(all)-2)
+		}
+	})
+}
