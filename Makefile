@@ -45,14 +45,6 @@ test-race: build
 test-sdk:
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-sdk
 
-# The TypeScript SDK (node's test runner) against a real server.
-test-ts:
-	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-ts
-
-# Every example in examples/ against a real server.
-test-examples:
-	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-examples
-
 # Every Go fuzz target (func FuzzXxx in a _test.go file under internal/ or cmd/) fuzzes for FUZZTIME on top of its
 # committed corpus (testdata/fuzz/FuzzXxx); plain go test (test-go) already runs the corpora. A failing input is
 # written to the package's testdata/fuzz/FuzzXxx: commit it with the fix. Most targets need root (chown, mknod).
@@ -64,6 +56,14 @@ test-fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s -timeout 5m ./$$(dirname $$f); \
 		done; \
 	done
+
+# The TypeScript SDK (node's test runner) against a real server.
+test-ts:
+	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-ts
+
+# Every example in examples/ against a real server.
+test-examples:
+	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-examples
 
 bench: build image
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./tests/bench/
