@@ -203,8 +203,7 @@ func (zeroReader) Read(b []byte) (int, error) {
 // checked; they resolve inside the root when used). Hard links must name a target inside p. Regular files,
 // symlinks and hard links replace what is in their way (files atomically); directories are merged. Everything
 // created is owned by the FS's uid/gid and gets the entry's mode bits and modification time. Fifos, devices and
-// other entry types are skipped; sparse entries (which would expand to any size) are errdefs.ErrInvalid.
-// Entries extracted before an error stay. Size limits are the caller's.
+// other entry types are skipped. Entries extracted before an error stay. Size limits are the caller's.
 func (f *FS) ExtractTar(p string, r io.Reader) (int, error) {
 	p, err := CleanPath(p)
 	if err != nil {
@@ -236,9 +235,6 @@ func (f *FS) ExtractTar(p string, r io.Reader) (int, error) {
 			return x.files, wrap("extract", p, err)
 		}
 		if err := x.entry(h, tr); err != nil {
-			if errors.Is(err, io.ErrUnexpectedEOF) { // the archive ends inside an entry's content
-				err = wrap("extract", p, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("invalid tar archive: entry %q is cut short", h.Name)))
-			}
 			return x.files, err
 		}
 	}
@@ -303,7 +299,8 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 		return wrap("extract", x.dest, err)
 	}
 	for k := range h.PAXRecords {
-		if strings.HasPrefix(k, "GNU.sparse.") { // a few bytes of archive would expand to any number of zeros
+		// Sparse entries are refused: a few bytes of archive would expand to any number of zeros on disk.
+		if strings.HasPrefix(k, "GNU.sparse.") {
 			return wrap("extract", x.dest, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("tar entry %q is sparse: not supported", h.Name)))
 		}
 	}
