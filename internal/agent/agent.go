@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -417,13 +416,10 @@ func (a *Agent) workdir(override string) string {
 	return "/root"
 }
 
-// capped accumulates output up to a limit and notes truncation. The limit counts bytes as encoded in the
-// JSON event line (a control character or an invalid byte takes 6 there), so that a result event holding two
-// capped outputs stays below the client's line limit (maxEvent).
+// capped accumulates output up to a limit and notes truncation.
 type capped struct {
 	sb        strings.Builder
 	limit     int
-	cost      int // encoded size of sb
 	truncated bool
 }
 
@@ -433,39 +429,13 @@ func (c *capped) add(s string) {
 	if c.truncated {
 		return
 	}
-	cost := c.cost
-	for i := 0; i < len(s); {
-		k, size := jsonRuneCost(s[i:])
-		if cost+k > c.limit {
-			c.sb.WriteString(s[:i])
-			c.sb.WriteString("\n[output truncated]\n")
-			c.truncated = true
-			return
-		}
-		cost += k
-		i += size
+	if c.sb.Len()+len(s) > c.limit {
+		c.sb.WriteString(s[:c.limit-c.sb.Len()])
+		c.sb.WriteString("\n[output truncated]\n")
+		c.truncated = true
+		return
 	}
-	c.cost = cost
 	c.sb.WriteString(s)
-}
-
-// jsonRuneCost returns the size of the first character of s in a string encoded by encoding/json, and its
-// length in s.
-func jsonRuneCost(s string) (cost, size int) {
-	if c := s[0]; c < utf8.RuneSelf {
-		switch {
-		case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t' || c == '\b' || c == '\f':
-			return 2, 1
-		case c < 0x20 || c == '<' || c == '>' || c == '&':
-			return 6, 1
-		}
-		return 1, 1
-	}
-	r, size := utf8.DecodeRuneInString(s)
-	if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
-		return 6, size
-	}
-	return size, size
 }
 
 var _ io.Writer = (*bufio.Writer)(nil)

@@ -153,17 +153,13 @@ func (c *Client) call(ctx context.Context, cc *clientConn, req Request, onEvent 
 	return c.events(ctx, cc, onEvent)
 }
 
-// maxEvent bounds an event line from the agent: a result carries stdout and stderr, each at most outputLimit
-// as encoded, and the interpreter's value and error (at most a few MiB as encoded, see repl.py).
-const maxEvent = 2*outputLimit + 16<<20
-
 // events reads a call's events up to the terminal one.
 func (c *Client) events(ctx context.Context, cc *clientConn, onEvent func(Event)) (Event, error) {
 	stop := context.AfterFunc(ctx, func() { cc.c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	first := true
 	for {
-		line, err := readLine(cc.r, maxEvent)
+		line, err := readLine(cc.r, maxRequest)
 		if err != nil {
 			if ctx.Err() != nil {
 				return Event{}, ctx.Err()

@@ -20,17 +20,6 @@ def _send(obj):
     _sock.sendall((json.dumps(obj) + "\n").encode("utf-8", "surrogatepass"))
 
 
-# Characters per output message and per result value: with JSON's escaping (at most 6 bytes a character) a line
-# stays far below the agent's line limit (64 MiB), beyond which the agent takes the interpreter for dead.
-_MAX_CHARS = 1 << 20
-
-
-def _cap(s, limit):
-    if s is None or len(s) <= limit:
-        return s
-    return s[:limit] + "\n[truncated: %d characters]" % len(s)
-
-
 class _Reader:
     """Reads the agent's JSON lines from a socket, keeping any file descriptors sent along (SCM_RIGHTS)."""
 
@@ -74,8 +63,8 @@ class _Stream:
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError("write() argument must be str, not %s" % type(s).__name__)
-        for i in range(0, len(s), _MAX_CHARS):
-            _send({"type": self.name, "data": s[i:i + _MAX_CHARS]})
+        if s:
+            _send({"type": self.name, "data": s})
         return len(s)
 
     def writelines(self, lines):
@@ -124,9 +113,9 @@ def _run(code):
         if tb is not None and tb.tb_frame.f_code is _run.__code__:
             tb = tb.tb_next
         error = {
-            "name": _cap(type(e).__name__, 1000),
-            "value": _cap(str(e), _MAX_CHARS // 4),
-            "traceback": _cap("".join(traceback.format_exception(type(e), e, tb)), _MAX_CHARS // 4),
+            "name": type(e).__name__,
+            "value": str(e),
+            "traceback": "".join(traceback.format_exception(type(e), e, tb)),
         }
     finally:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -146,7 +135,7 @@ def _run(code):
                     os.write(fd, marker)
                 except OSError:
                     pass
-    return {"type": "result", "value": _cap(value, _MAX_CHARS), "error": error, "execution_count": _count}
+    return {"type": "result", "value": value, "error": error, "execution_count": _count}
 
 
 def _reap():
