@@ -20,7 +20,8 @@ import (
 //     clone, whose flags the filter checks (Docker does the same);
 //   - clone, unshare, socket, socketcall, personality and prlimit64 are allowed for some arguments only
 //     ([argRules]); every argument checked is an int (or a flags word the kernel truncates to 32 bits), so the
-//     filter compares the low 32 bits, which is what the kernel uses.
+//     filter compares the low 32 bits, which is what the kernel uses (a high word cannot hide a value); the one
+//     pointer checked, prlimit64's new_limit, is compared whole.
 // The profile is the same for exec'd commands and the interpreter. The interpreter holds CAP_SYS_ADMIN (for a
 // fork child's setns); this profile is what keeps that capability from opening mount, unshare and the rest.
 
@@ -30,7 +31,7 @@ type group struct {
 	names []string
 }
 
-// allowGroups are allowed whatever their arguments (the kernel caches that action per syscall number, so they
+// allowGroups are allowed whatever their arguments (the kernel caches that verdict per syscall number, so they
 // cost nothing after the first call). Names an architecture lacks are skipped there.
 var allowGroups = []group{
 	{"files, directories and descriptors: ordinary work; they act within the sandbox's own mount namespace and " +
