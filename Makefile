@@ -5,7 +5,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 IMAGE_DIR ?= /var/cache/ramify/images
 DATA_DIR  ?= /var/lib/ramify
 
-.PHONY: all build setup run image test test-go test-race test-sdk test-ts test-examples bench vet clean
+.PHONY: all build setup run image test test-go test-race test-sdk test-ts test-examples test-fuzz bench vet clean
 
 all: build
 
@@ -27,7 +27,7 @@ vet:
 
 # The whole suite: Go unit and integration tests (real sandboxes), the race detector on the service layer,
 # and the Python SDK against a real server.
-test: setup build image vet test-go test-race test-sdk test-ts test-examples
+test: setup build image vet test-go test-race test-sdk test-ts test-examples test-fuzz
 
 # RAMIFY_REQUIRE_S3=1: the S3 snapshot store's tests fail, rather than skip, if their real S3 server (versitygw,
 # built from the Go module proxy on first use) cannot be built.
@@ -45,6 +45,18 @@ test-race: build
 
 test-sdk:
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-sdk
+
+# Every Go fuzz target (func FuzzXxx in a _test.go file under internal/ or cmd/) fuzzes for FUZZTIME on top of its
+# committed corpus (testdata/fuzz/FuzzXxx); plain go test (test-go) already runs the corpora. A failing input is
+# written to the package's testdata/fuzz/FuzzXxx: commit it with the fix. Most targets need root (chown, mknod).
+FUZZTIME ?= 4s
+test-fuzz:
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' internal cmd | sort); do \
+		for fn in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "fuzz ./$$(dirname $$f) $$fn for $(FUZZTIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s -timeout 5m ./$$(dirname $$f); \
+		done; \
+	done
 
 # The TypeScript SDK (node's test runner) against a real server.
 test-ts:

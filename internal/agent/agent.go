@@ -300,6 +300,26 @@ func Rights(oob []byte) []int {
 	return fds
 }
 
+// peerPid is the pid of the process at the other end of c, as this process's PID namespace sees it (0: outside
+// it), or -1 if it cannot be read.
+func peerPid(c net.Conn) int {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return -1
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	pid := -1
+	raw.Control(func(fd uintptr) { //nolint:errcheck // pid stays -1
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = int(cred.Pid)
+		}
+	})
+	return pid
+}
+
 func (a *Agent) serve(ln net.Listener) error {
 	for {
 		c, err := ln.Accept()
@@ -317,6 +337,10 @@ func (a *Agent) handleConn(c net.Conn) {
 			c.Close()
 		}
 	}()
+	// Only the server may drive the agent. It dials from outside the family's PID namespace, so the peer's pid
+	// reads 0 here; every process of a sandbox (whatever uid it takes) has a pid in the family's namespace. The
+	// one call a sandbox process may make is attach_repl, with its one-time token: a forked interpreter.
+	fromServer := peerPid(c) == 0
 	// The first message of a connection may carry descriptors for its request (Client.CallWithFiles).
 	first, fds, err := recvFDs(c.(*net.UnixConn))
 	if err != nil {
@@ -343,6 +367,10 @@ func (a *Agent) handleConn(c net.Conn) {
 		req.files, files = files, nil
 		if len(req.files) > 0 {
 			req.file = req.files[0]
+		}
+		if req.Op != "attach_repl" && !fromServer {
+			w.emit(Event{Type: "error", Message: "refused: only the ramify server may call the agent"})
+			return
 		}
 		if req.Op == "attach_repl" {
 			// The connection now belongs to the interpreter: hand it over and stop reading it here.

@@ -151,6 +151,7 @@ func (c *Client) CallWithFiles(ctx context.Context, req Request, files []*os.Fil
 type staleErr struct{ err error }
 
 func (s *staleErr) Error() string { return s.err.Error() }
+func (s *staleErr) Unwrap() error { return s.err }
 
 func (c *Client) call(ctx context.Context, cc *clientConn, req Request, onEvent func(Event)) (Event, error) {
 	b, err := json.Marshal(req)

@@ -199,6 +199,10 @@ type streamWriter struct {
 
 var syncPrefix = []byte("\x00ramify-sync:")
 
+// maxSyncDigits bounds a marker's count: a marker is the prefix, 1 to maxSyncDigits ASCII digits and a NUL;
+// anything else that starts with the prefix is output.
+const maxSyncDigits = 20
+
 func (s *streamWriter) Write(b []byte) (int, error) {
 	data := append(s.pending, b...)
 	s.pending = nil
@@ -219,14 +223,24 @@ func (s *streamWriter) Write(b []byte) (int, error) {
 		}
 		s.forward(data[:i])
 		rest := data[i+len(syncPrefix):]
-		end := bytes.IndexByte(rest, 0)
-		if end < 0 {
-			s.pending = append([]byte(nil), data[i:]...)
+		k := 0 // digits after the prefix
+		for k < len(rest) && k <= maxSyncDigits && rest[k] >= '0' && rest[k] <= '9' {
+			k++
+		}
+		if k == len(rest) && k <= maxSyncDigits {
+			s.pending = append([]byte(nil), data[i:]...) // a marker split across writes
 			break
 		}
-		n, _ := strconv.Atoi(string(rest[:end]))
+		if k == 0 || k > maxSyncDigits || rest[k] != 0 {
+			// Not a marker (sandbox code wrote the prefix): plain output, so that it can neither hold back
+			// the output after it nor swallow the interpreter's own marker.
+			s.forward(data[i : i+1])
+			data = data[i+1:]
+			continue
+		}
+		n, _ := strconv.Atoi(string(rest[:k]))
 		s.p.noteSync(s.typ, n)
-		data = rest[end+1:]
+		data = rest[k+1:]
 	}
 	return len(b), nil
 }

@@ -38,8 +38,15 @@ func setupRoot(cfg Config) error {
 	if err := must(unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""), "mount /proc"); err != nil {
 		return err
 	}
-	// sysfs of the sandbox's own network namespace, read-only; not essential.
-	_ = unix.Mount("sysfs", filepath.Join(root, "sys"), "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	// sysfs of the sandbox's own network namespace, read-only. The kernel lets a user namespace mount sysfs only
+	// where a sysfs is already fully visible in its mount namespace (mount_too_revealing): the family init
+	// mounts one for that in its own root, which this mount namespace copies and pivot_root leaves behind.
+	if err := must(unix.Mount("sysfs", filepath.Join(root, "sys"), "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""), "mount /sys"); err != nil {
+		return err
+	}
+	if err := maskKernelPaths(root); err != nil {
+		return err
+	}
 	dev := filepath.Join(root, "dev")
 	if err := must(unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"), "mount /dev"); err != nil {
 		return err
@@ -89,6 +96,57 @@ func setupRoot(cfg Config) error {
 		return err
 	}
 	return os.Chdir("/")
+}
+
+// maskedPaths are hidden from the sandbox as the default specs of runc and Docker hide them: a file under /dev/null, a directory
+// under an empty read-only tmpfs. They expose the host's kernel (its memory image, keys of every user, timers
+// and scheduler state of every task, which leak addresses and what runs next door), hardware (ACPI, sound, SCSI,
+// firmware tables) or, for powercap, the RAPL energy counters that make a power side channel.
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+	"/sys/devices/virtual/powercap",
+}
+
+// readonlyPaths are made read-only, as runc's default spec does: kernel tunables (/proc/sys: most are host-wide,
+// and the namespaced ones are ramify's to set), the magic SysRq trigger (crash or reboot the host), and the
+// bus, file system and interrupt settings of the host.
+var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+
+// maskKernelPaths applies maskedPaths and readonlyPaths under root (before pivot_root). Paths this kernel does not
+// have are skipped. Sandbox code cannot undo them: it holds no CAP_SYS_ADMIN outside the interpreter, and the
+// seccomp profile refuses mount, umount and the mount API to every sandbox process.
+func maskKernelPaths(root string) error {
+	for _, p := range maskedPaths {
+		target := filepath.Join(root, p)
+		st, err := os.Lstat(target)
+		if err != nil {
+			continue // not on this kernel
+		}
+		if st.IsDir() {
+			err = unix.Mount("tmpfs", target, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0555")
+		} else {
+			err = unix.Mount("/dev/null", target, "", unix.MS_BIND, "")
+		}
+		if err != nil {
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+	}
+	for _, p := range readonlyPaths {
+		target := filepath.Join(root, p)
+		if _, err := os.Lstat(target); err != nil {
+			continue
+		}
+		if err := unix.Mount(target, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", p, err)
+		}
+		// A bind remount changes only the flags it is given: keep /proc's nosuid, nodev and noexec.
+		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+		if err := unix.Mount("", target, "", flags, ""); err != nil {
+			return fmt.Errorf("make %s read-only: %w", p, err)
+		}
+	}
+	return nil
 }
 
 func setHostname(name string) error {

@@ -13,6 +13,7 @@ package files
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -261,6 +262,8 @@ func wrap(op, p string, err error) error {
 		e = errdefs.New(errdefs.ErrConflict, "resource busy (a mount point?): "+p)
 	case errors.Is(err, unix.ENOTEMPTY):
 		e = errdefs.New(errdefs.ErrConflict, "directory not empty: "+p)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		e = errdefs.New(errdefs.ErrInvalid, "the input ends early (a truncated archive entry or body): "+p)
 	default:
 		e = err
 	}

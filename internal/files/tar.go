@@ -411,6 +411,12 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 	if err != nil {
 		return wrap("extract", x.dest, err)
 	}
+	for k := range h.PAXRecords {
+		// Sparse entries are refused: a few bytes of archive would expand to any number of zeros on disk.
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return wrap("extract", x.dest, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("tar entry %q is sparse: not supported", h.Name)))
+		}
+	}
 	if err := x.throughLink(h.Name, rel); err != nil {
 		return wrap("extract", x.dest, err)
 	}

@@ -96,6 +96,20 @@ kids = [sleeper(), sleeper()]
 res('kill_minus1', err_of(lambda: os.kill(-1, 9)))
 res('kill_minus1_kids', ','.join(str(k.wait()) for k in kids))
 
+# The default profile, on the real kernel: closed calls fail, clone3 answers ENOSYS, ordinary work runs.
+res('profile_keyctl', sc(250, 0, -2, 1))
+res('profile_unshare_user', sc(272, 0x10000000))
+res('profile_unshare_files', sc(272, 0x400))
+res('profile_clone3', sc(435, 0, 0))
+res('profile_mount', sc(165, 0, 0, 0, 0, 0))
+res('profile_personality_query', sc(135, 0xffffffff))
+res('profile_packet_socket', err_of(lambda: __import__('socket').socket(17, 3, 0x300)))
+res('profile_tcp_socket', err_of(lambda: __import__('socket').socket().close()))
+out = []
+ts = [threading.Thread(target=lambda: out.append(subprocess.run(['true']).returncode)) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+res('profile_threads_subprocess', out)
+
 c = sleeper()
 N = 3000
 t = time.perf_counter()
@@ -150,6 +164,15 @@ var wantResults = map[string]string{
 	"kill_minus1":                       "ok",
 	"kill_minus1_kids":                  "-9,-9",
 	"done":                              "1",
+	"profile_keyctl":                    "EPERM",
+	"profile_unshare_user":              "EPERM",
+	"profile_unshare_files":             "ok",
+	"profile_clone3":                    "ENOSYS",
+	"profile_mount":                     "EPERM",
+	"profile_personality_query":         "ok",
+	"profile_packet_socket":             "EPERM",
+	"profile_tcp_socket":                "ok",
+	"profile_threads_subprocess":        "[0, 0, 0, 0]",
 }
 
 // testCgroups creates <root>/ramifytest-seccomp-<pid>/{a,b} in the v1 pids hierarchy and removes them at cleanup

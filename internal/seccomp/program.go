@@ -83,69 +83,57 @@ func lookupOp(arch uint32, nr int32) op {
 	return 0
 }
 
-// sortedNrs returns the keys of m in ascending order, so that the program is deterministic.
-func sortedNrs(m map[uint32]op) []uint32 {
-	nrs := make([]uint32, 0, len(m))
-	for nr := range m {
-		nrs = append(nrs, nr)
-	}
-	for i := 1; i < len(nrs); i++ {
-		for j := i; j > 0 && nrs[j] < nrs[j-1]; j-- {
-			nrs[j], nrs[j-1] = nrs[j-1], nrs[j]
-		}
-	}
-	return nrs
-}
-
-// instructions builds the filter:
+// instructions builds the filter: the default profile (policy.go) with the notified syscalls of
+// syscallsX8664/syscallsI386 returning USER_NOTIF:
 //
 //	ld arch
 //	jeq X86_64 → x86
 //	jeq I386 → i386
 //	ret KILL_PROCESS
-//	x86:  ld nr; jge 0x40000000 → ret ERRNO(ENOSYS); jeq <each> → ret USER_NOTIF; ret ALLOW
-//	i386: ld nr; jeq <each> → ret USER_NOTIF; ret ALLOW
+//	x86:  ld nr; jge 0x40000000 → ret ERRNO(ENOSYS); <binary search over x86_64 numbers>
+//	i386: ld nr; <binary search over i386 numbers>
+//
+// Each search ends in a return (ALLOW, USER_NOTIF, ERRNO) or an argument check (see searchTree). Syscalls that
+// return ALLOW whatever their arguments never load an argument, so kernels from 5.11 on cache their verdict and
+// skip the filter for them altogether.
 func instructions() []bpf.Instruction {
-	x86 := sortedNrs(syscallsX8664)
-	i386 := sortedNrs(syscallsI386)
-
-	// Block for one architecture: load nr, optional x32 check, one jeq per syscall, then
-	// ret ALLOW, ret USER_NOTIF (and ret ERRNO(ENOSYS) for the x32 check).
-	block := func(nrs []uint32, x32 bool) []bpf.Instruction {
-		var out []bpf.Instruction
-		out = append(out, bpf.LoadAbsolute{Off: offNr, Size: 4})
-		n := len(nrs)
-		if x32 {
-			// Skip the n jeqs, ret ALLOW and ret USER_NOTIF to reach ret ERRNO(ENOSYS).
-			out = append(out, bpf.JumpIf{Cond: bpf.JumpGreaterOrEqual, Val: x32SyscallBit, SkipTrue: uint8(n + 2)})
-		}
-		for i, nr := range nrs {
-			// Jump over the remaining jeqs and ret ALLOW to ret USER_NOTIF.
-			out = append(out, bpf.JumpIf{Cond: bpf.JumpEqual, Val: nr, SkipTrue: uint8(n - 1 - i + 1)})
-		}
-		out = append(out,
-			bpf.RetConstant{Val: unix.SECCOMP_RET_ALLOW},
-			bpf.RetConstant{Val: unix.SECCOMP_RET_USER_NOTIF},
-		)
-		if x32 {
-			out = append(out, bpf.RetConstant{Val: unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)})
-		}
-		return out
+	prog, err := buildInstructions()
+	if err != nil {
+		panic(err) // the policy is static data; TestProgramBuilds catches this
 	}
-	x86Block := block(x86, true)
-	i386Block := block(i386, false)
+	return prog
+}
+
+func buildInstructions() ([]bpf.Instruction, error) {
+	x86Rules, err := archPolicy(x8664Numbers, syscallsX8664)
+	if err != nil {
+		return nil, err
+	}
+	i386Rules, err := archPolicy(i386Numbers, syscallsI386)
+	if err != nil {
+		return nil, err
+	}
+	x86Tree := searchTree(segments(x86Rules))
+	x86Block := []bpf.Instruction{
+		bpf.LoadAbsolute{Off: offNr, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpGreaterOrEqual, Val: x32SyscallBit, SkipFalse: 1},
+		retENOSYS,
+	}
+	x86Block = append(x86Block, x86Tree...)
+	i386Block := append([]bpf.Instruction{bpf.LoadAbsolute{Off: offNr, Size: 4}}, searchTree(segments(i386Rules))...)
 
 	prog := []bpf.Instruction{
 		bpf.LoadAbsolute{Off: offArch, Size: 4},
-		// Skip the I386 jeq and the kill to reach the x86 block.
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: auditArchX8664, SkipTrue: 2},
-		// Skip the kill and the x86 block to reach the i386 block.
-		bpf.JumpIf{Cond: bpf.JumpEqual, Val: auditArchI386, SkipTrue: uint8(1 + len(x86Block))},
+		// 1: to the x86 block at 5
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: auditArchX8664, SkipTrue: 3},
+		// 2: I386 → the jump at 3, else the kill at 4
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: auditArchI386, SkipFalse: 1},
+		// 3: over the kill and the x86 block (too long for a conditional jump) to the i386 block
+		bpf.Jump{Skip: uint32(1 + len(x86Block))},
 		bpf.RetConstant{Val: unix.SECCOMP_RET_KILL_PROCESS},
 	}
 	prog = append(prog, x86Block...)
-	prog = append(prog, i386Block...)
-	return prog
+	return append(prog, i386Block...), nil
 }
 
 // Program returns the seccomp filter as a classic-BPF program for the running architecture. Only amd64 (x86_64) is
@@ -154,7 +142,11 @@ func Program() ([]unix.SockFilter, error) {
 	if runtime.GOARCH != "amd64" {
 		return nil, fmt.Errorf("seccomp: filter program for %s: unsupported architecture", runtime.GOARCH)
 	}
-	raw, err := bpf.Assemble(instructions())
+	ins, err := buildInstructions()
+	if err != nil {
+		return nil, err
+	}
+	raw, err := bpf.Assemble(ins)
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: assemble filter: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
 )
@@ -58,8 +59,8 @@ const MaxKeyLen = 1024
 const tmpName = ".ramify-tmp"
 
 // ValidateKey reports (errdefs.ErrInvalid) whether key is unusable: empty, longer than MaxKeyLen, absolute,
-// containing NUL, or with an empty, "." or ".." component (so "a//b" and "a/" are refused too), or starting
-// with the reserved component ".ramify-tmp".
+// not UTF-8, containing NUL, or with an empty, "." or ".." component (so "a//b" and "a/" are refused too), or
+// starting with the reserved component ".ramify-tmp".
 func ValidateKey(key string) error {
 	bad := func(why string) error {
 		return fmt.Errorf("%w: key %q: %s", errdefs.ErrInvalid, truncate(key), why)
@@ -71,6 +72,8 @@ func ValidateKey(key string) error {
 		return bad(fmt.Sprintf("longer than %d bytes", MaxKeyLen))
 	case strings.IndexByte(key, 0) >= 0:
 		return bad("contains NUL")
+	case !utf8.ValidString(key): // S3 keys are UTF-8, and so are the paths io/fs walks in a Local store
+		return bad("not UTF-8")
 	case strings.HasPrefix(key, "/"):
 		return bad("absolute")
 	}
@@ -100,6 +103,8 @@ func validatePrefix(prefix string) error {
 		return bad(fmt.Sprintf("longer than %d bytes", MaxKeyLen))
 	case strings.IndexByte(prefix, 0) >= 0:
 		return bad("contains NUL")
+	case !utf8.ValidString(prefix):
+		return bad("not UTF-8")
 	case strings.HasPrefix(prefix, "/"):
 		return bad("absolute")
 	}

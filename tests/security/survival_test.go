@@ -233,3 +233,34 @@ PY`)
 		}
 	}
 }
+
+// The agent's socket is reachable from inside its sandbox (an abstract socket in the sandbox's network
+// namespace), but only the server may call it: sandbox code connecting to it is refused every operation but a
+// forked interpreter's token-guarded attach, whatever uid it takes.
+func TestAgentSocketRefusesSandboxCode(t *testing.T) {
+	s := testserver.Start(t)
+	id := s.Create(t, nil)
+	r := s.Sh(t, id, `python3 - <<'PY'
+import json, os, socket
+for uid in (0, 65534):
+    pid = os.fork()
+    if pid == 0:
+        os.setuid(uid)
+        for op in ({"op": "ping"}, {"op": "exec", "cmd": "echo AGENT-RAN-IT"}, {"op": "start", "env": {"X": "1"}}):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect("\0ramify-agent")
+            s.sendall((json.dumps(op) + "\n").encode())
+            print(uid, op["op"], s.recv(4096).decode().strip())
+            s.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+PY`)
+	out := r.Stdout + r.Stderr
+	t.Logf("%s", out)
+	if strings.Count(out, "only the ramify server may call the agent") != 6 || strings.Contains(out, "AGENT-RAN-IT") {
+		t.Errorf("sandbox code drove its agent:\n%s", out)
+	}
+	if v := s.Value(t, id, "1 + 1"); v != "2" {
+		t.Errorf("the server's own calls: %q", v)
+	}
+}

@@ -118,6 +118,14 @@ func initRoot() error {
 	if err := unix.Mount("proc", filepath.Join(stage, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount proc: %w", err)
 	}
+	// A sysfs of the init's own network namespace: the kernel lets a user namespace mount sysfs only where one is
+	// already fully visible in its mount namespace, and each agent mounts its sandbox's /sys in a copy of this one.
+	if err := os.Mkdir(filepath.Join(stage, "sys"), 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("sysfs", filepath.Join(stage, "sys"), "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount sysfs: %w", err)
+	}
 	if err := os.Chdir(stage); err != nil {
 		return err
 	}
