@@ -765,3 +765,19 @@ func netBridgeOf(t *testing.T, gw string) string {
 	t.Fatalf("no interface holds %s", gw)
 	return ""
 }
+
+// TestNetworkEgressAllowFlag: --egress-allow opens a range for sandboxes on the default policy (here all of
+// 10/8, which holds the test server's bridge address); a sandbox with its own list is not widened by it, and
+// other sandboxes stay out of reach.
+func TestNetworkEgressAllowFlag(t *testing.T) {
+	s := testserver.Start(t, "--egress-allow", "10.0.0.0/8")
+	a := netCreate(t, s, nil)
+	gw := netGateway(a.IP)
+	p1 := netGreeter(t, gw, "host port one")
+	d := netCreate(t, s, []string{})
+	b := netCreate(t, s, nil)
+	netSandboxGreeter(t, s, b.ID, 8765, "sandbox b")
+	netWantReached(t, "default sandbox to a range the operator opened", netProbe(t, s, a.ID, gw, p1), "host port one")
+	netWantBlocked(t, "egress [] despite the operator's range", netProbe(t, s, d.ID, gw, p1))
+	netWantBlocked(t, "another sandbox inside the operator's range", netProbe(t, s, a.ID, b.IP, 8765))
+}
