@@ -172,6 +172,13 @@ func TestHostResolvers(t *testing.T) {
 	if got := hostResolvers(f + ".missing"); got == nil || len(got) != 0 {
 		t.Errorf("missing file: %#v, want empty non-nil", got)
 	}
+	g := t.TempDir() + "/image-resolv.conf"
+	if err := os.WriteFile(g, []byte("nameserver 1.1.1.1\nnameserver 9.9.9.9\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := ResolversFrom(f, f+".missing", g); len(got) != 3 || got[2].String() != "9.9.9.9" {
+		t.Errorf("ResolversFrom = %v, want the union in order", got)
+	}
 }
 
 // elementsOf reads a set's elements from the kernel, as keys.

@@ -54,8 +54,9 @@ type Config struct {
 	// though they are reserved ranges or addresses of the host (server flag --egress-allow).
 	EgressAllow []string
 	// Resolvers are the DNS servers sandboxes may query on port 53 (UDP and TCP) under the default policy and
-	// under an egress list that names a hostname. Nil means the nameservers of the host's /etc/resolv.conf (the
-	// default image's resolv.conf is a copy of it); loopback addresses are left out (unreachable from a sandbox).
+	// under an egress list that names a hostname (see ResolversFrom). Nil means the nameservers of the host's
+	// /etc/resolv.conf (the default image's resolv.conf is a copy of it); loopback addresses are left out
+	// (unreachable from a sandbox).
 	Resolvers []netip.Addr
 	// ResolveEvery is how often hostnames in egress lists are resolved again (default 60 s).
 	ResolveEvery time.Duration

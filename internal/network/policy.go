@@ -343,6 +343,22 @@ func (m *Manager) refresh() {
 	}
 }
 
+// ResolversFrom returns the IPv4 nameservers of the given resolv.conf files (for Config.Resolvers), without
+// duplicates and without loopback ones; a missing file adds none.
+func ResolversFrom(paths ...string) []netip.Addr {
+	out := []netip.Addr{}
+	seen := map[netip.Addr]bool{}
+	for _, p := range paths {
+		for _, a := range hostResolvers(p) {
+			if !seen[a] {
+				seen[a] = true
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
 // hostResolvers reads the IPv4 nameservers of a resolv.conf, leaving out loopback ones.
 func hostResolvers(path string) []netip.Addr {
 	f, err := os.Open(path)
