@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	goruntime "runtime"
@@ -18,7 +17,21 @@ import (
 	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
+// outputGrace is how long exec waits, once its command's main process has exited, for output still in the
+// pipes (or written by processes the command left running) before it answers.
+const outputGrace = 150 * time.Millisecond
+
 // exec runs a command in the sandbox and returns the terminal "exit" event.
+//
+// The call ends when the command's main process exits: jobs it started in the background keep running, as in a
+// shell on a VM (exec does not wait for them, nor kill them). Their output after that point is read and
+// discarded, so that they never die of a broken pipe. A timeout, or the call being cancelled, kills everything
+// the command started (see procTree) and the call returns at once with the output captured so far.
+//
+// Before, background jobs died with their exec: the output pipes stayed open while any of them ran, and the
+// agent, after waiting 2 s past the main process's exit for them to close, killed the command's process group.
+// Processes that had left it (setsid) were not killed and the call waited for them to close the pipes, past its
+// timeout.
 func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	var argv []string //nolint:prealloc
 	switch {
@@ -32,140 +45,180 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = a.environ(req.Env)
 	cmd.Dir = a.workdir(req.Cwd)
-	if req.Stdin != "" {
-		cmd.Stdin = strings.NewReader(req.Stdin)
-	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var out, errOut capped
-	out.limit, errOut.limit = outputLimit, outputLimit
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	pipe := func(r io.Reader, typ string, acc *capped) {
-		defer wg.Done()
-		buf := make([]byte, 32<<10)
-		var pending []byte
-		for {
-			n, err := r.Read(buf)
-			if n > 0 {
-				pending = append(pending, buf[:n]...)
-				// Send only whole UTF-8 sequences; keep a split rune for the next read.
-				cut := validPrefix(pending)
-				if cut > 0 {
-					s := string(pending[:cut])
-					pending = append(pending[:0], pending[cut:]...)
-					mu.Lock()
-					acc.add(s)
-					mu.Unlock()
-					emit(Event{Type: typ, Data: s})
-				}
-			}
-			if err != nil {
-				if len(pending) > 0 {
-					s := strings.ToValidUTF8(string(pending), "\uFFFD")
-					mu.Lock()
-					acc.add(s)
-					mu.Unlock()
-					emit(Event{Type: typ, Data: s})
-				}
-				return
-			}
+	// The command's output goes to pipes of the agent's own, not through os/exec's copying: its Wait then returns
+	// when the main process exits, whoever else still holds the pipes.
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return Event{Type: "error", Message: err.Error()}
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return Event{Type: "error", Message: err.Error()}
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	var stdinW *os.File
+	if req.Stdin != "" {
+		var stdinR *os.File
+		if stdinR, stdinW, err = os.Pipe(); err != nil {
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return Event{Type: "error", Message: err.Error()}
 		}
+		cmd.Stdin = stdinR
 	}
-	stdout, err := cmd.StdoutPipe()
+	err = a.startFiltered(cmd)
+	outW.Close()
+	errW.Close()
+	if f, ok := cmd.Stdin.(*os.File); ok {
+		f.Close()
+	}
 	if err != nil {
-		return Event{Type: "error", Message: err.Error()}
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return Event{Type: "error", Message: err.Error()}
-	}
-	if err := a.startFiltered(cmd); err != nil {
+		outR.Close()
+		errR.Close()
+		if stdinW != nil {
+			stdinW.Close()
+		}
 		msg := err.Error()
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return Event{Type: "exit", ExitCode: 127, Stderr: msg + "\n"}
 		}
 		return Event{Type: "exit", ExitCode: 126, Stderr: msg + "\n"}
 	}
-	os.WriteFile("/proc/"+itoa(cmd.Process.Pid)+"/oom_score_adj", []byte("500"), 0) //nolint:errcheck // best effort
-	wg.Add(2)
-	go pipe(stdout, "stdout", &out)
-	go pipe(stderr, "stderr", &errOut)
+	pid := cmd.Process.Pid
+	os.WriteFile("/proc/"+itoa(pid)+"/oom_score_adj", []byte("500"), 0) //nolint:errcheck // best effort
+	if stdinW != nil {
+		// Closed when the call ends: a background job that holds stdin and never reads it cannot block us.
+		go func() {
+			stdinW.Write([]byte(req.Stdin)) //nolint:errcheck // the command may not read it all
+			stdinW.Close()
+		}()
+		defer stdinW.Close()
+	}
 
-	done := make(chan struct{})
-	var timedOut bool
-	pgid := cmd.Process.Pid
+	out := &execOutput{emit: emit}
+	out.stdout.limit, out.stderr.limit = outputLimit, outputLimit
+	var pipes sync.WaitGroup
+	pipes.Add(2)
+	go out.drain(outR, "stdout", &out.stdout, &pipes)
+	go out.drain(errR, "stderr", &out.stderr, &pipes)
+
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	var timeout <-chan time.Time
 	if req.TimeoutS > 0 {
-		t := time.AfterFunc(time.Duration(req.TimeoutS*float64(time.Second)), func() {
-			mu.Lock()
-			timedOut = true
-			mu.Unlock()
-			syscall.Kill(-pgid, syscall.SIGKILL)
-		})
+		t := time.NewTimer(time.Duration(req.TimeoutS * float64(time.Second)))
 		defer t.Stop()
+		timeout = t.C
 	}
-	go func() {
-		select {
-		case <-ctx.Done():
-			syscall.Kill(-pgid, syscall.SIGKILL)
-		case <-done:
-		}
-	}()
-	// Pipes close when every holder of them exits; a background child that keeps them open is killed
-	// with its process group once the command itself has exited and a short grace period passed.
-	waitErr := make(chan error, 1)
-	go func() {
-		wg.Wait()
-		waitErr <- cmd.Wait()
-	}()
+	// Only a call that can end before its command needs to know what the command started.
+	var tree *procTree
+	stopTracking := func() {}
+	if timeout != nil || ctx.Done() != nil {
+		tree = newProcTree("/proc", pid)
+		stopTracking = tree.track()
+	}
 	var werr error
+	timedOut := false
 	select {
-	case werr = <-waitErr:
-	case <-procExited(cmd.Process.Pid):
-		select {
-		case werr = <-waitErr:
-		case <-time.After(2 * time.Second):
-			syscall.Kill(-pgid, syscall.SIGKILL)
-			werr = <-waitErr
-		}
+	case werr = <-waited:
+	case <-timeout:
+		timedOut = true
+		stopTracking()
+		tree.kill()
+		werr = <-waited
+	case <-ctx.Done():
+		stopTracking()
+		tree.kill()
+		werr = <-waited
 	}
-	close(done)
-	code := 0
-	if werr != nil {
-		var ee *exec.ExitError
-		if errors.As(werr, &ee) {
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				code = 128 + int(ws.Signal())
-			} else {
-				code = ee.ExitCode()
-			}
-		} else {
-			code = -1
-		}
+	stopTracking()
+
+	// The main process has exited: take what is left in the pipes, waiting a little for output still on its way.
+	drained := make(chan struct{})
+	go func() {
+		pipes.Wait()
+		close(drained)
+	}()
+	grace := time.NewTimer(outputGrace)
+	select {
+	case <-drained:
+	case <-grace.C:
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	return Event{Type: "exit", ExitCode: code, TimedOut: timedOut, Stdout: out.sb.String(), Stderr: errOut.sb.String()}
+	grace.Stop()
+	stdout, stderr := out.detach()
+	return Event{Type: "exit", ExitCode: exitCode(werr), TimedOut: timedOut, Stdout: stdout, Stderr: stderr}
 }
 
-// procExited returns a channel closed once pid has exited (become a zombie or gone), polling /proc.
-func procExited(pid int) <-chan struct{} {
-	ch := make(chan struct{})
-	go func() {
-		for {
-			b, err := os.ReadFile("/proc/" + itoa(pid) + "/stat")
-			if err != nil {
-				close(ch)
-				return
-			}
-			// state is the field after the ")" of comm
-			if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X') {
-				close(ch)
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
+// exitCode is a command's exit status as exec reports it: 128+signal for a command killed by a signal.
+func exitCode(werr error) int {
+	if werr == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(werr, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
 		}
-	}()
-	return ch
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+// execOutput collects and forwards one exec's output until the call answers (detach); after that its pipes are
+// still read, for processes the command left running, and what they write is dropped.
+type execOutput struct {
+	emit func(Event)
+
+	mu             sync.Mutex
+	stdout, stderr capped
+	detached       bool
+}
+
+// drain reads r to its end, sending whole UTF-8 sequences (a rune split across reads waits for the next read).
+func (o *execOutput) drain(r *os.File, typ string, acc *capped, wg *sync.WaitGroup) {
+	defer wg.Done()
+	defer r.Close()
+	buf := make([]byte, 32<<10)
+	var pending []byte
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			pending = append(pending, buf[:n]...)
+			if cut := validPrefix(pending); cut > 0 {
+				o.deliver(typ, acc, string(pending[:cut]))
+				pending = append(pending[:0], pending[cut:]...)
+			}
+		}
+		if err != nil {
+			if len(pending) > 0 {
+				o.deliver(typ, acc, strings.ToValidUTF8(string(pending), "\uFFFD"))
+			}
+			return
+		}
+	}
+}
+
+func (o *execOutput) deliver(typ string, acc *capped, s string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.detached {
+		return
+	}
+	acc.add(s)
+	o.emit(Event{Type: typ, Data: s})
+}
+
+// detach ends the collection and returns what was collected; no event is sent after it returns.
+func (o *execOutput) detach() (stdout, stderr string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.detached = true
+	return o.stdout.sb.String(), o.stderr.sb.String()
 }
 
 func validPrefix(b []byte) int {

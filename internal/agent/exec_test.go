@@ -1,0 +1,234 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// These tests run exec in the test process itself (no sandbox, no spawner thread): they need only /bin/sh,
+// setsid and sleep.
+
+func runExec(t *testing.T, req Request) (Event, []Event) {
+	t.Helper()
+	a := &Agent{}
+	if req.Cwd == "" {
+		req.Cwd = t.TempDir()
+	}
+	var events []Event
+	ev := a.exec(context.Background(), req, func(e Event) { events = append(events, e) })
+	return ev, events
+}
+
+// readPid waits (bounded) for a command to write a pid into file.
+func readPid(t *testing.T, file string) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(file)
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+			return pid
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no pid in %s", file)
+	return 0
+}
+
+// alive reports whether pid runs (a zombie counts as gone).
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	st, ok := parseStat(pid, b)
+	return ok && st.state != 'Z' && st.state != 'X'
+}
+
+// goneWithin waits until pid is gone, at most limit.
+func goneWithin(pid int, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+func killLater(t *testing.T, pid int) {
+	t.Cleanup(func() {
+		if alive(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+}
+
+func TestExecTimeoutKillsSetsidAndOrphanedProcesses(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	// a: a setsid'd child of the running shell; b: a setsid'd grandchild whose parent exits after 0.5 s (an
+	// orphan when the timeout comes).
+	cmd := "setsid sh -c 'echo $$ > " + a + "; exec sleep 100' & " +
+		"sh -c \"setsid sh -c 'echo \\$\\$ > " + b + "; exec sleep 100' & sleep 0.5\" & sleep 100"
+	start := time.Now()
+	ev, _ := runExec(t, Request{Cmd: cmd, TimeoutS: 2})
+	took := time.Since(start)
+	pa, pb := readPid(t, a), readPid(t, b)
+	killLater(t, pa)
+	killLater(t, pb)
+	if !ev.TimedOut || took > 15*time.Second {
+		t.Fatalf("exec = %+v after %s, want a timeout within 15s", ev, took)
+	}
+	if !goneWithin(pa, 10*time.Second) {
+		t.Errorf("the setsid'd child %d survived the timeout", pa)
+	}
+	if !goneWithin(pb, 10*time.Second) {
+		t.Errorf("the orphaned setsid'd grandchild %d survived the timeout", pb)
+	}
+}
+
+func TestExecReturnsAndLeavesBackgroundJobsRunning(t *testing.T) {
+	dir := t.TempDir()
+	pidFile, done := filepath.Join(dir, "pid"), filepath.Join(dir, "done")
+	// The job keeps writing to the call's stdout and stderr after the call returned: it must not die of SIGPIPE.
+	cmd := "echo before; (echo $$ >/dev/null; sh -c 'echo $$ > " + pidFile + "; for i in 1 2 3 4 5 6 7 8 9 10; do echo late; echo late >&2; sleep 0.1; done; touch " + done + "; exec sleep 100') & echo after; exit 3"
+	start := time.Now()
+	ev, events := runExec(t, Request{Cmd: cmd, TimeoutS: 60})
+	took := time.Since(start)
+	pid := readPid(t, pidFile)
+	killLater(t, pid)
+	if ev.ExitCode != 3 || ev.TimedOut || !strings.Contains(ev.Stdout, "before\n") || !strings.Contains(ev.Stdout, "after\n") {
+		t.Fatalf("exec = %+v", ev)
+	}
+	if took > 1500*time.Millisecond {
+		t.Errorf("exec took %s: it waited for its background job", took)
+	}
+	n := len(events)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(done); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the background job did not finish writing (killed by a broken pipe?)")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !alive(pid) {
+		t.Fatal("the background job died with its exec")
+	}
+	if len(events) != n {
+		t.Errorf("%d events were sent after exec returned", len(events)-n)
+	}
+}
+
+func TestExecStdinWithBackgroundReader(t *testing.T) {
+	// A background job that inherits stdin and never reads it does not hold the call.
+	big := strings.Repeat("x", 1<<20)
+	start := time.Now()
+	ev, _ := runExec(t, Request{Cmd: "head -c 5; echo; sleep 3 &", Stdin: big, TimeoutS: 60})
+	if ev.Stdout != "xxxxx\n" || time.Since(start) > 1500*time.Millisecond {
+		t.Fatalf("exec = %+v after %s", ev, time.Since(start))
+	}
+}
+
+func TestCappedBoundsEncodedSize(t *testing.T) {
+	for _, s := range []string{
+		strings.Repeat("\x00", 1000), strings.Repeat("<", 1000), strings.Repeat("é", 1000), strings.Repeat("\xff", 1000),
+		strings.Repeat("a\"\\\n\u2028", 300),
+	} {
+		var c capped
+		c.limit = 777
+		for i := 0; i < len(s); i += 100 {
+			c.add(s[i:min(i+100, len(s))])
+		}
+		body := strings.TrimSuffix(c.sb.String(), truncatedNote)
+		b, _ := json.Marshal(body)
+		if len(b)-2 > c.limit || !c.truncated {
+			t.Errorf("%q...: %d bytes of JSON over a limit of %d (truncated %v)", s[:10], len(b)-2, c.limit, c.truncated)
+		}
+		if !utf8.ValidString(body) && utf8.ValidString(s) {
+			t.Errorf("%q...: a rune was split", s[:10])
+		}
+	}
+}
+
+func TestJSONCostIsAnUpperBound(t *testing.T) {
+	r := rand.New(rand.NewSource(1))
+	for i := 0; i < 2000; i++ {
+		b := make([]byte, r.Intn(40))
+		for j := range b {
+			b[j] = byte(r.Intn(256))
+		}
+		s := string(b)
+		if i%2 == 0 {
+			s = strings.ToValidUTF8(s, "\u2028")
+		}
+		n, size := encodedPrefix(s, 1<<30)
+		enc, _ := json.Marshal(s)
+		if n != len(s) || len(enc)-2 > size {
+			t.Fatalf("%q: counted %d bytes, encoding/json writes %d", s, size, len(enc)-2)
+		}
+		if size > 6*len(s) {
+			t.Fatalf("%q: counted %d bytes for %d", s, size, len(s))
+		}
+	}
+	if got := capField(strings.Repeat("\x01", 100), 60); got != strings.Repeat("\x01", 10)+truncatedNote {
+		t.Errorf("capField = %q", got)
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	st, ok := parseStat(42, []byte("42 (a) b (c)) S 7 42 9 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 123456 0 0"))
+	if !ok || st.ppid != 7 || st.pgrp != 42 || st.session != 9 || st.start != 123456 || st.state != 'S' {
+		t.Fatalf("parseStat = %+v, %v", st, ok)
+	}
+	if _, ok := parseStat(1, []byte("1 (x")); ok {
+		t.Fatal("parsed a truncated stat")
+	}
+}
+
+func TestProcTreeAttribution(t *testing.T) {
+	tr := newProcTree(t.TempDir(), 100) // an empty /proc: every pid looked up there is gone
+	p := func(pid, ppid, pgrp, sess int, start uint64) procStat {
+		return procStat{pid: pid, ppid: ppid, pgrp: pgrp, session: sess, state: 'S', start: start}
+	}
+	self := os.Getpid()
+	// First scan: the command (100), a child in its group (101), a setsid'd child (102, own session) and its
+	// child (103); others (the agent, an unrelated process) are not attributed.
+	live := tr.attribute([]procStat{
+		p(self, 1, self, self, 1), p(100, self, 100, 8, 10), p(101, 100, 100, 8, 11), p(102, 100, 102, 102, 12),
+		p(103, 102, 102, 102, 13), p(200, 1, 200, 200, 5),
+	})
+	if got := pids(live); got != "100 101 102 103" {
+		t.Fatalf("first scan attributed %q", got)
+	}
+	// Later: 102 has exited and 103 is an orphan (parent 1), still in 102's session; 104 is a new child of the
+	// orphan. 101's pid was reused by an unrelated process (another start time, another group): not attributed.
+	live = tr.attribute([]procStat{
+		p(self, 1, self, self, 1), p(100, self, 100, 8, 10), p(101, 1, 101, 101, 99), p(103, 1, 102, 102, 13),
+		p(104, 103, 102, 102, 14), p(105, 1, 105, 105, 15), {pid: 106, ppid: 100, pgrp: 100, session: 8, state: 'Z', start: 16},
+	})
+	if got := pids(live); got != "100 103 104" {
+		t.Fatalf("second scan attributed %q", got)
+	}
+}
+
+func pids(ps []procStat) string {
+	var s []string
+	for _, p := range ps {
+		s = append(s, strconv.Itoa(p.pid))
+	}
+	return strings.Join(s, " ")
+}
+
