@@ -231,4 +231,3 @@ func pids(ps []procStat) string {
 	}
 	return strings.Join(s, " ")
 }
-
