@@ -231,3 +231,11 @@ func pids(ps []procStat) string {
 	}
 	return strings.Join(s, " ")
 }
+
+// BenchmarkProcTreeScan measures one scan of this machine's /proc (a sandbox's /proc shows only its family).
+func BenchmarkProcTreeScan(b *testing.B) {
+	tr := newProcTree("/proc", os.Getpid())
+	for i := 0; i < b.N; i++ {
+		tr.scan()
+	}
+}
