@@ -190,7 +190,9 @@ func (o *execOutput) drain(r *os.File, typ string, acc *capped, wg *sync.WaitGro
 		if n > 0 {
 			pending = append(pending, buf[:n]...)
 			if cut := validPrefix(pending); cut > 0 {
-				o.deliver(typ, acc, string(pending[:cut]))
+				if !o.deliver(typ, acc, string(pending[:cut])) {
+					break
+				}
 				pending = append(pending[:0], pending[cut:]...)
 			}
 		}
@@ -201,16 +203,26 @@ func (o *execOutput) drain(r *os.File, typ string, acc *capped, wg *sync.WaitGro
 			return
 		}
 	}
+	// The call has answered; a job it left running still writes here. Drop what it writes, with a small buffer
+	// (a sandbox may leave many such jobs behind).
+	small := make([]byte, 512)
+	for {
+		if _, err := r.Read(small); err != nil {
+			return
+		}
+	}
 }
 
-func (o *execOutput) deliver(typ string, acc *capped, s string) {
+// deliver adds s to the call's output and sends it as an event, unless the call has answered (false).
+func (o *execOutput) deliver(typ string, acc *capped, s string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.detached {
-		return
+		return false
 	}
 	acc.add(s)
 	o.emit(Event{Type: typ, Data: s})
+	return true
 }
 
 // detach ends the collection and returns what was collected; no event is sent after it returns.

@@ -418,6 +418,7 @@ func capResult(m *replMsg) {
 		m.Value = &v
 	}
 	if m.Error != nil {
+		m.Error.Name = capField(m.Error.Name, 8<<10)
 		m.Error.Value = capField(m.Error.Value, fieldLimit)
 		m.Error.Traceback = capField(m.Error.Traceback, fieldLimit)
 	}

@@ -148,7 +148,7 @@ def _run(code):
         if tb is not None and tb.tb_frame.f_code is _run.__code__:
             tb = tb.tb_next
         error = {
-            "name": type(e).__name__,
+            "name": type(e).__name__[:1000],
             "value": _bounded(str(e)),
             "traceback": _bounded("".join(traceback.format_exception(type(e), e, tb))),
         }

@@ -118,12 +118,16 @@ func TestExecRunCodeOutputOfControlCharacters(t *testing.T) {
 	if res.ExitCode != 0 || !strings.HasSuffix(res.Stdout, "[output truncated]\n") || encoded(res.Stdout) > capBytes+64 {
 		t.Fatalf("exec of 12 MB of NULs: exit %d, %d bytes (%d encoded), ends %q", res.ExitCode, len(res.Stdout), encoded(res.Stdout), tailOf(res.Stdout))
 	}
-	// Streamed, the same.
+	// Streamed, on stderr: 6 MB of control characters, within the old cap in bytes but not in JSON.
 	ctx := ctxT(t)
 	n := 0
-	sres, err := s.Client.ExecStream(ctx, id, client.ExecRequest{Cmd: "head -c 12000000 /dev/zero | tr '\\0' '\\1' >&2"}, func(ev client.Event) { n += len(ev.Data) })
-	if err != nil || sres.ExitCode != 0 || n == 0 {
-		t.Fatalf("streamed exec of 12 MB of control characters: %+v, %d bytes of events, %v", sres, n, err)
+	sres, err := s.Client.ExecStream(ctx, id, client.ExecRequest{Cmd: "head -c 6000000 /dev/zero | tr '\\0' '\\1' >&2"}, func(ev client.Event) { n += len(ev.Data) })
+	if err != nil || sres.ExitCode != 0 || n != 6000000 {
+		t.Fatalf("streamed exec of 6 MB of control characters: %+v, %d bytes of events, %v", sres, n, err)
+	}
+	res, _ = execBounded(t, s, id, "head -c 6000000 /dev/zero | tr '\\0' '\\1' >&2", nil, 120*time.Second)
+	if !strings.HasSuffix(res.Stderr, "[output truncated]\n") || encoded(res.Stderr) > capBytes+64 {
+		t.Fatalf("exec of 6 MB of control characters on stderr: %d bytes (%d encoded)", len(res.Stderr), encoded(res.Stderr))
 	}
 
 	value(t, s, id, "keep = 'me'")
