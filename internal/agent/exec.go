@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -43,7 +45,10 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 		return Event{Type: "error", Message: "exec needs cmd or argv"}
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = a.environ(req.Env)
+	// A token of this call in the command's environment, inherited by whatever it starts: a timeout finds by it
+	// the processes that escaped the tracker (see procTree).
+	token := execToken()
+	cmd.Env = append(a.environ(req.Env), ExecIDEnv+"="+token)
 	cmd.Dir = a.workdir(req.Cwd)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// The command's output goes to pipes of the agent's own, not through os/exec's copying: its Wait then returns
@@ -119,7 +124,7 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	var tree *procTree
 	stopTracking := func() {}
 	if timeout != nil || ctx.Done() != nil {
-		tree = newProcTree("/proc", pid)
+		tree = newProcTree("/proc", pid, token)
 		stopTracking = tree.track()
 	}
 	var werr error
@@ -152,6 +157,13 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	grace.Stop()
 	stdout, stderr := out.detach()
 	return Event{Type: "exit", ExitCode: exitCode(werr), TimedOut: timedOut, Stdout: stdout, Stderr: stderr}
+}
+
+// execToken returns a random token that names one exec call.
+func execToken() string {
+	var b [8]byte
+	rand.Read(b[:]) //nolint:errcheck // never fails on Linux
+	return hex.EncodeToString(b[:])
 }
 
 // exitCode is a command's exit status as exec reports it: 128+signal for a command killed by a signal.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -75,25 +76,27 @@ func killLater(t *testing.T, pid int) {
 
 func TestExecTimeoutKillsSetsidAndOrphanedProcesses(t *testing.T) {
 	dir := t.TempDir()
-	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	a, b, c := filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "c")
 	// a: a setsid'd child of the running shell; b: a setsid'd grandchild whose parent exits after 0.5 s (an
-	// orphan when the timeout comes).
+	// orphan when the timeout comes); c: a daemon's double fork (its parent, a subshell, exits at once), done
+	// when the tracker looks only every 100 ms.
 	cmd := "setsid sh -c 'echo $$ > " + a + "; exec sleep 100' & " +
-		"sh -c \"setsid sh -c 'echo \\$\\$ > " + b + "; exec sleep 100' & sleep 0.5\" & sleep 100"
+		"sh -c \"setsid sh -c 'echo \\$\\$ > " + b + "; exec sleep 100' & sleep 0.5\" & " +
+		"sleep 0.7; (setsid sh -c 'echo $$ > " + c + "; exec sleep 100' &); sleep 100"
 	start := time.Now()
 	ev, _ := runExec(t, Request{Cmd: cmd, TimeoutS: 2})
 	took := time.Since(start)
-	pa, pb := readPid(t, a), readPid(t, b)
+	pa, pb, pc := readPid(t, a), readPid(t, b), readPid(t, c)
 	killLater(t, pa)
 	killLater(t, pb)
+	killLater(t, pc)
 	if !ev.TimedOut || took > 15*time.Second {
 		t.Fatalf("exec = %+v after %s, want a timeout within 15s", ev, took)
 	}
-	if !goneWithin(pa, 10*time.Second) {
-		t.Errorf("the setsid'd child %d survived the timeout", pa)
-	}
-	if !goneWithin(pb, 10*time.Second) {
-		t.Errorf("the orphaned setsid'd grandchild %d survived the timeout", pb)
+	for what, pid := range map[string]int{"setsid'd child": pa, "orphaned setsid'd grandchild": pb, "double-forked daemon": pc} {
+		if !goneWithin(pid, 10*time.Second) {
+			t.Errorf("the %s %d survived the timeout", what, pid)
+		}
 	}
 }
 
@@ -199,7 +202,7 @@ func TestParseStat(t *testing.T) {
 }
 
 func TestProcTreeAttribution(t *testing.T) {
-	tr := newProcTree(t.TempDir(), 100) // an empty /proc: every pid looked up there is gone
+	tr := newProcTree(t.TempDir(), 100, "") // an empty /proc: every pid looked up there is gone
 	p := func(pid, ppid, pgrp, sess int, start uint64) procStat {
 		return procStat{pid: pid, ppid: ppid, pgrp: pgrp, session: sess, state: 'S', start: start}
 	}
@@ -234,8 +237,39 @@ func pids(ps []procStat) string {
 
 // BenchmarkProcTreeScan measures one scan of this machine's /proc (a sandbox's /proc shows only its family).
 func BenchmarkProcTreeScan(b *testing.B) {
-	tr := newProcTree("/proc", os.Getpid())
+	tr := newProcTree("/proc", os.Getpid(), "")
 	for i := 0; i < b.N; i++ {
 		tr.scan()
+	}
+}
+
+// A process that is neither a descendant of the command nor in its process group or session (a daemon whose
+// double fork the scans missed) is still killed if its environment holds the call's marker; one without it is
+// left alone.
+func TestProcTreeKillFindsMarkedProcesses(t *testing.T) {
+	token := execToken()
+	start := func(env string) *exec.Cmd {
+		c := exec.Command("sleep", "100")
+		c.Env = []string{"PATH=/usr/bin:/bin", env}
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go c.Wait() //nolint:errcheck
+		t.Cleanup(func() { c.Process.Kill() })
+		return c
+	}
+	root := start(ExecIDEnv + "=" + token)
+	tree := newProcTree("/proc", root.Process.Pid, token)
+	tree.scan()
+	time.Sleep(20 * time.Millisecond) // a later start time than the root's (clock ticks of 10 ms)
+	daemon := start(ExecIDEnv + "=" + token)
+	other := start(ExecIDEnv + "=" + execToken())
+	tree.kill()
+	if !goneWithin(root.Process.Pid, 10*time.Second) || !goneWithin(daemon.Process.Pid, 10*time.Second) {
+		t.Fatalf("root alive %v, marked daemon alive %v", alive(root.Process.Pid), alive(daemon.Process.Pid))
+	}
+	if !alive(other.Process.Pid) {
+		t.Fatal("a process of another call was killed")
 	}
 }

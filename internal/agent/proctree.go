@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"strconv"
@@ -23,11 +24,16 @@ import (
 // seen: a process belongs to the command if it is the command, is in its process group, is a child of a process
 // that belongs to it, or leads or is in a session (setsid) of one. Each is remembered by pid and start time, so a
 // reused pid is never mistaken for it. Scans run right after the start and then at growing intervals (up to
-// trackMaxInterval), and once more at the kill. What it cannot see: a process that leaves the process group and
-// whose parent exits, both between two scans (a double fork done within milliseconds, as daemons do).
+// trackMaxInterval), and once more at the kill. What scans cannot see: a process that leaves the process group
+// and whose parent exits, both between two scans (a double fork done within microseconds, as daemons do). For
+// those, the command's environment carries a marker (ExecIDEnv, a random token per call), inherited by what it
+// starts, and the kill also takes every process started since the command whose environment holds it (as
+// Jenkins's ProcessTreeKiller does with its cookie). Only a process that both escapes the scans and clears its
+// environment (env -i) is out of reach.
 type procTree struct {
-	proc string // the /proc to read
-	root int    // the command's pid, and its process group
+	proc   string // the /proc to read
+	root   int    // the command's pid, and its process group
+	marker []byte // "\x00" + ExecIDEnv + "=" + token + "\x00", or nil
 
 	mu    sync.Mutex
 	known map[int]uint64 // pid -> start time (clock ticks since boot)
@@ -35,8 +41,16 @@ type procTree struct {
 
 const trackMaxInterval = 100 * time.Millisecond
 
-func newProcTree(proc string, root int) *procTree {
+// ExecIDEnv names the environment variable that marks the processes of one exec call (see procTree).
+const ExecIDEnv = "RAMIFY_EXEC_ID"
+
+// newProcTree tracks the processes of the command with pid root; token, if not empty, is the value of ExecIDEnv
+// in its environment.
+func newProcTree(proc string, root int, token string) *procTree {
 	t := &procTree{proc: proc, root: root, known: map[int]uint64{}}
+	if token != "" {
+		t.marker = []byte("\x00" + ExecIDEnv + "=" + token + "\x00")
+	}
 	return t
 }
 
@@ -208,7 +222,11 @@ func (t *procTree) track() (stop func()) {
 func (t *procTree) kill() {
 	syscall.Kill(-t.root, syscall.SIGKILL)
 	for round := 0; round < 50; round++ {
-		live := t.scan()
+		procs := t.snapshot()
+		live := t.attribute(procs)
+		if marked := t.marked(procs); len(marked) > 0 {
+			live = append(live, marked...)
+		}
 		if len(live) == 0 {
 			return
 		}
@@ -218,6 +236,52 @@ func (t *procTree) kill() {
 		syscall.Kill(-t.root, syscall.SIGKILL)
 		time.Sleep(time.Duration(round+1) * time.Millisecond)
 	}
+}
+
+// marked returns the live processes of procs not yet attributed, started no earlier than the command, whose
+// environment holds the command's marker, and records them as the command's.
+func (t *procTree) marked(procs []procStat) []procStat {
+	if t.marker == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	since, ok := t.known[t.root]
+	if !ok {
+		return nil
+	}
+	self := os.Getpid()
+	var out []procStat
+	for _, p := range procs {
+		if s, ok := t.known[p.pid]; (ok && s == p.start) || p.pid == self || p.start < since || p.state == 'Z' || p.state == 'X' {
+			continue
+		}
+		if t.hasMarker(p.pid) {
+			t.known[p.pid] = p.start
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// hasMarker reports whether process pid's environment (as it was at its execve) holds the marker.
+func (t *procTree) hasMarker(pid int) bool {
+	fd, err := unix.Open(t.proc+"/"+strconv.Itoa(pid)+"/environ", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	env := []byte{0}
+	buf := make([]byte, 64<<10)
+	for len(env) < 4<<20 {
+		n, err := unix.Read(fd, buf)
+		if err != nil || n <= 0 {
+			break
+		}
+		env = append(env, buf[:n]...)
+	}
+	env = append(env, 0)
+	return bytes.Contains(env, t.marker)
 }
 
 func (t *procTree) killOne(p procStat) {

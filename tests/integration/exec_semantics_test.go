@@ -59,6 +59,16 @@ func TestExecTimeoutKillsEverything(t *testing.T) {
 		t.Fatalf("the orphaned setsid'd grandchild survived the timeout: %s", sh(t, s, id, "ps -eo pid,ppid,pgid,sid,args").Stdout)
 	}
 
+	// A daemon's double fork, after the command's first second: its parent exits at once and it leaves the
+	// process group and session before the agent looks again.
+	res, took = execBounded(t, s, id, "sleep 1; (setsid sleep 623 &); sleep 100", &two, 60*time.Second)
+	if !res.TimedOut || took > 15*time.Second {
+		t.Fatalf("exec with a double-forked daemon: timed_out=%v after %s", res.TimedOut, took)
+	}
+	if !untilInSandbox(t, s, id, "! pgrep -f '^sleep 623$' >/dev/null") {
+		t.Fatalf("the double-forked daemon survived the timeout: %s", sh(t, s, id, "ps -eo pid,ppid,pgid,sid,args").Stdout)
+	}
+
 	// `setsid sleep 620` as the whole command: it did not return for minutes (the sleep kept the pipes open).
 	if _, took = execBounded(t, s, id, "setsid sleep 620", &two, 60*time.Second); took > 15*time.Second {
 		t.Fatalf("setsid sleep: returned after %s", took)
