@@ -251,9 +251,15 @@ func (t *procTree) marked(procs []procStat) []procStat {
 		return nil
 	}
 	self := os.Getpid()
+	// Only this sandbox's processes (the agent's cgroup): the family's PID namespace shows its siblings' too,
+	// whose environments are none of this agent's business.
+	own := t.readFile(self, "cgroup", 64<<10)
 	var out []procStat
 	for _, p := range procs {
 		if s, ok := t.known[p.pid]; (ok && s == p.start) || p.pid == self || p.start < since || p.state == 'Z' || p.state == 'X' {
+			continue
+		}
+		if own == nil || !bytes.Equal(t.readFile(p.pid, "cgroup", 64<<10), own) {
 			continue
 		}
 		if t.hasMarker(p.pid) {
@@ -266,22 +272,33 @@ func (t *procTree) marked(procs []procStat) []procStat {
 
 // hasMarker reports whether process pid's environment (as it was at its execve) holds the marker.
 func (t *procTree) hasMarker(pid int) bool {
-	fd, err := unix.Open(t.proc+"/"+strconv.Itoa(pid)+"/environ", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
+	env := t.readFile(pid, "environ", 4<<20)
+	if env == nil {
 		return false
 	}
+	return bytes.Contains(append(append([]byte{0}, env...), 0), t.marker)
+}
+
+// readFile reads up to limit bytes of /proc/<pid>/<name> (nil if it cannot).
+func (t *procTree) readFile(pid int, name string, limit int) []byte {
+	fd, err := unix.Open(t.proc+"/"+strconv.Itoa(pid)+"/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
 	defer unix.Close(fd)
-	env := []byte{0}
-	buf := make([]byte, 64<<10)
-	for len(env) < 4<<20 {
+	out := []byte{}
+	buf := make([]byte, 16<<10)
+	for len(out) < limit {
 		n, err := unix.Read(fd, buf)
-		if err != nil || n <= 0 {
+		if err != nil {
+			return nil
+		}
+		if n <= 0 {
 			break
 		}
-		env = append(env, buf[:n]...)
+		out = append(out, buf[:n]...)
 	}
-	env = append(env, 0)
-	return bytes.Contains(env, t.marker)
+	return out
 }
 
 func (t *procTree) killOne(p procStat) {
