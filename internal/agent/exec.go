@@ -44,119 +44,132 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	default:
 		return Event{Type: "error", Message: "exec needs cmd or argv"}
 	}
+	run, failed := a.startCommand(argv, req)
+	if run == nil {
+		return failed
+	}
+	defer run.closeStdin()
+	out := run.collect(emit)
+	werr, timedOut := run.wait(ctx, req.TimeoutS)
+	stdout, stderr := out.finish()
+	return Event{Type: "exit", ExitCode: exitCode(werr), TimedOut: timedOut, Stdout: stdout, Stderr: stderr}
+}
+
+// execRun is one started exec command.
+type execRun struct {
+	cmd        *exec.Cmd
+	token      string   // the call's ExecIDEnv value
+	outR, errR *os.File // the read ends of the command's stdout and stderr
+	stdinW     *os.File // the write end of its stdin, or nil
+}
+
+// startCommand starts argv from the spawner thread with its output on pipes of the agent's own (not through
+// os/exec's copying, so that Wait returns when the main process exits, whoever else still holds the pipes).
+// A command that cannot start gives a nil run and its "exit" event.
+func (a *Agent) startCommand(argv []string, req Request) (*execRun, Event) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	// A token of this call in the command's environment, inherited by whatever it starts: a timeout finds by it
 	// the processes that escaped the tracker (see procTree).
-	token := execToken()
-	cmd.Env = append(a.environ(req.Env), ExecIDEnv+"="+token)
+	run := &execRun{cmd: cmd, token: execToken()}
+	cmd.Env = append(a.environ(req.Env), ExecIDEnv+"="+run.token)
 	cmd.Dir = a.workdir(req.Cwd)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	// The command's output goes to pipes of the agent's own, not through os/exec's copying: its Wait then returns
-	// when the main process exits, whoever else still holds the pipes.
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return Event{Type: "error", Message: err.Error()}
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return Event{Type: "error", Message: err.Error()}
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	var stdinW *os.File
-	if req.Stdin != "" {
-		var stdinR *os.File
-		if stdinR, stdinW, err = os.Pipe(); err != nil {
-			outR.Close()
-			outW.Close()
-			errR.Close()
-			errW.Close()
-			return Event{Type: "error", Message: err.Error()}
+	var ours, theirs []*os.File // pipe ends kept by the agent, and given to the command
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			f.Close()
 		}
-		cmd.Stdin = stdinR
+	}
+	pipe := func() (r, w *os.File, err error) {
+		if r, w, err = os.Pipe(); err == nil {
+			theirs = append(theirs, w)
+			ours = append(ours, r)
+		}
+		return r, w, err
+	}
+	var err error
+	if run.outR, cmd.Stdout, err = pipe(); err == nil {
+		run.errR, cmd.Stderr, err = pipe()
+	}
+	if err == nil && req.Stdin != "" {
+		var r *os.File
+		if r, run.stdinW, err = os.Pipe(); err == nil {
+			cmd.Stdin = r
+			theirs = append(theirs, r)
+			ours = append(ours, run.stdinW)
+		}
+	}
+	if err != nil {
+		closeAll(ours)
+		closeAll(theirs)
+		return nil, Event{Type: "error", Message: err.Error()}
 	}
 	err = a.startFiltered(cmd)
-	outW.Close()
-	errW.Close()
-	if f, ok := cmd.Stdin.(*os.File); ok {
-		f.Close()
-	}
+	closeAll(theirs)
 	if err != nil {
-		outR.Close()
-		errR.Close()
-		if stdinW != nil {
-			stdinW.Close()
-		}
+		closeAll(ours)
 		msg := err.Error()
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return Event{Type: "exit", ExitCode: 127, Stderr: msg + "\n"}
+			return nil, Event{Type: "exit", ExitCode: 127, Stderr: msg + "\n"}
 		}
-		return Event{Type: "exit", ExitCode: 126, Stderr: msg + "\n"}
+		return nil, Event{Type: "exit", ExitCode: 126, Stderr: msg + "\n"}
 	}
-	pid := cmd.Process.Pid
-	os.WriteFile("/proc/"+itoa(pid)+"/oom_score_adj", []byte("500"), 0) //nolint:errcheck // best effort
-	if stdinW != nil {
-		// Closed when the call ends: a background job that holds stdin and never reads it cannot block us.
+	os.WriteFile("/proc/"+itoa(cmd.Process.Pid)+"/oom_score_adj", []byte("500"), 0) //nolint:errcheck // best effort
+	if run.stdinW != nil {
 		go func() {
-			stdinW.Write([]byte(req.Stdin)) //nolint:errcheck // the command may not read it all
-			stdinW.Close()
+			run.stdinW.Write([]byte(req.Stdin)) //nolint:errcheck // the command may not read it all
+			run.stdinW.Close()
 		}()
-		defer stdinW.Close()
 	}
+	return run, Event{}
+}
 
+// closeStdin closes the command's stdin when the call ends: a job left running that holds it and never reads
+// it cannot keep the writer blocked.
+func (r *execRun) closeStdin() {
+	if r.stdinW != nil {
+		r.stdinW.Close()
+	}
+}
+
+// collect starts reading the command's output: events go to emit until the call answers (execOutput.finish).
+func (r *execRun) collect(emit func(Event)) *execOutput {
 	out := &execOutput{emit: emit}
 	out.stdout.limit, out.stderr.limit = outputLimit, outputLimit
-	var pipes sync.WaitGroup
-	pipes.Add(2)
-	go out.drain(outR, "stdout", &out.stdout, &pipes)
-	go out.drain(errR, "stderr", &out.stderr, &pipes)
+	out.pipes.Add(2)
+	go out.drain(r.outR, "stdout", &out.stdout)
+	go out.drain(r.errR, "stderr", &out.stderr)
+	return out
+}
 
+// wait waits for the command's main process to exit. At the timeout (timeoutS > 0) or when ctx is done it kills
+// everything the command started first (see procTree), which only a call that can end before its command needs
+// to track.
+func (r *execRun) wait(ctx context.Context, timeoutS float64) (werr error, timedOut bool) {
 	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
+	go func() { waited <- r.cmd.Wait() }()
 	var timeout <-chan time.Time
-	if req.TimeoutS > 0 {
-		t := time.NewTimer(time.Duration(req.TimeoutS * float64(time.Second)))
+	if timeoutS > 0 {
+		t := time.NewTimer(time.Duration(timeoutS * float64(time.Second)))
 		defer t.Stop()
 		timeout = t.C
 	}
-	// Only a call that can end before its command needs to know what the command started.
-	var tree *procTree
-	stopTracking := func() {}
-	if timeout != nil || ctx.Done() != nil {
-		tree = newProcTree("/proc", pid, token)
-		stopTracking = tree.track()
+	if timeout == nil && ctx.Done() == nil {
+		return <-waited, false
 	}
-	var werr error
-	timedOut := false
+	tree := newProcTree("/proc", r.cmd.Process.Pid, r.token)
+	stopTracking := tree.track()
+	defer stopTracking()
 	select {
 	case werr = <-waited:
+		return werr, false
 	case <-timeout:
 		timedOut = true
-		stopTracking()
-		tree.kill()
-		werr = <-waited
 	case <-ctx.Done():
-		stopTracking()
-		tree.kill()
-		werr = <-waited
 	}
 	stopTracking()
-
-	// The main process has exited: take what is left in the pipes, waiting a little for output still on its way.
-	drained := make(chan struct{})
-	go func() {
-		pipes.Wait()
-		close(drained)
-	}()
-	grace := time.NewTimer(outputGrace)
-	select {
-	case <-drained:
-	case <-grace.C:
-	}
-	grace.Stop()
-	stdout, stderr := out.detach()
-	return Event{Type: "exit", ExitCode: exitCode(werr), TimedOut: timedOut, Stdout: stdout, Stderr: stderr}
+	tree.kill()
+	return <-waited, timedOut
 }
 
 // execToken returns a random token that names one exec call.
@@ -181,19 +194,41 @@ func exitCode(werr error) int {
 	return -1
 }
 
-// execOutput collects and forwards one exec's output until the call answers (detach); after that its pipes are
+// execOutput collects and forwards one exec's output until the call answers (finish); after that its pipes are
 // still read, for processes the command left running, and what they write is dropped.
 type execOutput struct {
-	emit func(Event)
+	emit  func(Event)
+	pipes sync.WaitGroup // one per pipe, done at its end
 
 	mu             sync.Mutex
 	stdout, stderr capped
 	detached       bool
 }
 
+// finish, called once the main process has exited, takes what is left in the pipes, waiting at most outputGrace
+// for output still on its way (the pipes end at once unless jobs left running hold them), and ends the
+// collection: it returns what was collected, and no event is sent after it returns.
+func (o *execOutput) finish() (stdout, stderr string) {
+	drained := make(chan struct{})
+	go func() {
+		o.pipes.Wait()
+		close(drained)
+	}()
+	grace := time.NewTimer(outputGrace)
+	select {
+	case <-drained:
+	case <-grace.C:
+	}
+	grace.Stop()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.detached = true
+	return o.stdout.sb.String(), o.stderr.sb.String()
+}
+
 // drain reads r to its end, sending whole UTF-8 sequences (a rune split across reads waits for the next read).
-func (o *execOutput) drain(r *os.File, typ string, acc *capped, wg *sync.WaitGroup) {
-	defer wg.Done()
+func (o *execOutput) drain(r *os.File, typ string, acc *capped) {
+	defer o.pipes.Done()
 	defer r.Close()
 	buf := make([]byte, 32<<10)
 	var pending []byte
@@ -235,14 +270,6 @@ func (o *execOutput) deliver(typ string, acc *capped, s string) bool {
 	acc.add(s)
 	o.emit(Event{Type: typ, Data: s})
 	return true
-}
-
-// detach ends the collection and returns what was collected; no event is sent after it returns.
-func (o *execOutput) detach() (stdout, stderr string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.detached = true
-	return o.stdout.sb.String(), o.stderr.sb.String()
 }
 
 func validPrefix(b []byte) int {
