@@ -16,6 +16,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
@@ -250,8 +252,35 @@ func (o *execOutput) drain(r *os.File, typ string, acc *capped) {
 			return
 		}
 	}
-	// The call has answered; a job it left running still writes here. Drop what it writes, with a small buffer
-	// (a sandbox may leave many such jobs behind).
+	discard(r)
+}
+
+// discard reads r to its end and drops what it reads: the call has answered, and a job it left running still
+// writes to its output. The bytes are spliced to /dev/null inside the kernel, a pipe's worth per system call,
+// so that a chatty job costs the agent little, and no buffer is held per job (a sandbox may leave many).
+func discard(r *os.File) {
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY|syscall.O_CLOEXEC, 0)
+	rc, err2 := r.SyscallConn()
+	if err == nil && err2 == nil {
+		defer null.Close()
+		for {
+			var n int64
+			var serr error
+			err := rc.Read(func(fd uintptr) bool {
+				n, serr = unix.Splice(int(fd), nil, int(null.Fd()), nil, 1<<20, unix.SPLICE_F_NONBLOCK)
+				return !errors.Is(serr, unix.EAGAIN) // false: wait until the pipe is readable
+			})
+			if err != nil {
+				return // closed
+			}
+			if serr != nil {
+				break // splice refused (EINVAL): read instead
+			}
+			if n == 0 {
+				return // every writer is gone
+			}
+		}
+	}
 	small := make([]byte, 512)
 	for {
 		if _, err := r.Read(small); err != nil {

@@ -273,3 +273,28 @@ func TestProcTreeKillFindsMarkedProcesses(t *testing.T) {
 		t.Fatal("a process of another call was killed")
 	}
 }
+
+// What a job left running writes after its call answered is discarded to the end, by splice or by reads.
+func TestDiscardDrainsToTheEnd(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		discard(r)
+		close(done)
+	}()
+	chunk := make([]byte, 1<<20)
+	for i := 0; i < 64; i++ { // 64 MiB: blocks unless drained
+		if _, err := w.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("discard did not end at EOF")
+	}
+}
