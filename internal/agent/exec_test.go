@@ -298,3 +298,41 @@ func TestDiscardDrainsToTheEnd(t *testing.T) {
 		t.Fatal("discard did not end at EOF")
 	}
 }
+
+// repl.py's _bounded cuts a string to a JSON size, whatever its characters escape to; _Stream sends output in
+// bounded pieces. Runs those parts of the embedded repl.py with the host's python3.
+func TestReplOutputIsBounded(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	script := `
+import ast, json, sys
+src = sys.stdin.read()
+tree = ast.parse(src)
+keep = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Assign)) and (
+    getattr(n, "name", "") in ("_json_len", "_bounded", "_Stream") or
+    isinstance(n, ast.Assign) and any(getattr(t, "id", "") in ("_CHUNK", "_FIELD_LIMIT", "_TRUNCATED") for t in n.targets))]
+ns = {"json": json}
+exec(compile(ast.Module(body=keep, type_ignores=[]), "repl.py", "exec"), ns)
+limit = 1000
+for s in ["\x01" * 5000, "<" * 5000, "\U0001F600" * 5000, "a" * 999, "\x01" * 166 + "a" * 10, "é\"\\" * 2000]:
+    b = ns["_bounded"](s, limit)
+    body = b[:-len(ns["_TRUNCATED"])] if b != s else b
+    assert s.startswith(body), "not a prefix"
+    assert len(json.dumps(body)) - 2 <= limit, (s[:3], len(json.dumps(body)))
+    assert b == s or len(json.dumps(s[:len(body) + 1])) - 2 > limit, "cut too short"
+sent = []
+ns["_send"] = sent.append
+ns["_Stream"]("stdout").write("\x01" * 200000)
+assert "".join(m["data"] for m in sent) == "\x01" * 200000
+assert max(len(json.dumps(m)) for m in sent) <= 12 * ns["_CHUNK"] + 100
+print("ok")
+`
+	c := exec.Command(py, "-c", script)
+	c.Stdin = strings.NewReader(replSource)
+	out, err := c.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "ok" {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
