@@ -79,10 +79,10 @@ func TestExecTimeoutKillsSetsidAndOrphanedProcesses(t *testing.T) {
 	a, b, c := filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "c")
 	// a: a setsid'd child of the running shell; b: a setsid'd grandchild whose parent exits after 0.5 s (an
 	// orphan when the timeout comes); c: a daemon's double fork (its parent, a subshell, exits at once), done
-	// when the tracker looks only every 100 ms.
+	// when the tracker looks only every few hundred ms.
 	cmd := "setsid sh -c 'echo $$ > " + a + "; exec sleep 100' & " +
 		"sh -c \"setsid sh -c 'echo \\$\\$ > " + b + "; exec sleep 100' & sleep 0.5\" & " +
-		"sleep 0.7; (setsid sh -c 'echo $$ > " + c + "; exec sleep 100' &); sleep 100"
+		"sleep 1.5; (setsid sh -c 'echo $$ > " + c + "; exec sleep 100' &); sleep 100"
 	start := time.Now()
 	ev, _ := runExec(t, Request{Cmd: cmd, TimeoutS: 2})
 	took := time.Since(start)
