@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -531,26 +532,83 @@ func (a *Agent) workdir(override string) string {
 	return "/root"
 }
 
-// capped accumulates output up to a limit and notes truncation.
+// capped accumulates output up to a limit and notes truncation. The limit counts bytes of the output's JSON
+// encoding, not of the output: a control character is 1 byte of output but 6 on the wire (\u0001), and the
+// events that carry the output must stay within maxEvent whatever bytes a program writes.
 type capped struct {
 	sb        strings.Builder
 	limit     int
+	size      int // encoded size of sb
 	truncated bool
 }
 
+// outputLimit is the cap of each of a call's collected stdout and stderr, in bytes of JSON (see capped).
 const outputLimit = 32 << 20
+
+// fieldLimit caps each of a run_code result's value, error value and traceback, in bytes of JSON.
+const fieldLimit = 4 << 20
+
+// maxEvent bounds one event line from the agent: a terminal event carries two capped streams and three capped
+// fields, and their truncation notes.
+const maxEvent = 2*outputLimit + 3*fieldLimit + 1<<20
+
+const truncatedNote = "\n[output truncated]\n"
 
 func (c *capped) add(s string) {
 	if c.truncated {
 		return
 	}
-	if c.sb.Len()+len(s) > c.limit {
-		c.sb.WriteString(s[:c.limit-c.sb.Len()])
-		c.sb.WriteString("\n[output truncated]\n")
+	n, cost := encodedPrefix(s, c.limit-c.size)
+	c.sb.WriteString(s[:n])
+	c.size += cost
+	if n < len(s) {
+		c.sb.WriteString(truncatedNote)
 		c.truncated = true
-		return
 	}
-	c.sb.WriteString(s)
+}
+
+// capField shortens s, if its JSON encoding exceeds limit bytes, to a prefix that fits, marked as truncated.
+func capField(s string, limit int) string {
+	n, _ := encodedPrefix(s, limit)
+	if n == len(s) {
+		return s
+	}
+	return s[:n] + truncatedNote
+}
+
+// encodedPrefix returns the length of the longest prefix of s whose JSON encoding (as encoding/json writes it:
+// HTML characters escaped, invalid UTF-8 replaced) takes at most room bytes, and that encoding's size (without
+// the quotes). It never splits a UTF-8 sequence.
+func encodedPrefix(s string, room int) (n, size int) {
+	for n < len(s) {
+		c, w := jsonCost(s[n:])
+		if size+c > room {
+			break
+		}
+		size += c
+		n += w
+	}
+	return n, size
+}
+
+// jsonCost returns how many bytes encoding/json writes for the first character of s, and that character's length
+// in s.
+func jsonCost(s string) (cost, width int) {
+	b := s[0]
+	if b < utf8.RuneSelf {
+		switch {
+		case b == '"' || b == '\\' || b == '\n' || b == '\r' || b == '\t':
+			return 2, 1
+		case b < 0x20 || b == '<' || b == '>' || b == '&':
+			return 6, 1 // \u00XX (\b and \f take 2; counted as 6, an upper bound)
+		}
+		return 1, 1
+	}
+	r, w := utf8.DecodeRuneInString(s)
+	if r == utf8.RuneError && w == 1 || r == '\u2028' || r == '\u2029' {
+		return 6, w // \ufffd for an invalid byte, \u2028, \u2029
+	}
+	return w, w
 }
 
 var _ io.Writer = (*bufio.Writer)(nil)

@@ -176,7 +176,7 @@ func (c *Client) events(ctx context.Context, cc *clientConn, onEvent func(Event)
 	defer stop()
 	first := true
 	for {
-		line, err := readLine(cc.r, maxRequest)
+		line, err := readLine(cc.r, maxEvent)
 		if err != nil {
 			if ctx.Err() != nil {
 				return Event{}, ctx.Err()

@@ -415,11 +415,26 @@ func (p *repl) run(code string, timeoutS float64, emit func(Event)) Event {
 			if spawned {
 				p.waitSync(m.ExecutionCount, 2*time.Second)
 			}
+			capResult(&m)
 			sinkMu.Lock()
 			ev := Event{Type: "result", Stdout: out.sb.String(), Stderr: errOut.sb.String(), Value: m.Value, Error: m.Error, ExecutionCount: m.ExecutionCount}
 			sinkMu.Unlock()
 			return ev
 		}
+	}
+}
+
+// capResult bounds a result's value, error value and traceback (repl.py bounds them too, in its own encoding,
+// which escapes other characters than the agent's), so that the result event stays within maxEvent.
+func capResult(m *replMsg) {
+	if m.Value != nil {
+		v := capField(*m.Value, fieldLimit)
+		m.Value = &v
+	}
+	if m.Error != nil {
+		m.Error.Name = capField(m.Error.Name, 8<<10)
+		m.Error.Value = capField(m.Error.Value, fieldLimit)
+		m.Error.Traceback = capField(m.Error.Traceback, fieldLimit)
 	}
 }
 

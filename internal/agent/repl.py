@@ -51,8 +51,42 @@ class _Reader:
         return self.fds.pop(0)
 
 
+# Output goes to the agent in events of at most _CHUNK characters: at most 12 bytes each in JSON (a character
+# outside the BMP is two \\uXXXX escapes), so no line exceeds 768 KiB.
+_CHUNK = 1 << 16
+# A result's value, error value and traceback are each cut to _FIELD_LIMIT bytes of JSON (the agent cuts them
+# to the same size in its own encoding): the result line stays far below the agent's line limit.
+_FIELD_LIMIT = 4 << 20
+_TRUNCATED = "\n[output truncated]\n"
+
+
+def _json_len(s):
+    return len(json.dumps(s)) - 2
+
+
+def _bounded(s, limit=_FIELD_LIMIT):
+    """s, or its longest prefix whose JSON encoding fits in limit bytes followed by the truncation note."""
+    if s is None or len(s) * 12 <= limit:
+        return s
+    used = 0
+    for i in range(0, len(s), _CHUNK):
+        piece = s[i:i + _CHUNK]
+        n = _json_len(piece)
+        if used + n > limit:
+            lo, hi = 0, len(piece)  # the longest prefix of piece that fits: lo fits, hi does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if used + _json_len(piece[:mid]) <= limit:
+                    lo = mid
+                else:
+                    hi = mid
+            return s[:i + lo] + _TRUNCATED
+        used += n
+    return s
+
+
 class _Stream:
-    """A text stream that forwards every write to the agent as an event."""
+    """A text stream that forwards every write to the agent as events."""
 
     encoding = "utf-8"
     errors = "replace"
@@ -63,8 +97,9 @@ class _Stream:
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError("write() argument must be str, not %s" % type(s).__name__)
-        if s:
-            _send({"type": self.name, "data": s})
+        # In pieces: one event per piece keeps every line to the agent small, whatever the characters escape to.
+        for i in range(0, len(s), _CHUNK):
+            _send({"type": self.name, "data": s[i:i + _CHUNK]})
         return len(s)
 
     def writelines(self, lines):
@@ -106,16 +141,16 @@ def _run(code):
             v = eval(compile(last, "<cell>", "eval"), _ns)
             if v is not None:
                 _ns["_"] = v
-                value = repr(v)
+                value = _bounded(repr(v))
     except BaseException as e:  # SystemExit and KeyboardInterrupt included: the interpreter stays alive
         tb = e.__traceback__
         # Drop this function's own frame from the traceback.
         if tb is not None and tb.tb_frame.f_code is _run.__code__:
             tb = tb.tb_next
         error = {
-            "name": type(e).__name__,
-            "value": str(e),
-            "traceback": "".join(traceback.format_exception(type(e), e, tb)),
+            "name": type(e).__name__[:1000],
+            "value": _bounded(str(e)),
+            "traceback": _bounded("".join(traceback.format_exception(type(e), e, tb))),
         }
     finally:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
