@@ -1,6 +1,9 @@
 package client
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Sandbox statuses.
 const (
@@ -22,6 +25,7 @@ type Sandbox struct {
 	MemMiB    int               `json:"mem_mib"`
 	MaxProcs  int               `json:"max_procs"`
 	DiskMiB   int               `json:"disk_mib"`
+	Egress    []string          `json:"egress"` // nil: the server's default policy (public internet only)
 	Shape     string            `json:"shape"`
 	TimeoutS  int               `json:"timeout_s"`
 	OnTimeout string            `json:"on_timeout"`
@@ -70,6 +74,21 @@ type CreateRequest struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Cwd       string            `json:"cwd,omitempty"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
+	// Egress is the outbound allowlist (CIDRs, IPs, hostnames, optionally with :port): nil means the server's
+	// default policy (the public internet), an empty non-nil slice means no outbound traffic at all.
+	Egress []string `json:"-"`
+}
+
+// MarshalJSON sends egress only when set, keeping an empty list (no outbound traffic) apart from none.
+func (r CreateRequest) MarshalJSON() ([]byte, error) {
+	type plain CreateRequest
+	if r.Egress == nil {
+		return json.Marshal(plain(r))
+	}
+	return json.Marshal(struct {
+		plain
+		Egress []string `json:"egress"`
+	}{plain(r), r.Egress})
 }
 
 // ListOptions filters List. Every metadata pair must match.

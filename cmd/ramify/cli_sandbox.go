@@ -26,7 +26,7 @@ func init() {
 }
 
 func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
-	fs, asJSON := e.flags("sandbox create [--vcpu N] [--mem MiB] [--max-procs N] [--timeout S] [--env K=V]... [--cwd DIR] [--meta K=V]... [--json]")
+	fs, asJSON := e.flags("sandbox create [--vcpu N] [--mem MiB] [--max-procs N] [--disk MiB] [--egress LIST] [--timeout S] [--env K=V]... [--cwd DIR] [--meta K=V]... [--json]")
 	var (
 		mem     memFlag
 		timeout secondsFlag
@@ -38,6 +38,7 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	maxProcs := fs.Int("max-procs", 0, "max processes and threads (server default 512)")
 	var disk memFlag
 	fs.Var(&disk, "disk", "disk quota in MiB, or with a unit: 512M, 20G (server default: its --disk-mib)")
+	egress := fs.String("egress", "", `outbound allowlist: comma-separated CIDRs, IPs or hostnames, each optionally with :port; "none" for no outbound traffic (server default: the public internet only)`)
 	fs.Var(&timeout, "timeout", "destroy (or pause, see --on-timeout) the sandbox after this many seconds or this duration (5m); 0 = never")
 	onTimeout := fs.String("on-timeout", "", `what --timeout does: "destroy" (default) or "pause"`)
 	fs.Var(env, "env", "environment variable K=V for run and exec (repeatable)")
@@ -55,6 +56,12 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 		Cwd: *cwd,
 	}
 	req.DiskMiB = int(disk)
+	switch {
+	case *egress == "none":
+		req.Egress = []string{}
+	case *egress != "":
+		req.Egress = strings.Split(*egress, ",")
+	}
 	if len(env) > 0 {
 		req.Env = env
 	}

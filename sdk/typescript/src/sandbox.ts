@@ -36,6 +36,10 @@ export interface CreateOptions extends ClientOptions {
   env?: Record<string, string>;
   cwd?: string;
   metadata?: Record<string, string>;
+  /** Disk quota of the sandbox's writable layer in MiB (server default: its --disk-mib). */
+  diskMib?: number;
+  /** Outbound allowlist: CIDRs, IPs or hostnames, optionally with `:port`; `[]` = no outbound traffic. */
+  egress?: string[];
 }
 
 export interface ListOptions extends ClientOptions {
@@ -128,6 +132,8 @@ export class Sandbox {
       ["cwd", opts.cwd],
       ["env", opts.env],
       ["metadata", opts.metadata],
+      ["disk_mib", opts.diskMib],
+      ["egress", opts.egress],
     ];
     for (const [k, v] of fields) if (v !== undefined && v !== null) body[k] = v;
     const res = await client.request("POST", "/v1/sandboxes", { json: body, timeoutS: client.longer(120) });

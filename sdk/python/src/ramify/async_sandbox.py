@@ -200,10 +200,13 @@ class AsyncSandbox:
         api_url: Optional[str] = None,
         api_key: Optional[str] = None,
         request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+        disk_mib: Optional[int] = None,
+        egress: Optional[Sequence[str]] = None,
     ) -> _Creating:
         return _Creating(dict(vcpu=vcpu, mem_mib=mem_mib, max_procs=max_procs, timeout_s=timeout_s,
                               on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
-                              api_url=api_url, api_key=api_key, request_timeout=request_timeout))
+                              api_url=api_url, api_key=api_key, request_timeout=request_timeout,
+                              disk_mib=disk_mib, egress=egress))
 
     @classmethod
     async def connect(cls, id: str, api_url: Optional[str] = None, api_key: Optional[str] = None,

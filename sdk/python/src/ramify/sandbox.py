@@ -81,6 +81,8 @@ class Sandbox:
         api_url: Optional[str] = None,
         api_key: Optional[str] = None,
         request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+        disk_mib: Optional[int] = None,
+        egress: Optional[Sequence[str]] = None,
     ):
         client = HTTPClient(api_url, api_key, request_timeout)
         body: Dict[str, Any] = {}
@@ -91,9 +93,12 @@ class Sandbox:
             ("timeout_s", timeout_s),
             ("on_timeout", on_timeout),
             ("cwd", cwd),
+            ("disk_mib", disk_mib),
         ):
             if v is not None:
                 body[k] = v
+        if egress is not None:  # [] means no outbound traffic at all; None means the server's default policy
+            body["egress"] = [str(e) for e in egress]
         if env is not None:
             body["env"] = {str(k): str(v) for k, v in env.items()}
         if metadata is not None:
