@@ -193,8 +193,10 @@ func (t *procTree) track() (stop func()) {
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
+		// The first look after 5 ms: a command that ends sooner (most do) pays nothing; what one double-forks away
+		// before then still carries the call's token, which the kill finds.
 		interval := 5 * time.Millisecond
-		timer := time.NewTimer(0)
+		timer := time.NewTimer(interval)
 		defer timer.Stop()
 		for {
 			select {
