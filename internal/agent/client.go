@@ -83,9 +83,10 @@ func (c *Client) Call(ctx context.Context, req Request, onEvent func(Event)) (Ev
 	if err != nil {
 		cc.c.Close()
 		// A pooled connection may have gone stale (agent restarted): retry once on a fresh one when nothing
-		// was received yet.
+		// was received yet, and only when the agent cannot have acted on the request: it was never sent, or the
+		// operation may be repeated (a run_code or fork_repl that reached an agent which died must not run twice).
 		var se *staleErr
-		if errors.As(err, &se) {
+		if errors.As(err, &se) && (!se.sent || idempotent(req.Op)) {
 			conn, derr := c.dial(ctx)
 			if derr != nil {
 				return Event{}, fmt.Errorf("%w: %v", ErrAgentGone, derr)
@@ -148,7 +149,14 @@ func (c *Client) CallWithFiles(ctx context.Context, req Request, files []*os.Fil
 	return c.events(ctx, cc, onEvent)
 }
 
-type staleErr struct{ err error }
+type staleErr struct {
+	err  error
+	sent bool // the request was written: the agent may have received it
+}
+
+// idempotent reports whether an agent operation may be sent again after a failure that leaves unknown whether the
+// agent received it.
+func idempotent(op string) bool { return op == "ping" }
 
 func (s *staleErr) Error() string { return s.err.Error() }
 func (s *staleErr) Unwrap() error { return s.err }
@@ -165,7 +173,7 @@ func (c *Client) call(ctx context.Context, cc *clientConn, req Request, onEvent 
 		if ctx.Err() != nil {
 			return Event{}, ctx.Err()
 		}
-		return Event{}, &staleErr{err}
+		return Event{}, &staleErr{err: err}
 	}
 	return c.events(ctx, cc, onEvent)
 }
@@ -182,7 +190,7 @@ func (c *Client) events(ctx context.Context, cc *clientConn, onEvent func(Event)
 				return Event{}, ctx.Err()
 			}
 			if first {
-				return Event{}, &staleErr{fmt.Errorf("%w: %v", ErrAgentGone, err)}
+				return Event{}, &staleErr{err: fmt.Errorf("%w: %v", ErrAgentGone, err), sent: true}
 			}
 			return Event{}, fmt.Errorf("%w: %v", ErrAgentGone, err)
 		}
