@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -378,13 +379,43 @@ func (a *Agent) handleConn(c net.Conn) {
 			keep = a.attachRepl(c, r, req)
 			return
 		}
-		a.handle(context.Background(), req, w)
+		ctx, done := untilHangup(c)
+		a.handle(ctx, req, w)
+		hungUp := done()
 		for _, f := range req.files {
 			f.Close()
 		}
-		if w.err != nil {
+		if w.err != nil || hungUp {
 			return
 		}
+	}
+}
+
+// untilHangup returns a context that ends if the server hangs up on c while a request runs: the server closes the
+// connection when its caller's context ends (a client that went away, a cancelled request), and the request's
+// work (run_code, exec) then stops instead of holding the sandbox for the next call. The protocol is one request
+// at a time, so nothing else arrives on c meanwhile; done stops watching and reports whether the server hung up.
+func untilHangup(c net.Conn) (context.Context, func() (hungUp bool)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	var gone atomic.Bool
+	go func() {
+		defer close(watched)
+		var b [1]byte
+		_, err := c.Read(b[:])
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return // done() ended the watch
+		}
+		gone.Store(true) // EOF, an error, or bytes out of turn: the call is over for the server
+		cancel()
+	}()
+	return ctx, func() bool {
+		c.SetReadDeadline(time.Unix(1, 0))
+		<-watched
+		c.SetReadDeadline(time.Time{})
+		cancel()
+		return gone.Load()
 	}
 }
 
@@ -458,7 +489,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: pid})
 	case "run_code":
-		ev := a.repl.run(req.Code, req.TimeoutS, w.emit)
+		ev := a.repl.run(ctx, req.Code, req.TimeoutS, w.emit)
 		w.emit(ev)
 	case "exec":
 		w.emit(a.exec(ctx, req, w.emit))

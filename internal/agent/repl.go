@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"bufio"
 	"bytes"
 	"encoding/hex"
@@ -320,7 +321,9 @@ func (p *repl) recv() (replMsg, error) {
 }
 
 // run executes code and returns the terminal "result" event; output events go to emit as they arrive.
-func (p *repl) run(code string, timeoutS float64, emit func(Event)) Event {
+// When ctx ends first (the caller went away), the code is interrupted as a timeout interrupts it: SIGINT, then
+// SIGKILL if it does not stop, so that an abandoned call does not keep the interpreter busy for the next one.
+func (p *repl) run(ctx context.Context, code string, timeoutS float64, emit func(Event)) Event {
 	p.runMu.Lock()
 	defer p.runMu.Unlock()
 	if _, err := p.ensure(); err != nil {
@@ -351,19 +354,22 @@ func (p *repl) run(code string, timeoutS float64, emit func(Event)) Event {
 
 	var timedOut bool
 	var timer, killTimer *time.Timer
-	if timeoutS > 0 {
-		timer = time.AfterFunc(time.Duration(timeoutS*float64(time.Second)), func() {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			if p.running && p.pid == pid {
-				timedOut = true
-				syscall.Kill(pid, syscall.SIGINT)
-				// Code stuck in C that ignores the interrupt: kill the interpreter after a grace period.
-				killTimer = time.AfterFunc(10*time.Second, func() { syscall.Kill(pid, syscall.SIGKILL) })
-			}
-		})
+	interrupt := func(timeout bool) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.running && p.pid == pid && killTimer == nil {
+			timedOut = timeout
+			syscall.Kill(pid, syscall.SIGINT)
+			// Code stuck in C that ignores the interrupt: kill the interpreter after a grace period.
+			killTimer = time.AfterFunc(10*time.Second, func() { syscall.Kill(pid, syscall.SIGKILL) })
+		}
 	}
+	if timeoutS > 0 {
+		timer = time.AfterFunc(time.Duration(timeoutS*float64(time.Second)), func() { interrupt(true) })
+	}
+	abandoned := context.AfterFunc(ctx, func() { interrupt(false) })
 	stop := func() {
+		abandoned()
 		p.mu.Lock()
 		p.running = false
 		if timer != nil {

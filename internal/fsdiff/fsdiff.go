@@ -30,7 +30,7 @@ type Result struct {
 	Modified []string `json:"modified"`
 	// Truncated is true when the comparison stopped because a list reached MaxEntries: the lists then hold
 	// the differences among the paths that sort before where it stopped, and nothing after.
-	Truncated bool `json:"truncated"`
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // MaxEntries bounds each list of a Result (a diff of 300,000 files was 7 MB of JSON and seconds of work).
