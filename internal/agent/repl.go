@@ -1,9 +1,9 @@
 package agent
 
 import (
-	"context"
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
