@@ -361,12 +361,18 @@ func dirPath(fd int, ino uint64) (string, error) {
 // treeSearch calls fn for every item of the subvolume open at fd with objectid in [minObj, maxObj] that lies in
 // a b-tree block newer than minTransid - 1, in key order, until fn returns false.
 func treeSearch(fd int, minObj, maxObj, minTransid uint64, fn func(objectid uint64, typ uint32, offset uint64, data []byte) bool) error {
-	args := new(btrfsSearchArgsV2)
-	k := btrfsSearchKey{
+	return searchTree(fd, btrfsSearchKey{
 		MinObjectID: minObj, MaxObjectID: maxObj,
 		MaxOffset: math.MaxUint64, MinTransid: minTransid, MaxTransid: math.MaxUint64,
 		MaxType: math.MaxUint8,
-	}
+	}, fn)
+}
+
+// searchTree runs BTRFS_IOC_TREE_SEARCH_V2 over the key range k (its tree, objectids, types, offsets and
+// transids), page by page, and calls fn for every item returned, in key order, until fn returns false.
+func searchTree(fd int, k btrfsSearchKey, fn func(objectid uint64, typ uint32, offset uint64, data []byte) bool) error {
+	args := new(btrfsSearchArgsV2)
+	maxObj := k.MaxObjectID
 	for {
 		args.Key = k
 		args.Key.NrItems = math.MaxUint32
@@ -397,7 +403,7 @@ func treeSearch(fd int, minObj, maxObj, minTransid uint64, fn func(objectid uint
 			}
 			b = b[32+l:]
 		}
-		// Resume after the last key returned.
+		// The search key is (objectid, type, offset) ordered lexicographically: resume after the last one.
 		switch {
 		case off < math.MaxUint64:
 			k.MinObjectID, k.MinType, k.MinOffset = obj, typ, off+1

@@ -109,54 +109,20 @@ func btrfsQgroupDestroy(fd int, id uint64) error {
 // quotaTreeSearch calls fn for every item of the quota tree of the file system of fd with a key type in
 // [minType, maxType], in key order.
 func quotaTreeSearch(fd int, minType, maxType uint32, fn func(objectid uint64, typ uint32, offset uint64, data []byte)) error {
-	args := new(btrfsSearchArgsV2)
-	k := btrfsSearchKey{
+	err := searchTree(fd, btrfsSearchKey{
 		TreeID:      btrfsQuotaTreeObjectID,
 		MaxObjectID: math.MaxUint64, MaxOffset: math.MaxUint64, MaxTransid: math.MaxUint64,
 		MinType: minType, MaxType: maxType,
+	}, func(obj uint64, typ uint32, off uint64, data []byte) bool {
+		if typ >= minType && typ <= maxType {
+			fn(obj, typ, off, data)
+		}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("quota %w", err)
 	}
-	for {
-		args.Key = k
-		args.Key.NrItems = math.MaxUint32
-		args.BufSize = uint64(len(args.Buf))
-		if err := ioctlPtr(fd, btrfsIocTreeSearchV2, unsafe.Pointer(args)); err != nil {
-			return fmt.Errorf("quota tree search: %w", err)
-		}
-		n := args.Key.NrItems
-		if n == 0 {
-			return nil
-		}
-		b := args.Buf[:]
-		var obj, off uint64
-		var typ uint32
-		for i := uint32(0); i < n; i++ {
-			if len(b) < 32 {
-				return fmt.Errorf("quota tree search: short result")
-			}
-			obj = binary.LittleEndian.Uint64(b[8:])
-			off = binary.LittleEndian.Uint64(b[16:])
-			typ = binary.LittleEndian.Uint32(b[24:])
-			l := int(binary.LittleEndian.Uint32(b[28:]))
-			if len(b) < 32+l {
-				return fmt.Errorf("quota tree search: short item")
-			}
-			if typ >= minType && typ <= maxType {
-				fn(obj, typ, off, b[32:32+l])
-			}
-			b = b[32+l:]
-		}
-		// The search key is (objectid, type, offset) ordered lexicographically: resume after the last one.
-		switch {
-		case off < math.MaxUint64:
-			k.MinObjectID, k.MinType, k.MinOffset = obj, typ, off+1
-		case typ < math.MaxUint8:
-			k.MinObjectID, k.MinType, k.MinOffset = obj, typ+1, 0
-		case obj < math.MaxUint64:
-			k.MinObjectID, k.MinType, k.MinOffset = obj+1, 0, 0
-		default:
-			return nil
-		}
-	}
+	return nil
 }
 
 // quotaMode reports how the file system of fd accounts qgroups. A file system without a quota tree is QuotaOff.

@@ -335,20 +335,33 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		return runtime.Handle{}, err
 	}
 	undo.add(f.kill)
-	sb, err := r.spawn(ctx, f, spec, dir, "")
+	sb, err := r.launch(ctx, f, spec, dir, nil)
 	if err != nil {
 		return runtime.Handle{}, err
 	}
+	return sb.h, nil
+}
+
+// launch spawns spec's agent in family f on layer dir, lets adjust rename its handle (nil: none), starts its
+// interpreter with spec's env and cwd, and records the sandbox as a member of f. On error it undoes the spawn.
+func (r *Runtime) launch(ctx context.Context, f *family, spec runtime.Spec, dir string, adjust func(*runtime.Handle)) (*sandbox, error) {
+	sb, err := r.spawn(ctx, f, spec, dir, "")
+	if err != nil {
+		return nil, err
+	}
+	if adjust != nil {
+		adjust(&sb.h)
+	}
 	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
 		r.teardown(sb)
-		return runtime.Handle{}, fmt.Errorf("start sandbox: %w", err)
+		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
 	r.mu.Lock()
-	f.members[spec.ID] = true
+	f.members[sb.h.ID] = true
 	r.families[f.id] = f
-	r.sandboxes[spec.ID] = sb
+	r.sandboxes[sb.h.ID] = sb
 	r.mu.Unlock()
-	return sb.h, nil
+	return sb, nil
 }
 
 // teardown kills a sandbox's processes and releases its cgroup and network (not its layer, not its family).
@@ -613,19 +626,11 @@ func (r *Runtime) Revive(ctx context.Context, h runtime.Handle, spec runtime.Spe
 	undo.add(f.kill)
 	name := h.CgroupName()
 	spec.ID = name
-	sb, err := r.spawn(ctx, f, spec, r.cfg.Layers.Path(h.Layer()), "")
+	sb, err := r.launch(ctx, f, spec, r.cfg.Layers.Path(h.Layer()), func(nh *runtime.Handle) {
+		nh.ID, nh.LayerID, nh.Cgroup, nh.Veth = h.ID, h.Layer(), name, network.VethName(name)
+	})
 	if err != nil {
 		return runtime.Handle{}, err
 	}
-	undo.add(func() { r.teardown(sb) })
-	sb.h.ID, sb.h.LayerID, sb.h.Cgroup, sb.h.Veth = h.ID, h.Layer(), name, network.VethName(name)
-	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
-		return runtime.Handle{}, fmt.Errorf("start sandbox: %w", err)
-	}
-	r.mu.Lock()
-	f.members[h.ID] = true
-	r.families[f.id] = f
-	r.sandboxes[h.ID] = sb
-	r.mu.Unlock()
 	return sb.h, nil
 }
