@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -274,6 +277,9 @@ func (d *btrfsDriver) enableQuota(want QuotaMode) error {
 		d.log.Info("keeping the layer file system's quota mode", "mode", mode, "wanted", want)
 	}
 	d.quota = mode
+	if mode == QuotaFull {
+		d.keepQgroupsConsistent()
+	}
 	d.removeStaleQgroups()
 	return nil
 }
@@ -404,5 +410,67 @@ func (d *btrfsDriver) removeQgroup(qgroup uint64) {
 	}
 	if err := btrfsQgroupDestroy(d.rootFd, qgroup); err != nil && !errors.Is(err, unix.EBUSY) {
 		d.log.Warn("remove layer qgroup", "qgroup", qgroup, "err", err)
+	}
+}
+
+// btrfsFsInfoArgs mirrors struct btrfs_ioctl_fs_info_args (1024 bytes).
+type btrfsFsInfoArgs struct {
+	MaxID          uint64
+	NumDevices     uint64
+	FSID           [16]byte
+	NodeSize       uint32
+	SectorSize     uint32
+	CloneAlignment uint32
+	CsumType       uint16
+	CsumSize       uint16
+	Flags          uint64
+	Generation     uint64
+	MetadataUUID   [16]byte
+	Reserved       [944]byte
+}
+
+// btrfsQuotaRescanArgs mirrors struct btrfs_ioctl_quota_rescan_args.
+type btrfsQuotaRescanArgs struct {
+	Flags    uint64
+	Progress uint64
+	Reserved [6]uint64
+}
+
+var (
+	btrfsIocFsInfo      = ioc(iocRead, btrfsIoctlMagic, 31, unsafe.Sizeof(btrfsFsInfoArgs{})) // BTRFS_IOC_FS_INFO
+	btrfsIocQuotaRescan = iow(btrfsIoctlMagic, 44, unsafe.Sizeof(btrfsQuotaRescanArgs{}))     // BTRFS_IOC_QUOTA_RESCAN
+	btrfsIocRescanWait  = ioc(0, btrfsIoctlMagic, 46, 0)                                      // BTRFS_IOC_QUOTA_RESCAN_WAIT
+)
+
+// keepQgroupsConsistent makes the kernel account every subvolume deletion in full: by default (sysfs
+// qgroups/drop_subtree_threshold = 3) dropping a subvolume whose tree is 3 levels deep or more marks every qgroup
+// inconsistent instead, after which limits are checked against stale numbers until a rescan. It raises the
+// threshold to the deepest possible tree (8) and, if the qgroups are inconsistent already, starts a rescan.
+func (d *btrfsDriver) keepQgroupsConsistent() {
+	var info btrfsFsInfoArgs
+	if err := ioctlPtr(d.rootFd, btrfsIocFsInfo, unsafe.Pointer(&info)); err != nil {
+		d.log.Warn("btrfs fs info", "err", err)
+		return
+	}
+	u := info.FSID
+	fsid := fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+	p := filepath.Join("/sys/fs/btrfs", fsid, "qgroups", "drop_subtree_threshold")
+	if err := os.WriteFile(p, []byte("8"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+		d.log.Warn("account subvolume deletions in full", "path", p, "err", err)
+	}
+	if _, inconsistent, err := quotaMode(d.rootFd); err == nil && inconsistent {
+		// Enabling quotas starts a rescan of its own (EINPROGRESS here); either way, wait for it: until it ends
+		// the limits are checked against incomplete numbers.
+		var args btrfsQuotaRescanArgs
+		if err := ioctlPtr(d.rootFd, btrfsIocQuotaRescan, unsafe.Pointer(&args)); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+			d.log.Warn("rescan inconsistent qgroups", "err", err)
+			return
+		}
+		start := time.Now()
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(d.rootFd), btrfsIocRescanWait, 0); errno != 0 {
+			d.log.Warn("wait for the qgroup rescan", "err", errno)
+			return
+		}
+		d.log.Info("qgroups rescanned", "root", d.root, "ms", time.Since(start).Milliseconds())
 	}
 }
