@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -393,25 +394,42 @@ func (a *Agent) handleConn(c net.Conn) {
 
 // untilHangup returns a context that ends if the server hangs up on c while a request runs: the server closes the
 // connection when its caller's context ends (a client that went away, a cancelled request), and the request's
-// work (run_code, exec) then stops instead of holding the sandbox for the next call. The protocol is one request
-// at a time, so nothing else arrives on c meanwhile; done stops watching and reports whether the server hung up.
+// work (run_code, exec) then stops instead of holding the sandbox for the next call. It only peeks (MSG_PEEK):
+// the server may send its next request on the connection the moment this one's answer is out, and those bytes
+// belong to the next readLine. done stops watching and reports whether the server hung up.
 func untilHangup(c net.Conn) (context.Context, func() (hungUp bool)) {
 	ctx, cancel := context.WithCancel(context.Background())
+	uc, ok := c.(*net.UnixConn)
+	raw, err := func() (syscall.RawConn, error) {
+		if !ok {
+			return nil, errors.New("not a unix connection")
+		}
+		return uc.SyscallConn()
+	}()
+	if err != nil {
+		return ctx, func() bool { cancel(); return false }
+	}
 	watched := make(chan struct{})
 	var gone atomic.Bool
 	go func() {
 		defer close(watched)
-		var b [1]byte
-		_, err := c.Read(b[:])
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return // done() ended the watch
+		hung := false
+		err := raw.Read(func(fd uintptr) bool {
+			var b [1]byte
+			n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+				return false // nothing yet: wait until the socket is readable
+			}
+			hung = n == 0 || err != nil // end of stream or an error; bytes (a next request) are no hang-up
+			return true
+		})
+		if err == nil && hung {
+			gone.Store(true)
+			cancel()
 		}
-		gone.Store(true) // EOF, an error, or bytes out of turn: the call is over for the server
-		cancel()
 	}()
 	return ctx, func() bool {
-		c.SetReadDeadline(time.Unix(1, 0))
+		c.SetReadDeadline(time.Unix(1, 0)) // ends a wait in raw.Read
 		<-watched
 		c.SetReadDeadline(time.Time{})
 		cancel()
