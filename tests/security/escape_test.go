@@ -59,7 +59,7 @@ func TestNeighbourAnswersUnderForkBombAndMemoryHog(t *testing.T) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		to := 8 // the timeout, not the command's end, stops the bomb: jobs an exec leaves running outlive it
+		to := 8                                                                                                                      // the timeout, not the command's end, stops the bomb: jobs an exec leaves running outlive it
 		s.Client.Exec(testserver.Ctx(t), abuser, client.ExecRequest{Cmd: "bomb() { bomb | bomb & }; bomb; sleep 60", TimeoutS: &to}) //nolint:errcheck
 	}()
 	go func() {
