@@ -119,9 +119,11 @@ func TestLimitsContainForkBombAndMemoryHog(t *testing.T) {
 	value(t, s, victim, "v = 'untouched'")
 	bomb := create(t, s, &client.CreateRequest{MaxProcs: 64, MemMiB: 256})
 
+	// The bomb runs until exec's timeout kills it, with everything it started (jobs an exec leaves running when
+	// its command ends on its own outlive it, and would keep this sandbox's pids limit full).
 	to := 5
 	start := time.Now()
-	res, err := s.Client.Exec(ctxT(t), bomb, client.ExecRequest{Cmd: "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", TimeoutS: &to})
+	res, err := s.Client.Exec(ctxT(t), bomb, client.ExecRequest{Cmd: "bomb() { bomb | bomb & }; bomb; sleep 60; echo survived", TimeoutS: &to})
 	if res != nil {
 		t.Logf("fork bomb: exit %d timed_out %v after %s, err %v", res.ExitCode, res.TimedOut, time.Since(start), err)
 	}
