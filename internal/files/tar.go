@@ -335,8 +335,16 @@ func (x *extractor) rollback() {
 				unix.Close(fd)
 			}
 		case u.backup != "":
-			var st unix.Stat_t
-			if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			var st, bst unix.Stat_t
+			cur := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+			if cur == nil && unix.Fstatat(dirfd, u.backup, &bst, unix.AT_SYMLINK_NOFOLLOW) == nil &&
+				st.Dev == bst.Dev && st.Ino == bst.Ino {
+				// Never replaced (the change failed): a rename between two links of one file does nothing,
+				// which would leave the backup behind.
+				unix.Unlinkat(dirfd, u.backup, 0)
+				break
+			}
+			if cur == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 				unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) // a directory entry replaced the file: empty by now
 			}
 			if unix.Renameat(dirfd, u.backup, dirfd, name) != nil {
