@@ -170,10 +170,11 @@ func TestBtrfsQuota(t *testing.T) {
 			start := time.Now()
 			qgroupsGone(t, bd, ids)
 			t.Logf("removed layers dropped with their qgroups in %v", time.Since(start))
-			// Clones and removals must not leave the accounting inconsistent (that would need a rescan, and
-			// limits would be checked against stale numbers meanwhile).
-			if m, inconsistent, err := quotaMode(bd.rootFd); err != nil || m != mode || inconsistent {
-				t.Fatalf("quota status after removals: mode %s inconsistent %v err %v", m, inconsistent, err)
+			// The mode survives clones and removals. (A removal may leave the qgroups flagged inconsistent: the
+			// kernel does not walk a deleted subvolume three or more tree levels deep; only exclusive counts are
+			// affected, and limits are on referenced bytes: see keepQgroupsConsistent.)
+			if m, _, err := quotaMode(bd.rootFd); err != nil || m != mode {
+				t.Fatalf("quota status after removals: mode %s err %v", m, err)
 			}
 
 			// A second Open of the same (still mounted) file system keeps the mode and enables nothing twice.
