@@ -13,6 +13,8 @@ import (
 
 	osexec "os/exec"
 
+	"github.com/google/nftables"
+
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/cgroups"
 	"github.com/ramify-dev/ramify/internal/image"
@@ -81,9 +83,17 @@ func newTestRuntime(t testing.TB) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		nw.Close()
 		if l, err := net.InterfaceByName(br); err == nil {
 			_ = l
 			osexec.Command("ip", "link", "del", br).Run()
+		}
+		// The manager's nftables tables (ip and bridge families), which a server keeps for its next start.
+		if c, err := nftables.New(); err == nil {
+			for _, fam := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyBridge} {
+				c.DelTable(&nftables.Table{Name: "ramify_" + br, Family: fam})
+				c.Flush() //nolint:errcheck // absent is fine
+			}
 		}
 	})
 	// The family init runs the binary from an empty root, so it must be static: make test passes the built
