@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
@@ -65,10 +66,12 @@ func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPau
 		return ForkResult{}, err
 	}
 	// Exclusive: in-flight calls on the parent finish first, so its interpreter is idle when it forks.
-	es, release, err := s.acquire(exclusive, OpFork, id)
+	es, releaseParent, err := s.acquire(exclusive, OpFork, id)
 	if err != nil {
 		return ForkResult{}, err
 	}
+	var once sync.Once
+	release := func() { once.Do(releaseParent) }
 	defer release()
 	e := es[0]
 	s.mu.Lock()
@@ -77,7 +80,12 @@ func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPau
 		if err := s.snapshots(); err != nil {
 			return ForkResult{}, err
 		}
-		return s.forkPaused(ctx, e, n, startPaused, egress)
+		res, err := s.forkPaused(ctx, e, n, startPaused, egress)
+		release()
+		if err == nil && !startPaused {
+			s.resumeForked(ctx, res.Children)
+		}
+		return res, err
 	}
 	parent, spec := e.handle, e.spec
 	if egress != nil {

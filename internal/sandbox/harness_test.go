@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime/pprof"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,6 +138,8 @@ func within(t *testing.T, d time.Duration, what string, f func()) {
 	select {
 	case <-done:
 	case <-time.After(d):
-		t.Fatalf("%s did not return within %s: deadlock", what, d)
+		var stacks strings.Builder
+		pprof.Lookup("goroutine").WriteTo(&stacks, 1) //nolint:errcheck // for the report only
+		t.Fatalf("%s did not return within %s: deadlock; goroutines:\n%s", what, d, stacks.String())
 	}
 }

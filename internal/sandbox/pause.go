@@ -680,12 +680,16 @@ func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused b
 	}
 	releaseKids()
 	s.log.Info("paused sandbox forked", "sandbox", parent.ID, "n", n)
-	if !startPaused {
-		for _, cid := range out.Children {
-			if _, _, err := s.Resume(ctx, cid); err != nil {
-				s.log.Warn("fork of a paused sandbox: resume a child", "sandbox", cid, "err", err)
-			}
+	return out, nil
+}
+
+// resumeForked resumes the children of a fork of a paused sandbox (start_paused false). The caller no longer
+// holds the parent: a resume takes its child exclusively, and another call holding that child while it waits
+// for the parent (a merge, say) would otherwise deadlock with the fork.
+func (s *Service) resumeForked(ctx context.Context, children []string) {
+	for _, cid := range children {
+		if _, _, err := s.Resume(ctx, cid); err != nil {
+			s.log.Warn("fork of a paused sandbox: resume a child", "sandbox", cid, "err", err)
 		}
 	}
-	return out, nil
 }
