@@ -147,3 +147,27 @@ func (c *Client) stream(ctx context.Context, path string, body any, final string
 		}
 	}
 }
+
+// What an Interrupt stops.
+const (
+	InterruptAll     = ""         // every run_code and exec call in flight
+	InterruptRunCode = "run_code" // run_code calls only
+	InterruptExec    = "exec"     // exec calls only
+)
+
+// Interrupt stops the sandbox's run_code and exec calls in flight (running, or queued for the interpreter): a
+// run_code gets a KeyboardInterrupt, an exec's command and what it started are killed; each answers its own
+// caller with Interrupted set. what is InterruptAll, InterruptRunCode or InterruptExec.
+func (c *Client) Interrupt(ctx context.Context, id, what string) (Interrupted, error) {
+	var out struct {
+		Interrupted Interrupted `json:"interrupted"`
+	}
+	body := map[string]string{}
+	if what != InterruptAll {
+		body["what"] = what
+	}
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/interrupt"), json: body}, &out); err != nil {
+		return Interrupted{}, err
+	}
+	return out.Interrupted, nil
+}

@@ -127,6 +127,14 @@ type Execution struct {
 	// Error is the exception, or nil on success.
 	Error          *ExecError `json:"error"`
 	ExecutionCount int        `json:"execution_count"`
+	// Interrupted is true when Interrupt stopped the call (Error is then a KeyboardInterrupt).
+	Interrupted bool `json:"interrupted,omitempty"`
+}
+
+// Interrupted counts the calls an Interrupt stopped.
+type Interrupted struct {
+	RunCode int `json:"run_code"`
+	Exec    int `json:"exec"`
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Set Cmd (run by /bin/sh -c) or Argv.
@@ -147,6 +155,8 @@ type ExecResult struct {
 	Stdout   string `json:"stdout,omitempty"`
 	Stderr   string `json:"stderr,omitempty"`
 	TimedOut bool   `json:"timed_out"`
+	// Interrupted is true when Interrupt stopped the command.
+	Interrupted bool `json:"interrupted"`
 }
 
 // Event is one output event of a streamed run_code or exec: Type is "stdout" or "stderr" and Data the text.

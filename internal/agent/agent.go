@@ -107,7 +107,7 @@ func Main(args []string) error {
 	if a.bpf, err = seccomp.ProgramBytes(); err != nil {
 		return fmt.Errorf("agent: seccomp program: %w", err)
 	}
-	a.repl = &repl{agent: a}
+	a.repl = &repl{agent: a, turn: make(chan struct{}, 1)}
 	if err := a.runSpawner(); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -222,7 +222,8 @@ type Agent struct {
 	cwd     string
 	started bool
 
-	repl *repl
+	repl  *repl
+	calls callSet // the run_code and exec calls being served, for interrupt
 
 	token    string // expected token of an attaching forked interpreter ("" when none is expected)
 	forked   bool   // the sandbox's interpreter is a forked one, which attaches (closing attached)
@@ -371,11 +372,11 @@ func (a *Agent) handleConn(c net.Conn) {
 		if len(req.files) > 0 {
 			req.file = req.files[0]
 		}
-		if req.Op != "attach_repl" && !fromServer {
+		if req.Op != OpAttach && !fromServer {
 			w.emit(Event{Type: "error", Message: "refused: only the ramify server may call the agent"})
 			return
 		}
-		if req.Op == "attach_repl" {
+		if req.Op == OpAttach {
 			// The connection now belongs to the interpreter: hand it over and stop reading it here.
 			keep = a.attachRepl(c, r, req)
 			return
@@ -480,18 +481,12 @@ func (e *eventWriter) emit(ev Event) {
 
 func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 	switch req.Op {
-	case "ping":
+	case OpPing:
 		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: a.repl.currentPid()})
-	case "start":
+	case OpStart:
 		a.mu.Lock()
 		a.env, a.cwd, a.started = req.Env, req.Cwd, true
 		a.mu.Unlock()
-		if req.Hostname != "" {
-			if err := setHostname(req.Hostname); err != nil {
-				w.emit(Event{Type: "error", Message: err.Error()})
-				return
-			}
-		}
 		running := a.repl.currentPid() != 0
 		pid, err := a.repl.ensure()
 		if err != nil {
@@ -506,12 +501,22 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			}
 		}
 		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: pid})
-	case "run_code":
-		ev := a.repl.run(ctx, req.Code, req.TimeoutS, w.emit)
-		w.emit(ev)
-	case "exec":
+	case OpRunCode:
+		ctx, end := a.calls.begin(ctx, OpRunCode)
+		defer end()
+		w.emit(a.repl.run(ctx, req.Code, req.TimeoutS, w.emit))
+	case OpExec:
+		ctx, end := a.calls.begin(ctx, OpExec)
+		defer end()
 		w.emit(a.exec(ctx, req, w.emit))
-	case "snapshot_repl":
+	case OpInterrupt:
+		if req.What != InterruptAll && req.What != InterruptRunCode && req.What != InterruptExec {
+			w.emit(Event{Type: "error", Message: fmt.Sprintf("interrupt: unknown target %q", req.What)})
+			return
+		}
+		n := a.calls.interrupt(req.What)
+		w.emit(Event{Type: "ok", Interrupted: &n})
+	case OpSnapshot:
 		if !req.Stream || req.file == nil {
 			w.emit(Event{Type: "error", Message: "snapshot_repl needs a stream"})
 			return
@@ -522,7 +527,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			return
 		}
 		w.emit(Event{Type: "ok", Skipped: append(skipped, a.otherProcesses()...)})
-	case "restore_repl":
+	case OpRestore:
 		if req.Stream && req.file == nil {
 			w.emit(Event{Type: "error", Message: "restore_repl: the stream did not arrive"})
 			return
@@ -533,7 +538,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			return
 		}
 		w.emit(Event{Type: "ok", Skipped: skipped})
-	case "fork_repl":
+	case OpFork:
 		pids, err := a.repl.fork(req.Targets, req.files)
 		if err != nil {
 			w.emit(Event{Type: "error", Message: "fork interpreter: " + err.Error()})

@@ -72,9 +72,9 @@ func (c *Client) Close() {
 	c.idle = nil
 }
 
-// Call sends req and calls onEvent for every non-terminal event; it returns the terminal event.
+// roundTrip sends req and calls onEvent for every non-terminal event; it returns the terminal event.
 // Cancelling ctx closes the connection (the agent then stops the work it was doing for it where it can).
-func (c *Client) Call(ctx context.Context, req Request, onEvent func(Event)) (Event, error) {
+func (c *Client) roundTrip(ctx context.Context, req Request, onEvent func(Event)) (Event, error) {
 	cc, err := c.get(ctx)
 	if err != nil {
 		return Event{}, err
@@ -105,15 +105,10 @@ func (c *Client) Call(ctx context.Context, req Request, onEvent func(Event)) (Ev
 	return ev, nil
 }
 
-// CallWithFile is Call on a connection of its own whose request carries f's descriptor (SCM_RIGHTS): the way
-// a session stream's pipe reaches the interpreter. It takes f and closes it once sent, so that the other end of
-// a pipe sees EOF when the agent's side is done with it.
-func (c *Client) CallWithFile(ctx context.Context, req Request, f *os.File, onEvent func(Event)) (Event, error) {
-	return c.CallWithFiles(ctx, req, []*os.File{f}, onEvent)
-}
-
-// CallWithFiles is CallWithFile with several descriptors (at most 253); it takes and closes every one of them.
-func (c *Client) CallWithFiles(ctx context.Context, req Request, files []*os.File, onEvent func(Event)) (Event, error) {
+// roundTripWithFiles is roundTrip on a connection of its own whose request carries files' descriptors
+// (SCM_RIGHTS, at most 253): the way a session stream's pipe, or a fork's namespaces, reach the agent. It takes
+// the files and closes them once sent, so that the other end of a pipe sees EOF when the agent's side is done.
+func (c *Client) roundTripWithFiles(ctx context.Context, req Request, files []*os.File, onEvent func(Event)) (Event, error) {
 	closeAll := func() {
 		for _, f := range files {
 			f.Close()
@@ -156,7 +151,7 @@ type staleErr struct {
 
 // idempotent reports whether an agent operation may be sent again after a failure that leaves unknown whether the
 // agent received it.
-func idempotent(op string) bool { return op == "ping" }
+func idempotent(op string) bool { return op == OpPing }
 
 func (s *staleErr) Error() string { return s.err.Error() }
 func (s *staleErr) Unwrap() error { return s.err }

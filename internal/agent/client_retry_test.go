@@ -34,7 +34,7 @@ func TestCallRetriesOnlyWhatMayRepeat(t *testing.T) {
 			return mine, nil
 		})
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := client.Call(ctx, Request{Op: c.op}, nil)
+		_, err := client.roundTrip(ctx, Request{Op: c.op}, nil)
 		cancel()
 		if retried := dials.Load() == 2; retried != c.retried || (err == nil) != c.retried {
 			t.Errorf("%s: %d dials, err %v; want retried=%v", c.op, dials.Load(), err, c.retried)

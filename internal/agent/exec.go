@@ -54,7 +54,8 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	out := run.collect(emit)
 	werr, timedOut := run.wait(ctx, req.TimeoutS)
 	stdout, stderr := out.finish()
-	return Event{Type: "exit", ExitCode: exitCode(werr), TimedOut: timedOut, Stdout: stdout, Stderr: stderr}
+	return Event{Type: "exit", ExitCode: exitCode(werr), TimedOut: timedOut, Stdout: stdout, Stderr: stderr,
+		WasInterrupted: !timedOut && errors.Is(context.Cause(ctx), errInterrupted)}
 }
 
 // execRun is one started exec command.

@@ -13,14 +13,14 @@ import (
 // SocketName is the abstract unix socket the agent listens on inside the sandbox's network namespace.
 const SocketName = "ramify-agent"
 
-// Request is one call to the agent.
+// Request is one call to the agent as it travels: the server builds it through the typed calls (calls.go), a
+// forked interpreter sends attach_repl.
 type Request struct {
-	Op string `json:"op"` // ping, start, run_code, exec, fork_repl, attach_repl
+	Op string `json:"op"` // the op* constants in calls.go
 
-	// start
-	Env      map[string]string `json:"env,omitempty"`
-	Cwd      string            `json:"cwd,omitempty"`
-	Hostname string            `json:"hostname,omitempty"`
+	// start and exec
+	Env map[string]string `json:"env,omitempty"`
+	Cwd string            `json:"cwd,omitempty"`
 
 	// run_code
 	Code string `json:"code,omitempty"`
@@ -37,7 +37,7 @@ type Request struct {
 	Targets []ForkTarget `json:"targets,omitempty"`
 
 	// snapshot_repl and restore_repl: Stream means the session travels as a session stream through the pipe
-	// sent with the request (CallWithFile); else restore_repl loads a saved session from Dir, inside the sandbox
+	// sent with the request (Client.roundTripWithFiles); else restore_repl loads a saved session from Dir, inside the sandbox
 	// (snapshots made before session streams).
 	Stream bool   `json:"stream,omitempty"`
 	Dir    string `json:"dir,omitempty"`
@@ -45,9 +45,12 @@ type Request struct {
 	files []*os.File
 	file  *os.File
 
-	// attach_repl (sent by a forked interpreter) and expect_repl (sent by the server to a child's agent)
+	// attach_repl (sent by a forked interpreter to its child sandbox's agent)
 	Token string `json:"token,omitempty"`
 	Pid   int    `json:"pid,omitempty"`
+
+	// interrupt: InterruptAll, InterruptRunCode or InterruptExec
+	What string `json:"what,omitempty"`
 }
 
 // ForkTarget tells a forked interpreter which sandbox to become.
@@ -87,12 +90,17 @@ type Event struct {
 	// exit (exec)
 	ExitCode int  `json:"exit_code"`
 	TimedOut bool `json:"timed_out,omitempty"`
+	// result and exit: the call was stopped by an interrupt
+	WasInterrupted bool `json:"interrupted,omitempty"`
 
 	// ok (ping, start, fork_repl) and error
 	Pid     int    `json:"pid,omitempty"`
 	ReplPid int    `json:"repl_pid,omitempty"`
 	Pids    []int  `json:"pids,omitempty"`
 	Message string `json:"message,omitempty"`
+
+	// ok (interrupt)
+	Interrupted *Interrupted `json:"interrupted_calls,omitempty"`
 
 	// snapshot_repl and restore_repl: what could not be saved or loaded, by name
 	Skipped []Skipped `json:"skipped,omitempty"`

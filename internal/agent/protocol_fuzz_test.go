@@ -118,7 +118,7 @@ func FuzzSyncMarkers(f *testing.F) {
 		f.Add([]byte(s), []byte{})
 	}
 	f.Fuzz(func(t *testing.T, data, cuts []byte) {
-		p := &repl{}
+		p := &repl{turn: make(chan struct{}, 1)}
 		var got []byte
 		p.sink = func(ev Event) {
 			if ev.Type != "stdout" {
@@ -200,7 +200,7 @@ func FuzzClientEvents(f *testing.F) {
 		})
 		defer c.Close()
 		var events []Event
-		ev, err := c.Call(context.Background(), Request{Op: "run_code", Code: "1"}, func(e Event) { events = append(events, e) })
+		ev, err := c.RunCode(context.Background(), RunCodeRequest{Code: "1"}, func(e Event) { events = append(events, e) })
 		for _, e := range events {
 			if e.Terminal() {
 				t.Fatalf("terminal event %q passed to the callback", e.Type)

@@ -28,7 +28,7 @@ const replBootstrap = "import os; f = os.fdopen(4, 'rb'); src = f.read(); f.clos
 type repl struct {
 	agent *Agent
 
-	runMu sync.Mutex // serialises run and fork
+	turn chan struct{} // held (a value sent) by the one call the interpreter serves: run, fork, session ops
 
 	mu      sync.Mutex // guards the fields below
 	conn    net.Conn
@@ -324,8 +324,19 @@ func (p *repl) recv() (replMsg, error) {
 // When ctx ends first (the caller went away), the code is interrupted as a timeout interrupts it: SIGINT, then
 // SIGKILL if it does not stop, so that an abandoned call does not keep the interpreter busy for the next one.
 func (p *repl) run(ctx context.Context, code string, timeoutS float64, emit func(Event)) Event {
-	p.runMu.Lock()
-	defer p.runMu.Unlock()
+	// The timeout counts from the call's arrival: a call queued behind a long one fails at its own deadline, it
+	// does not inherit the wait of the one ahead of it.
+	arrived := time.Now()
+	if ev, ok := p.waitTurn(ctx, timeoutS); !ok {
+		return ev
+	}
+	defer p.endTurn()
+	if timeoutS > 0 {
+		timeoutS -= time.Since(arrived).Seconds()
+		if timeoutS <= 0 {
+			return timeoutBeforeRun(timeoutS + time.Since(arrived).Seconds())
+		}
+	}
 	if _, err := p.ensure(); err != nil {
 		return died(err.Error())
 	}
@@ -398,6 +409,9 @@ func (p *repl) run(ctx context.Context, code string, timeoutS float64, emit func
 			if to {
 				ev.Error.Name = "TimeoutError"
 				ev.Error.Value = fmt.Sprintf("execution exceeded %gs and did not stop on interrupt; the interpreter was restarted", timeoutS)
+			} else if errors.Is(context.Cause(ctx), errInterrupted) {
+				ev.Error.Value = "interrupted, and did not stop within the grace period: the interpreter was killed; its state is lost and a fresh one runs the next call"
+				ev.WasInterrupted = true
 			}
 			ev.Stdout, ev.Stderr = out.sb.String(), errOut.sb.String()
 			return ev
@@ -414,6 +428,7 @@ func (p *repl) run(ctx context.Context, code string, timeoutS float64, emit func
 				m.Error.Name = "TimeoutError"
 				m.Error.Value = fmt.Sprintf("execution exceeded %gs and was interrupted", timeoutS)
 			}
+			wasInterrupted := errors.Is(context.Cause(ctx), errInterrupted) && !to
 			// Let the run's fd-level output (read from the pipes by other goroutines) land before answering.
 			p.mu.Lock()
 			spawned := p.cmd != nil
@@ -423,7 +438,8 @@ func (p *repl) run(ctx context.Context, code string, timeoutS float64, emit func
 			}
 			capResult(&m)
 			sinkMu.Lock()
-			ev := Event{Type: "result", Stdout: out.sb.String(), Stderr: errOut.sb.String(), Value: m.Value, Error: m.Error, ExecutionCount: m.ExecutionCount}
+			ev := Event{Type: "result", Stdout: out.sb.String(), Stderr: errOut.sb.String(), Value: m.Value, Error: m.Error,
+				ExecutionCount: m.ExecutionCount, WasInterrupted: wasInterrupted}
 			sinkMu.Unlock()
 			return ev
 		}
@@ -444,6 +460,40 @@ func capResult(m *replMsg) {
 	}
 }
 
+// waitTurn waits until the interpreter is free for a run. It gives up, with the result the call answers, when
+// ctx ends (an interrupt, or the caller went away) or after timeoutS (> 0) seconds.
+func (p *repl) waitTurn(ctx context.Context, timeoutS float64) (Event, bool) {
+	select {
+	case p.turn <- struct{}{}:
+		return Event{}, true
+	default:
+	}
+	var deadline <-chan time.Time
+	if timeoutS > 0 {
+		t := time.NewTimer(time.Duration(timeoutS * float64(time.Second)))
+		defer t.Stop()
+		deadline = t.C
+	}
+	select {
+	case p.turn <- struct{}{}:
+		return Event{}, true
+	case <-deadline:
+		return timeoutBeforeRun(timeoutS), false
+	case <-ctx.Done():
+		ev := Event{Type: "result", Error: &ExecError{Name: "KeyboardInterrupt",
+			Value: "interrupted while waiting for the interpreter (busy with an earlier call): the code did not run"}}
+		ev.WasInterrupted = errors.Is(context.Cause(ctx), errInterrupted)
+		return ev, false
+	}
+}
+
+func (p *repl) endTurn() { <-p.turn }
+
+func timeoutBeforeRun(timeoutS float64) Event {
+	return Event{Type: "result", Error: &ExecError{Name: "TimeoutError", Value: fmt.Sprintf(
+		"waited %gs for the interpreter, busy with an earlier call: the code did not run", timeoutS)}}
+}
+
 func died(msg string) Event {
 	return Event{Type: "result", Error: &ExecError{Name: "InterpreterDied", Value: msg}}
 }
@@ -454,8 +504,8 @@ func (p *repl) call(req map[string]any) (replMsg, error) { return p.callFile(req
 
 // callFile is call with descriptors fds sent along with the request.
 func (p *repl) callFile(req map[string]any, fds ...int) (replMsg, error) {
-	p.runMu.Lock()
-	defer p.runMu.Unlock()
+	p.turn <- struct{}{}
+	defer p.endTurn()
 	if _, err := p.ensure(); err != nil {
 		return replMsg{}, err
 	}

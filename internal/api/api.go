@@ -58,6 +58,7 @@ func (s *Server) routes() {
 	s.handle("DELETE /v1/sandboxes/{id}", s.auth(s.delete))
 	s.handle("POST /v1/sandboxes/{id}/run_code", s.auth(s.runCode))
 	s.handle("POST /v1/sandboxes/{id}/exec", s.auth(s.exec))
+	s.handle("POST /v1/sandboxes/{id}/interrupt", s.auth(s.interrupt))
 	s.handle("GET /v1/sandboxes/{id}/files", s.auth(s.readFile))
 	s.handle("PUT /v1/sandboxes/{id}/files", s.auth(s.writeFile))
 	s.handle("DELETE /v1/sandboxes/{id}/files", s.auth(s.removeFile))

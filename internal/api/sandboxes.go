@@ -241,3 +241,21 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		sandbox.ExecResult
 	}{"exit", res}, err)
 }
+
+// interrupt stops the sandbox's run_code and exec calls in flight: body {"what": "run_code"|"exec"}, optional
+// (both by default); it answers {"interrupted": {"run_code": n, "exec": m}}.
+func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		What string `json:"what"`
+	}
+	if err := decode(w, r, &req, true); err != nil {
+		writeError(w, err)
+		return
+	}
+	n, err := s.svc.Interrupt(r.Context(), r.PathValue("id"), req.What)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]any{"interrupted": n})
+}

@@ -317,7 +317,7 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 		pr.Close() // a failed store stops the interpreter's writes (EPIPE)
 		done <- put{obj, err}
 	}()
-	ev, err := c.CallWithFile(ctx, agent.Request{Op: "snapshot_repl", Stream: true}, pw, nil)
+	skipped, err := c.SnapshotSession(ctx, pw)
 	p := <-done
 	if err != nil {
 		return Part{}, nil, err
@@ -325,7 +325,7 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 	if p.err != nil {
 		return Part{}, nil, fmt.Errorf("write session.bin: %w", p.err)
 	}
-	return Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, ev.Skipped, nil
+	return Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, skipped, nil
 }
 
 // fileOpener is a snapshot store that can hand out an object's file (the local store).
@@ -337,12 +337,12 @@ type fileOpener interface {
 // against the manifest; a mismatch fails the load (the caller then discards the sandbox). From a local store the
 // interpreter gets the file itself (read-only) and reads it with direct I/O while the server hashes it
 // alongside; from any other store the part streams through a pipe, hashed on the way.
-func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix string, m Manifest) (agent.Event, error) {
+func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix string, m Manifest) ([]agent.Skipped, error) {
 	want := m.Parts["session.bin"]
 	key := prefix + "session.bin"
 	rc, err := s.cfg.Snapshots.Get(ctx, key)
 	if err != nil {
-		return agent.Event{}, fmt.Errorf("snapshot part session.bin is missing: %w", err)
+		return nil, fmt.Errorf("snapshot part session.bin is missing: %w", err)
 	}
 	var give, pw *os.File
 	if fo, ok := s.cfg.Snapshots.(fileOpener); ok {
@@ -352,7 +352,7 @@ func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix strin
 	}
 	if err != nil {
 		rc.Close()
-		return agent.Event{}, fmt.Errorf("snapshot part session.bin: %w", err)
+		return nil, fmt.Errorf("snapshot part session.bin: %w", err)
 	}
 	done := make(chan error, 1)
 	go func() {
@@ -376,11 +376,11 @@ func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix strin
 		}
 		done <- nil
 	}()
-	ev, err := c.CallWithFile(ctx, agent.Request{Op: "restore_repl", Stream: true}, give, nil)
+	skipped, err := c.RestoreSession(ctx, give)
 	if cerr := <-done; cerr != nil {
-		return ev, cerr // the cause, when the interpreter choked on a corrupt stream
+		return skipped, cerr // the cause, when the interpreter choked on a corrupt stream
 	}
-	return ev, err
+	return skipped, err
 }
 
 var errReaderGone = errors.New("the interpreter stopped reading")
@@ -495,15 +495,15 @@ func (s *Service) resume(e *entry) {
 	}
 	s.log.Debug("resume phase", "sandbox", id, "phase", "sandbox created", "ms", ms(time.Since(start)))
 	c, err := s.cfg.Runtime.Agent(id)
-	var ev agent.Event
+	var notRestored []agent.Skipped
 	switch {
 	case err != nil:
 	case streamed:
-		ev, err = s.loadSession(ctx, c, prefix, m)
+		notRestored, err = s.loadSession(ctx, c, prefix, m)
 	default:
-		ev, err = c.Call(ctx, agent.Request{Op: "restore_repl", Dir: sessionDir}, nil)
+		notRestored, err = c.RestoreSessionDir(ctx, sessionDir)
 		if err == nil {
-			_, err = c.Call(ctx, agent.Request{Op: "exec", Argv: []string{"rm", "-rf", sessionDir}}, nil)
+			_, err = c.Exec(ctx, agent.ExecRequest{Argv: []string{"rm", "-rf", sessionDir}}, nil)
 		}
 	}
 	if err != nil {
@@ -524,7 +524,7 @@ func (s *Service) resume(e *entry) {
 	e.rec.FamilyID = h.FamilyID
 	e.rec.Snapshot = ""
 	pi := s.pauseInfo(e)
-	pi.NotRestored, pi.ResumeMs, pi.Error = ev.Skipped, ms(time.Since(start)), ""
+	pi.NotRestored, pi.ResumeMs, pi.Error = notRestored, ms(time.Since(start)), ""
 	s.setPauseInfo(e, pi)
 	rec := e.rec
 	s.mu.Unlock()

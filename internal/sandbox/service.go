@@ -627,6 +627,8 @@ type Execution struct {
 	Value          *string          `json:"value"`
 	Error          *agent.ExecError `json:"error"`
 	ExecutionCount int              `json:"execution_count"`
+	// Interrupted is true when POST /interrupt stopped the call (error is then a KeyboardInterrupt).
+	Interrupted bool `json:"interrupted,omitempty"`
 }
 
 // DefaultTimeoutS bounds run_code and exec unless the caller says otherwise.
@@ -663,11 +665,12 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 	if err != nil {
 		return Execution{}, err
 	}
-	ev, err := c.Call(ctx, agent.Request{Op: "run_code", Code: req.Code, TimeoutS: timeout}, forward(onOutput))
+	ev, err := c.RunCode(ctx, agent.RunCodeRequest{Code: req.Code, TimeoutS: timeout}, forward(onOutput))
 	if err != nil {
 		return Execution{}, fmt.Errorf("run_code in %s: %w", id, err)
 	}
-	return Execution{Stdout: ev.Stdout, Stderr: ev.Stderr, Value: ev.Value, Error: ev.Error, ExecutionCount: ev.ExecutionCount}, nil
+	return Execution{Stdout: ev.Stdout, Stderr: ev.Stderr, Value: ev.Value, Error: ev.Error, ExecutionCount: ev.ExecutionCount,
+		Interrupted: ev.WasInterrupted}, nil
 }
 
 func forward(on func(OutputEvent)) func(agent.Event) {
@@ -698,6 +701,8 @@ type ExecResult struct {
 	Stdout   string `json:"stdout"`
 	Stderr   string `json:"stderr"`
 	TimedOut bool   `json:"timed_out"`
+	// Interrupted is true when POST /interrupt stopped the command (it and everything it started were killed).
+	Interrupted bool `json:"interrupted"`
 }
 
 // Exec runs a command in the sandbox.
@@ -726,12 +731,39 @@ func (s *Service) Exec(ctx context.Context, id string, req ExecRequest, onOutput
 	if err != nil {
 		return ExecResult{}, err
 	}
-	ev, err := c.Call(ctx, agent.Request{Op: "exec", Cmd: req.Cmd, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd,
+	ev, err := c.Exec(ctx, agent.ExecRequest{Cmd: req.Cmd, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd,
 		TimeoutS: timeout, Stdin: req.Stdin}, forward(onOutput))
 	if err != nil {
 		return ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}
-	return ExecResult{ExitCode: ev.ExitCode, Stdout: ev.Stdout, Stderr: ev.Stderr, TimedOut: ev.TimedOut}, nil
+	return ExecResult{ExitCode: ev.ExitCode, Stdout: ev.Stdout, Stderr: ev.Stderr, TimedOut: ev.TimedOut,
+		Interrupted: ev.WasInterrupted}, nil
+}
+
+// Interrupt stops the run_code and exec calls in flight in a running sandbox (running, or queued for the
+// interpreter) when it arrives; what is "run_code", "exec" or "" (both). Calls that arrive later run normally.
+// It answers how many calls it stopped; each of them answers its caller as interrupted.
+func (s *Service) Interrupt(ctx context.Context, id, what string) (agent.Interrupted, error) {
+	switch what {
+	case agent.InterruptAll, agent.InterruptRunCode, agent.InterruptExec:
+	default:
+		return agent.Interrupted{}, invalid("what must be %q, %q or omitted (both), not %q",
+			agent.InterruptRunCode, agent.InterruptExec, what)
+	}
+	e, done, err := s.use(id)
+	if err != nil {
+		return agent.Interrupted{}, err
+	}
+	defer done()
+	c, err := s.cfg.Runtime.Agent(e.rec.ID)
+	if err != nil {
+		return agent.Interrupted{}, err
+	}
+	n, err := c.Interrupt(ctx, agent.InterruptRequest{What: what})
+	if err != nil {
+		return agent.Interrupted{}, fmt.Errorf("interrupt %s: %w", id, err)
+	}
+	return n, nil
 }
 
 // Files opens the sandbox's file system for the files API; call release when done.

@@ -62,10 +62,51 @@ type Sandbox struct {
 	Spec              runtime.Spec
 	frozen, dead      bool // guarded by Runtime.mu
 
-	mu     sync.Mutex
-	vars   map[string]string
-	count  int
-	client *agent.Client
+	mu       sync.Mutex
+	vars     map[string]string
+	count    int
+	client   *agent.Client
+	inflight map[*context.CancelCauseFunc]string // run_code and exec calls being served, by op, for interrupt
+}
+
+// errInterrupted ends the context of a call an interrupt stops.
+var errInterrupted = errors.New("interrupted")
+
+// track registers a run_code or exec call for interrupt until end.
+func (sb *Sandbox) track(ctx context.Context, op string) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	sb.mu.Lock()
+	if sb.inflight == nil {
+		sb.inflight = map[*context.CancelCauseFunc]string{}
+	}
+	sb.inflight[&cancel] = op
+	sb.mu.Unlock()
+	return ctx, func() {
+		sb.mu.Lock()
+		delete(sb.inflight, &cancel)
+		sb.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// interrupt stops the calls in flight that what names, as the real agent does.
+func (sb *Sandbox) interrupt(what string) agent.Interrupted {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	var n agent.Interrupted
+	for c, op := range sb.inflight {
+		if what != agent.InterruptAll && what != op {
+			continue
+		}
+		(*c)(errInterrupted)
+		delete(sb.inflight, c)
+		if op == agent.OpRunCode {
+			n.RunCode++
+		} else {
+			n.Exec++
+		}
+	}
+	return n
 }
 
 var (
@@ -516,11 +557,20 @@ func (r *Runtime) serve(sb *Sandbox, c *net.UnixConn) {
 
 func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request, f *os.File, send func(agent.Event)) agent.Event {
 	switch req.Op {
-	case "ping", "start":
+	case agent.OpPing, agent.OpStart:
 		return agent.Event{Type: "ok", Pid: sb.Pid}
-	case "run_code":
-		return r.runCode(ctx, sb, strings.TrimSpace(req.Code), send)
-	case "exec":
+	case agent.OpInterrupt:
+		n := sb.interrupt(req.What)
+		return agent.Event{Type: "ok", Interrupted: &n}
+	case agent.OpRunCode:
+		ctx, end := sb.track(ctx, agent.OpRunCode)
+		defer end()
+		ev := r.runCode(ctx, sb, strings.TrimSpace(req.Code), send)
+		ev.WasInterrupted = errors.Is(context.Cause(ctx), errInterrupted)
+		return ev
+	case agent.OpExec:
+		ctx, end := sb.track(ctx, agent.OpExec)
+		defer end()
 		cmd := req.Cmd
 		if cmd == "" {
 			cmd = strings.Join(req.Argv, " ")
@@ -528,6 +578,9 @@ func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request,
 		switch {
 		case strings.HasPrefix(cmd, "wait "):
 			if err := r.wait(ctx, strings.TrimPrefix(cmd, "wait ")); err != nil {
+				if errors.Is(context.Cause(ctx), errInterrupted) {
+					return agent.Event{Type: "exit", ExitCode: -1, WasInterrupted: true}
+				}
 				return agent.Event{Type: "error", Message: err.Error()}
 			}
 			return agent.Event{Type: "exit"}
@@ -537,7 +590,7 @@ func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request,
 		}
 		send(agent.Event{Type: "stdout", Data: cmd + "\n"})
 		return agent.Event{Type: "exit", Stdout: cmd + "\n"}
-	case "snapshot_repl":
+	case agent.OpSnapshot:
 		if f == nil {
 			return agent.Event{Type: "error", Message: "snapshot_repl needs a pipe"}
 		}
@@ -548,7 +601,7 @@ func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request,
 			return agent.Event{Type: "error", Message: err.Error()}
 		}
 		return agent.Event{Type: "ok"}
-	case "restore_repl":
+	case agent.OpRestore:
 		if f == nil {
 			return agent.Event{Type: "error", Message: "restore_repl needs a file"}
 		}

@@ -132,12 +132,9 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		}
 		return res, err
 	}
-	ev, err := pc.CallWithFiles(ctx, agent.Request{Op: "fork_repl", Targets: targets}, nsFiles, nil)
+	pids, err := pc.ForkInterpreter(ctx, targets, nsFiles)
 	if err != nil {
 		return res, fmt.Errorf("fork interpreter: %w", err)
-	}
-	if len(ev.Pids) != len(kids) {
-		return res, fmt.Errorf("fork interpreter: got %d children, want %d", len(ev.Pids), len(kids))
 	}
 	// The forked interpreters start in the parent's cgroup; move each into its own before it enters its sandbox
 	// (it waits for that move).
@@ -146,7 +143,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, fmt.Errorf("parent cgroup: %w", err)
 	}
 	for i, c := range kids {
-		hostPid, err := findByNsPid(procs, ev.Pids[i])
+		hostPid, err := findByNsPid(procs, pids[i])
 		if err != nil {
 			return res, fmt.Errorf("find forked interpreter: %w", err)
 		}
@@ -162,7 +159,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		wg.Add(1)
 		go func(i int, c *child) {
 			defer wg.Done()
-			_, errs[i] = c.sb.client.Call(ctx, agent.Request{Op: "start", Env: c.spec.Env, Cwd: c.spec.Cwd}, nil)
+			errs[i] = c.sb.client.Start(ctx, agent.StartRequest{Env: c.spec.Env, Cwd: c.spec.Cwd})
 		}(i, c)
 	}
 	wg.Wait()

@@ -289,7 +289,7 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 	// Wait for the agent to listen.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, perr := sb.client.Call(ctx, agent.Request{Op: "ping"}, nil)
+		_, perr := sb.client.Ping(ctx)
 		if perr == nil {
 			break
 		}
@@ -352,7 +352,7 @@ func (r *Runtime) launch(ctx context.Context, f *family, spec runtime.Spec, dir 
 	if adjust != nil {
 		adjust(&sb.h)
 	}
-	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
+	if err := sb.client.Start(ctx, agent.StartRequest{Env: spec.Env, Cwd: spec.Cwd}); err != nil {
 		r.teardown(sb)
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
@@ -459,7 +459,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	sb := &sandbox{h: h, netFD: netFD, cg: cg}
 	sb.client = agent.NewClient(r.dialer(netFD))
-	if _, err := sb.client.Call(ctx, agent.Request{Op: "ping"}, nil); err != nil {
+	if _, err := sb.client.Ping(ctx); err != nil {
 		unix.Close(netFD)
 		return fmt.Errorf("agent does not answer: %w", err)
 	}
@@ -531,7 +531,7 @@ func (r *Runtime) Configure(ctx context.Context, h runtime.Handle, spec runtime.
 	if err := r.limitLayer(h.Layer(), spec.DiskMiB); err != nil {
 		return err
 	}
-	if _, err := sb.client.Call(ctx, agent.Request{Op: "start", Env: spec.Env, Cwd: spec.Cwd}, nil); err != nil {
+	if err := sb.client.Start(ctx, agent.StartRequest{Env: spec.Env, Cwd: spec.Cwd}); err != nil {
 		return fmt.Errorf("configure %s: %w", h.ID, err)
 	}
 	return nil

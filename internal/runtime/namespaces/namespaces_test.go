@@ -131,14 +131,14 @@ func TestCreateRunDestroy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev, err := c.Call(ctx, agent.Request{Op: "run_code", Code: "x = 41\nimport os\nprint(os.environ['GREETING'])\nx + 1"}, nil)
+	ev, err := c.RunCode(ctx, agent.RunCodeRequest{Code: "x = 41\nimport os\nprint(os.environ['GREETING'])\nx + 1"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ev.Value == nil || *ev.Value != "42" || ev.Stdout != "hi\n" || ev.Error != nil {
 		t.Fatalf("run_code = %+v (err %+v)", ev, ev.Error)
 	}
-	ev, err = c.Call(ctx, agent.Request{Op: "exec", Cmd: "hostname; id -u; cat /proc/1/cmdline | tr '\\0' ' '; ip -4 -o addr show eth0"}, nil)
+	ev, err = c.Exec(ctx, agent.ExecRequest{Cmd: "hostname; id -u; cat /proc/1/cmdline | tr '\\0' ' '; ip -4 -o addr show eth0"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

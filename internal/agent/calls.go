@@ -1,0 +1,143 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+)
+
+// The agent protocol's operations, as the server calls them: one method and one request type per operation.
+// The op names are the wire's; besides the client, only agents (Agent.handle, the fake runtime's) use them.
+const (
+	OpPing      = "ping"
+	OpStart     = "start"
+	OpRunCode   = "run_code"
+	OpExec      = "exec"
+	OpInterrupt = "interrupt"
+	OpSnapshot  = "snapshot_repl"
+	OpRestore   = "restore_repl"
+	OpFork      = "fork_repl"
+	OpAttach    = "attach_repl" // sent by a forked interpreter (repl.py), never by the server
+)
+
+// Pong is what a ping answers: the agent's and its interpreter's pids in the family's PID namespace.
+type Pong struct {
+	Pid     int
+	ReplPid int // 0 when no interpreter runs
+}
+
+// Ping checks that the agent answers. It is the only call a client retries on a fresh connection after a failure
+// that leaves unknown whether the agent received it.
+func (c *Client) Ping(ctx context.Context) (Pong, error) {
+	ev, err := c.roundTrip(ctx, Request{Op: OpPing}, nil)
+	if err != nil {
+		return Pong{}, err
+	}
+	return Pong{Pid: ev.Pid, ReplPid: ev.ReplPid}, nil
+}
+
+// StartRequest makes a spawned (or claimed warm) agent the sandbox's: its environment and working directory,
+// which the interpreter and every exec get.
+type StartRequest struct {
+	Env map[string]string
+	Cwd string
+}
+
+// Start sends a StartRequest and waits for the interpreter to be ready.
+func (c *Client) Start(ctx context.Context, r StartRequest) error {
+	_, err := c.roundTrip(ctx, Request{Op: OpStart, Env: r.Env, Cwd: r.Cwd}, nil)
+	return err
+}
+
+// RunCodeRequest runs Python in the sandbox's persistent interpreter.
+type RunCodeRequest struct {
+	Code     string
+	TimeoutS float64 // 0 = no limit; counts from the call's arrival, time queued behind another call included
+}
+
+// RunCode runs code; onEvent gets its stdout and stderr as they come; the answer is the "result" event.
+func (c *Client) RunCode(ctx context.Context, r RunCodeRequest, onEvent func(Event)) (Event, error) {
+	return c.roundTrip(ctx, Request{Op: OpRunCode, Code: r.Code, TimeoutS: r.TimeoutS}, onEvent)
+}
+
+// ExecRequest runs a command: Argv as is, or Cmd with /bin/sh -c.
+type ExecRequest struct {
+	Cmd      string
+	Argv     []string
+	Env      map[string]string // on top of the sandbox's
+	Cwd      string            // default: the sandbox's
+	Stdin    string
+	TimeoutS float64 // 0 = no limit
+}
+
+// Exec runs a command; onEvent gets its output as it comes; the answer is the "exit" event.
+func (c *Client) Exec(ctx context.Context, r ExecRequest, onEvent func(Event)) (Event, error) {
+	return c.roundTrip(ctx, Request{Op: OpExec, Cmd: r.Cmd, Argv: r.Argv, Env: r.Env, Cwd: r.Cwd, Stdin: r.Stdin,
+		TimeoutS: r.TimeoutS}, onEvent)
+}
+
+// What an interrupt stops.
+const (
+	InterruptAll     = ""         // every run_code and exec call in flight
+	InterruptRunCode = "run_code" // run_code calls only
+	InterruptExec    = "exec"     // exec calls only
+)
+
+// InterruptRequest stops the calls in flight when it arrives (running or queued for the interpreter): run_code
+// gets a KeyboardInterrupt (the interpreter is killed if it does not stop within the grace period, as at a
+// timeout), exec's command and everything it started are killed. Calls that arrive later run normally.
+type InterruptRequest struct {
+	What string // InterruptAll, InterruptRunCode or InterruptExec
+}
+
+// Interrupted counts the calls an interrupt stopped.
+type Interrupted struct {
+	RunCode int `json:"run_code"`
+	Exec    int `json:"exec"`
+}
+
+// Interrupt sends an InterruptRequest.
+func (c *Client) Interrupt(ctx context.Context, r InterruptRequest) (Interrupted, error) {
+	ev, err := c.roundTrip(ctx, Request{Op: OpInterrupt, What: r.What}, nil)
+	if err != nil {
+		return Interrupted{}, err
+	}
+	if ev.Interrupted == nil {
+		return Interrupted{}, nil
+	}
+	return *ev.Interrupted, nil
+}
+
+// SnapshotSession has the interpreter write its session (variables, imports) as a session stream to w, which it
+// takes (and closes once sent). The answer lists what could not be saved.
+func (c *Client) SnapshotSession(ctx context.Context, w *os.File) ([]Skipped, error) {
+	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpSnapshot, Stream: true}, []*os.File{w}, nil)
+	return ev.Skipped, err
+}
+
+// RestoreSession has the interpreter load a session stream from r, which it takes. The answer lists what could
+// not be loaded.
+func (c *Client) RestoreSession(ctx context.Context, r *os.File) ([]Skipped, error) {
+	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpRestore, Stream: true}, []*os.File{r}, nil)
+	return ev.Skipped, err
+}
+
+// RestoreSessionDir has the interpreter load a session saved in dir inside the sandbox (the format of snapshots
+// made before session streams).
+func (c *Client) RestoreSessionDir(ctx context.Context, dir string) ([]Skipped, error) {
+	ev, err := c.roundTrip(ctx, Request{Op: OpRestore, Dir: dir}, nil)
+	return ev.Skipped, err
+}
+
+// ForkInterpreter forks the sandbox's interpreter once per target; nsFiles are the targets' namespace descriptors
+// (ForkTarget.NS indexes them), which it takes. It answers the forked interpreters' pids, in target order.
+func (c *Client) ForkInterpreter(ctx context.Context, targets []ForkTarget, nsFiles []*os.File) ([]int, error) {
+	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpFork, Targets: targets}, nsFiles, nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(ev.Pids) != len(targets) {
+		return nil, fmt.Errorf("fork interpreter: %d pids for %d targets", len(ev.Pids), len(targets))
+	}
+	return ev.Pids, nil
+}
