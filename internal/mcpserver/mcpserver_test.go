@@ -185,7 +185,7 @@ func TestMCPSession(t *testing.T) {
 		Base64  bool   `json:"base64"`
 		Size    int    `json:"size"`
 	}
-	s.call(ctx, "read_file", map[string]any{"id": id, "path": "/root/notes/hello.txt"}, &rf)
+	s.call(ctx, "read_file", map[string]any{"id": id, "path": "notes/hello.txt"}, &rf)
 	if rf.Content != "hello, mcp\n" || rf.Base64 {
 		t.Fatalf("read_file text = %+v", rf)
 	}
@@ -209,7 +209,7 @@ func TestMCPSession(t *testing.T) {
 	var lf struct {
 		Entries []client.Entry `json:"entries"`
 	}
-	s.call(ctx, "list_files", map[string]any{"id": id, "path": "/root/notes"}, &lf)
+	s.call(ctx, "list_files", map[string]any{"id": id, "path": "notes"}, &lf) // relative to the cwd, /root
 	var files []string
 	for _, e := range lf.Entries {
 		files = append(files, e.Name)
@@ -250,14 +250,14 @@ func TestMCPSession(t *testing.T) {
 	if ex.Value == nil || *ex.Value != "(2, '2')" {
 		t.Fatalf("parent after merge = %+v", ex)
 	}
-	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": c2}); !strings.Contains(msg, "not found") {
-		t.Errorf("get_sandbox of the merged winner: %q", msg)
+	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": c2}); !strings.Contains(msg, "was merged into "+id) {
+		t.Errorf("get_sandbox of the merged winner: %q, want it to say it was merged into %s", msg, id)
 	}
 	s.call(ctx, "destroy_sandbox", map[string]any{"id": c1}, nil)
 
 	// pause and resume, waiting; the interpreter's state survives.
 	sb = client.Sandbox{}
-	s.call(ctx, "pause", map[string]any{"id": id, "wait": true}, &sb)
+	s.call(ctx, "pause", map[string]any{"id": id}, &sb) // waits by default
 	if sb.Status != client.StatusPaused {
 		t.Fatalf("pause = %+v", sb)
 	}
@@ -267,7 +267,7 @@ func TestMCPSession(t *testing.T) {
 		t.Fatalf("get_sandbox after pause = %+v", sb)
 	}
 	sb = client.Sandbox{}
-	s.call(ctx, "resume", map[string]any{"id": id, "wait": true}, &sb)
+	s.call(ctx, "resume", map[string]any{"id": id}, &sb)
 	if sb.Status != client.StatusRunning {
 		t.Fatalf("resume = %+v", sb)
 	}
@@ -292,7 +292,7 @@ func TestMCPSession(t *testing.T) {
 
 	// destroy.
 	s.call(ctx, "destroy_sandbox", map[string]any{"id": id}, nil)
-	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": id}); !strings.Contains(msg, "sandbox not found") {
+	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": id}); !strings.Contains(msg, "was destroyed") {
 		t.Errorf("get_sandbox after destroy: %q", msg)
 	}
 
@@ -362,8 +362,8 @@ func checkAnnotations(t *testing.T, tools map[string]*mcp.Tool) {
 	want := map[string]hints{
 		"list_sandboxes": {readOnly: true, idempotent: true}, "get_sandbox": {readOnly: true, idempotent: true},
 		"read_file": {readOnly: true, idempotent: true}, "list_files": {readOnly: true, idempotent: true},
-		"diff":            {readOnly: true, idempotent: true},
-		"create_sandbox":  {}, "fork": {}, "resume": {idempotent: true},
+		"diff":           {readOnly: true, idempotent: true},
+		"create_sandbox": {}, "fork": {}, "resume": {idempotent: true},
 		"destroy_sandbox": {destructive: true, idempotent: true}, "write_file": {destructive: true, idempotent: true},
 		"pause":      {destructive: true, idempotent: true},
 		"merge_into": {destructive: true},
