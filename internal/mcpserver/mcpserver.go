@@ -28,22 +28,22 @@ func New(c *client.Client, version string) *mcp.Server {
 	})
 	t := &tools{c: c}
 	for _, add := range []func(*mcp.Server){
-		tool("create_sandbox", "Create sandbox", createSandboxSchema(), additive(false), t.createSandbox,
+		tool("create_sandbox", "Create sandbox", createSandboxEdits, additive(false), t.createSandbox,
 			"Create a sandbox and return it (its id is needed by every other tool). Omitted fields take the server's defaults."),
-		tool("list_sandboxes", "List sandboxes", listSandboxesSchema(), readOnly(), t.listSandboxes,
+		tool("list_sandboxes", "List sandboxes", listSandboxesEdits, readOnly(), t.listSandboxes,
 			"List the sandboxes, optionally filtered by status and metadata."),
 		tool("get_sandbox", "Get sandbox", nil, readOnly(), t.getSandbox,
 			"Return one sandbox (status, resources, cwd, metadata, last pause)."),
 		tool("destroy_sandbox", "Destroy sandbox", nil, destructive(true, false), t.destroySandbox,
 			"Destroy a sandbox: its processes are killed and its file system removed."),
-		tool("run_code", "Run Python", runCodeSchema(), destructive(false, true), t.runCode,
+		tool("run_code", "Run Python", runEdits, destructive(false, true), t.runCode,
 			"Run Python code in the sandbox's persistent interpreter (variables, imports and functions persist between calls). "+
 				"Returns stdout, stderr, the repr of a trailing expression (value) and the exception (error), if any. "+
 				fmt.Sprintf("An output over %d KiB is cut in the middle and saved whole in a file of the sandbox (see truncated).", MaxTextBytes>>10)),
-		tool("exec", "Run a command", execSchema(), destructive(false, true), t.exec,
+		tool("exec", "Run a command", runEdits, destructive(false, true), t.exec,
 			"Run a command in the sandbox: cmd (run by /bin/sh -c) or argv. Returns the exit code and output; a non-zero exit code is not a tool error. "+
 				fmt.Sprintf("An output over %d KiB is cut in the middle and saved whole in a file of the sandbox (see truncated).", MaxTextBytes>>10)),
-		tool("read_file", "Read a file", readFileSchema(), readOnly(), t.readFile,
+		tool("read_file", "Read a file", readFileEdits, readOnly(), t.readFile,
 			fmt.Sprintf("Read a file of the sandbox, at most limit bytes (default %d KiB) from offset; next_offset is set when more follows. ", MaxTextBytes>>10)+
 				"UTF-8 text is returned as is; other content is base64-encoded with base64=true. "+
 				"path is absolute, or relative to the sandbox's cwd (where exec runs and the interpreter starts; /root by default)."),
@@ -52,16 +52,16 @@ func New(c *client.Client, version string) *mcp.Server {
 				"path is absolute, or relative to the sandbox's cwd."),
 		tool("list_files", "List a directory", nil, readOnly(), t.listFiles,
 			"List a directory of the sandbox, sorted by name. path is absolute, or relative to the sandbox's cwd (default: the cwd itself)."),
-		tool("fork", "Fork sandbox", forkSchema(), additive(false), t.fork,
+		tool("fork", "Fork sandbox", forkEdits, additive(false), t.fork,
 			"Fork a sandbox into n children (1-32), each starting from the parent's current state: interpreter variables and file system. The parent keeps running. Returns the children's ids."),
 		tool("merge_into", "Merge a winner into its parent", nil, destructive(false, false), t.mergeInto,
 			"Commit a winner's state (typically a fork's) into parent: afterwards parent's id drives what was winner (its interpreter and files; parent's own state is discarded), and winner's id is retired. Siblings are not touched."),
 		tool("diff", "Compare two sandboxes' files", nil, readOnly(), t.diff,
 			"Compare the files of sandboxes a and b (typically two forks) under paths (default /root and /tmp): added are files only in b, removed files only in a, modified files whose content differs."),
-		tool("pause", "Pause sandbox", lifecycleSchema("paused"), destructive(true, false), t.pause,
+		tool("pause", "Pause sandbox", lifecycleEdits("paused"), destructive(true, false), t.pause,
 			"Pause a running sandbox: it stops using CPU and memory; its interpreter's variables and its files are kept, other processes are not (the result's pause.not_saved lists what was lost). "+
 				"Waits until it is paused unless wait=false."),
-		tool("resume", "Resume sandbox", lifecycleSchema("running"), additive(true), t.resume,
+		tool("resume", "Resume sandbox", lifecycleEdits("running"), additive(true), t.resume,
 			"Resume a paused sandbox. Waits until it is running unless wait=false."),
 	} {
 		add(s)
@@ -69,12 +69,13 @@ func New(c *client.Client, version string) *mcp.Server {
 	return s
 }
 
-// tool returns a function adding one tool to a server. A nil schema is inferred from In.
-func tool[In, Out any](name, title string, schema any, ann *mcp.ToolAnnotations, h mcp.ToolHandlerFor[In, Out], desc string) func(*mcp.Server) {
+// tool returns a function adding one tool to a server. Its schemas are inferred from In and Out, with edits to
+// the input's properties (schema.go).
+func tool[In, Out any](name, title string, e edits, ann *mcp.ToolAnnotations, h mcp.ToolHandlerFor[In, Out], desc string) func(*mcp.Server) {
 	ann.Title = title
-	return func(s *mcp.Server) {
-		mcp.AddTool(s, &mcp.Tool{Name: name, Title: title, Description: desc, InputSchema: schema, Annotations: ann}, h)
-	}
+	t := &mcp.Tool{Name: name, Title: title, Description: desc, Annotations: ann,
+		InputSchema: inputSchema[In](e), OutputSchema: outputSchema[Out]()}
+	return func(s *mcp.Server) { mcp.AddTool(s, t, h) }
 }
 
 // Run serves the tools over stdin / stdout until the client disconnects or ctx is cancelled.

@@ -337,6 +337,14 @@ func TestNewInMemory(t *testing.T) {
 	}
 	checkAnnotations(t, tools)
 	checkSchemas(t, tools)
+	for name, tool := range tools {
+		for _, s := range []any{tool.InputSchema, tool.OutputSchema} {
+			b, _ := json.Marshal(s)
+			if bytes.Contains(b, []byte(`"type":[`)) {
+				t.Errorf("%s: a type array (nullable) in %s: not every client reads those", name, b)
+			}
+		}
+	}
 
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "get_sandbox", Arguments: map[string]any{"id": "x"}})
 	if err != nil {

@@ -3,6 +3,8 @@ package mcpserver
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
+	"slices"
 
 	"github.com/google/jsonschema-go/jsonschema"
 )
@@ -31,6 +33,7 @@ func inputSchema[T any](edits map[string]func(*jsonschema.Schema)) *jsonschema.S
 		}
 		edit(p)
 	}
+	portable(s, true)
 	return s
 }
 
@@ -60,45 +63,80 @@ func withDefault(v any, edit func(*jsonschema.Schema)) func(*jsonschema.Schema) 
 	}
 }
 
-func createSandboxSchema() *jsonschema.Schema {
-	return inputSchema[CreateSandboxInput](map[string]func(*jsonschema.Schema){
-		"vcpu":       between(0.1, 64),
-		"mem_mib":    between(64, 262144),
-		"max_procs":  between(16, 65536),
-		"disk_mib":   between(64, 1<<20),
-		"timeout_s":  between(0, 30*24*3600),
-		"on_timeout": oneOf("destroy", "pause"),
-	})
+// edits are the changes to one tool's inferred input schema, by property.
+type edits = map[string]func(*jsonschema.Schema)
+
+var createSandboxEdits = edits{
+	"vcpu":       between(0.1, 64),
+	"mem_mib":    between(64, 262144),
+	"max_procs":  between(16, 65536),
+	"disk_mib":   between(64, 1<<20),
+	"timeout_s":  between(0, 30*24*3600),
+	"on_timeout": oneOf("destroy", "pause"),
 }
 
-func listSandboxesSchema() *jsonschema.Schema {
-	return inputSchema[ListSandboxesInput](map[string]func(*jsonschema.Schema){"status": oneOf(statuses...)})
+var listSandboxesEdits = edits{"status": oneOf(statuses...)}
+
+var runEdits = edits{"timeout_s": between(0, maxRunTimeoutS)} // run_code's and exec's
+
+var readFileEdits = edits{
+	"offset": withDefault(0, atLeast(0)),
+	"limit":  withDefault(MaxTextBytes, between(1, MaxReadBytes)),
 }
 
-func runCodeSchema() *jsonschema.Schema {
-	return inputSchema[RunCodeInput](map[string]func(*jsonschema.Schema){"timeout_s": between(0, maxRunTimeoutS)})
-}
+var forkEdits = edits{"n": withDefault(1, between(1, 32))}
 
-func execSchema() *jsonschema.Schema {
-	return inputSchema[ExecInput](map[string]func(*jsonschema.Schema){"timeout_s": between(0, maxRunTimeoutS)})
-}
-
-func readFileSchema() *jsonschema.Schema {
-	return inputSchema[ReadFileInput](map[string]func(*jsonschema.Schema){
-		"offset": withDefault(0, atLeast(0)),
-		"limit":  withDefault(MaxTextBytes, between(1, MaxReadBytes)),
-	})
-}
-
-func forkSchema() *jsonschema.Schema {
-	return inputSchema[ForkInput](map[string]func(*jsonschema.Schema){"n": withDefault(1, between(1, 32))})
-}
-
-// lifecycleSchema is pause's and resume's: wait (for the status target) is true unless said otherwise.
-func lifecycleSchema(target string) *jsonschema.Schema {
-	return inputSchema[LifecycleInput](map[string]func(*jsonschema.Schema){
+// lifecycleEdits are pause's and resume's: wait (for the status target) is true unless said otherwise.
+func lifecycleEdits(target string) edits {
+	return edits{
 		"wait": withDefault(true, func(s *jsonschema.Schema) {
 			s.Description = fmt.Sprintf("wait until the sandbox is %s (up to 5 minutes; default true); false returns at once", target)
 		}),
-	})
+	}
+}
+
+// outputSchema infers the schema of a tool's result (of what Out points to, when a pointer).
+func outputSchema[Out any]() *jsonschema.Schema {
+	rt := reflect.TypeFor[Out]()
+	if rt.Kind() == reflect.Pointer {
+		rt = rt.Elem()
+	}
+	s, err := jsonschema.ForType(rt, nil)
+	if err != nil {
+		panic(fmt.Sprintf("mcpserver: schema of %v: %v", rt, err))
+	}
+	portable(s, false)
+	return s
+}
+
+// portable rewrites the nullable types inferred from Go pointers, slices and maps (`"type": ["null", "array"]`),
+// which clients mapping schemas onto a single-type dialect (Gemini's function declarations, the MCP inspector's
+// --strict check) reject or misread. In inputs, where null means nothing more than leaving the argument out, the
+// null goes; in outputs, where null is a value (no value, no error), it becomes `anyOf: [{"type": "null"}, {...}]`.
+func portable(s *jsonschema.Schema, input bool) {
+	if s == nil {
+		return
+	}
+	for _, p := range s.Properties {
+		portable(p, input)
+	}
+	for _, d := range s.Defs {
+		portable(d, input)
+	}
+	portable(s.Items, input)
+	portable(s.AdditionalProperties, input)
+	if len(s.Types) != 2 || !slices.Contains(s.Types, "null") {
+		return
+	}
+	other := s.Types[0]
+	if other == "null" {
+		other = s.Types[1]
+	}
+	if input {
+		s.Types, s.Type = nil, other
+		return
+	}
+	branch := *s
+	branch.Types, branch.Type, branch.Description, branch.Default = nil, other, "", nil
+	*s = jsonschema.Schema{Description: s.Description, AnyOf: []*jsonschema.Schema{{Type: "null"}, &branch}}
 }

@@ -1,6 +1,6 @@
 // `ramify mcp` driven by tools nobody on the project wrote: the official MCP TypeScript client
 // (@modelcontextprotocol/sdk, which also checks every structured result against the tool's output schema) and the
-// MCP inspector's CLI. Needs a real server: RAMIFY_API_URL and RAMIFY_API_KEY (scripts/test-ts starts one), and
+// MCP inspector's CLI (whose --strict check finds schemas that not every client can read). Needs a real server: RAMIFY_API_URL and RAMIFY_API_KEY (scripts/test-ts starts one), and
 // the binary at RAMIFY_TEST_BINARY (default bin/ramify).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -247,7 +247,8 @@ test("the MCP inspector's CLI", async () => {
   try {
     const list = await run(inspector, ["--cli", "--method", "tools/list", "--strict", ...target], { env });
     assert.deepEqual(JSON.parse(list.stdout).tools.map((t) => t.name).sort(), ALL_TOOLS);
-    assert.match(list.stderr, /0 errors/);
+    // Quiet when every schema is portable: it prints "N errors, M warnings" otherwise.
+    assert.doesNotMatch(list.stderr, /warning|error/i);
     const made = await run(inspector, ["--cli", "--method", "tools/call", "--tool-name", "create_sandbox",
       "--tool-arg", "cwd=/tmp", ...target], { env });
     const sb = JSON.parse(made.stdout).structuredContent;
