@@ -60,7 +60,8 @@ test-fuzz:
 		done; \
 	done
 
-# The TypeScript SDK (node's test runner) against a real server.
+# The TypeScript SDK (node's test runner) against a real server, and `ramify mcp` driven by the official MCP
+# TypeScript client and the MCP inspector's CLI (tests/mcp).
 test-ts:
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-ts
 

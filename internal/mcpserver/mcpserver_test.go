@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -184,7 +185,7 @@ func TestMCPSession(t *testing.T) {
 		Base64  bool   `json:"base64"`
 		Size    int    `json:"size"`
 	}
-	s.call(ctx, "read_file", map[string]any{"id": id, "path": "/root/notes/hello.txt"}, &rf)
+	s.call(ctx, "read_file", map[string]any{"id": id, "path": "notes/hello.txt"}, &rf)
 	if rf.Content != "hello, mcp\n" || rf.Base64 {
 		t.Fatalf("read_file text = %+v", rf)
 	}
@@ -208,7 +209,7 @@ func TestMCPSession(t *testing.T) {
 	var lf struct {
 		Entries []client.Entry `json:"entries"`
 	}
-	s.call(ctx, "list_files", map[string]any{"id": id, "path": "/root/notes"}, &lf)
+	s.call(ctx, "list_files", map[string]any{"id": id, "path": "notes"}, &lf) // relative to the cwd, /root
 	var files []string
 	for _, e := range lf.Entries {
 		files = append(files, e.Name)
@@ -249,14 +250,14 @@ func TestMCPSession(t *testing.T) {
 	if ex.Value == nil || *ex.Value != "(2, '2')" {
 		t.Fatalf("parent after merge = %+v", ex)
 	}
-	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": c2}); !strings.Contains(msg, "not found") {
-		t.Errorf("get_sandbox of the merged winner: %q", msg)
+	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": c2}); !strings.Contains(msg, "was merged into "+id) {
+		t.Errorf("get_sandbox of the merged winner: %q, want it to say it was merged into %s", msg, id)
 	}
 	s.call(ctx, "destroy_sandbox", map[string]any{"id": c1}, nil)
 
 	// pause and resume, waiting; the interpreter's state survives.
 	sb = client.Sandbox{}
-	s.call(ctx, "pause", map[string]any{"id": id, "wait": true}, &sb)
+	s.call(ctx, "pause", map[string]any{"id": id}, &sb) // waits by default
 	if sb.Status != client.StatusPaused {
 		t.Fatalf("pause = %+v", sb)
 	}
@@ -266,7 +267,7 @@ func TestMCPSession(t *testing.T) {
 		t.Fatalf("get_sandbox after pause = %+v", sb)
 	}
 	sb = client.Sandbox{}
-	s.call(ctx, "resume", map[string]any{"id": id, "wait": true}, &sb)
+	s.call(ctx, "resume", map[string]any{"id": id}, &sb)
 	if sb.Status != client.StatusRunning {
 		t.Fatalf("resume = %+v", sb)
 	}
@@ -291,7 +292,7 @@ func TestMCPSession(t *testing.T) {
 
 	// destroy.
 	s.call(ctx, "destroy_sandbox", map[string]any{"id": id}, nil)
-	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": id}); !strings.Contains(msg, "sandbox not found") {
+	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": id}); !strings.Contains(msg, "was destroyed") {
 		t.Errorf("get_sandbox after destroy: %q", msg)
 	}
 
@@ -305,8 +306,8 @@ func TestMCPSession(t *testing.T) {
 	}
 }
 
-// TestNewInMemory checks the server built by New without a ramify server: the tool list and the error of an
-// unreachable API, through in-memory transports.
+// TestNewInMemory checks the server built by New without a ramify server: the tools' schemas and annotations,
+// and the error of an unreachable API, through in-memory transports.
 func TestNewInMemory(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -327,14 +328,95 @@ func TestNewInMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(lt.Tools) != len(allTools) {
+	tools := map[string]*mcp.Tool{}
+	for _, tool := range lt.Tools {
+		tools[tool.Name] = tool
+	}
+	if len(tools) != len(allTools) {
 		t.Errorf("%d tools, want %d", len(lt.Tools), len(allTools))
 	}
+	checkAnnotations(t, tools)
+	checkSchemas(t, tools)
+	for name, tool := range tools {
+		for _, s := range []any{tool.InputSchema, tool.OutputSchema} {
+			b, _ := json.Marshal(s)
+			if bytes.Contains(b, []byte(`"type":[`)) {
+				t.Errorf("%s: a type array (nullable) in %s: not every client reads those", name, b)
+			}
+		}
+	}
+
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "get_sandbox", Arguments: map[string]any{"id": "x"}})
 	if err != nil {
 		t.Fatalf("protocol error: %v", err)
 	}
-	if !res.IsError || !strings.Contains(text(res), "connect") {
-		t.Errorf("get_sandbox with no server: IsError=%v %q", res.IsError, text(res))
+	msg := text(res)
+	for _, want := range []string{"cannot reach the ramify server at http://127.0.0.1:1", "connection refused", "ramify serve", "make run", "RAMIFY_API_URL"} {
+		if !res.IsError || !strings.Contains(msg, want) {
+			t.Errorf("get_sandbox with no server: IsError=%v %q, want it to contain %q", res.IsError, msg, want)
+		}
+	}
+	// Arguments out of the schema's bounds are refused before any call.
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "fork", Arguments: map[string]any{"id": "x", "n": 33}})
+	if err != nil || !res.IsError || !strings.Contains(text(res), "maximum") {
+		t.Errorf("fork n=33: err=%v IsError=%v %q", err, res != nil && res.IsError, text(res))
+	}
+}
+
+// checkAnnotations checks every tool's hints: the read-only tools say so, the others say whether they destroy.
+func checkAnnotations(t *testing.T, tools map[string]*mcp.Tool) {
+	t.Helper()
+	type hints struct{ readOnly, destructive, idempotent, openWorld bool }
+	want := map[string]hints{
+		"list_sandboxes": {readOnly: true, idempotent: true}, "get_sandbox": {readOnly: true, idempotent: true},
+		"read_file": {readOnly: true, idempotent: true}, "list_files": {readOnly: true, idempotent: true},
+		"diff":           {readOnly: true, idempotent: true},
+		"create_sandbox": {}, "fork": {}, "resume": {idempotent: true},
+		"destroy_sandbox": {destructive: true, idempotent: true}, "write_file": {destructive: true, idempotent: true},
+		"pause":      {destructive: true, idempotent: true},
+		"merge_into": {destructive: true},
+		"run_code":   {destructive: true, openWorld: true}, "exec": {destructive: true, openWorld: true},
+	}
+	for name, w := range want {
+		a := tools[name].Annotations
+		if a == nil || a.DestructiveHint == nil && !a.ReadOnlyHint || a.OpenWorldHint == nil || a.Title == "" {
+			t.Errorf("%s: incomplete annotations %+v", name, a)
+			continue
+		}
+		got := hints{a.ReadOnlyHint, a.DestructiveHint != nil && *a.DestructiveHint, a.IdempotentHint, *a.OpenWorldHint}
+		if got != w {
+			t.Errorf("%s: hints %+v, want %+v", name, got, w)
+		}
+	}
+}
+
+// checkSchemas checks the enums, bounds and defaults of the input schemas.
+func checkSchemas(t *testing.T, tools map[string]*mcp.Tool) {
+	t.Helper()
+	prop := func(tool, name string) map[string]any {
+		b, _ := json.Marshal(tools[tool].InputSchema)
+		var s struct {
+			Properties map[string]map[string]any `json:"properties"`
+		}
+		if err := json.Unmarshal(b, &s); err != nil || s.Properties[name] == nil {
+			t.Fatalf("%s: no property %s in %s", tool, name, b)
+		}
+		return s.Properties[name]
+	}
+	for _, c := range []struct {
+		tool, prop, key string
+		want            any
+	}{
+		{"create_sandbox", "on_timeout", "enum", []any{"destroy", "pause"}},
+		{"list_sandboxes", "status", "enum", []any{"creating", "running", "pausing", "paused", "resuming", "error"}},
+		{"fork", "n", "minimum", 1.0}, {"fork", "n", "maximum", 32.0}, {"fork", "n", "default", 1.0},
+		{"run_code", "timeout_s", "minimum", 0.0}, {"run_code", "timeout_s", "maximum", 86400.0},
+		{"exec", "timeout_s", "maximum", 86400.0}, {"create_sandbox", "timeout_s", "maximum", 2592000.0},
+		{"pause", "wait", "default", true}, {"resume", "wait", "default", true},
+		{"read_file", "limit", "default", float64(mcpserver.MaxTextBytes)},
+	} {
+		if got := prop(c.tool, c.prop)[c.key]; !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s.%s.%s = %v, want %v", c.tool, c.prop, c.key, got, c.want)
+		}
 	}
 }
