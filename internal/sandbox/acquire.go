@@ -67,7 +67,7 @@ func (s *Service) acquireEntries(mode lockMode, admit func(*entry) error, es ...
 	err := func() error {
 		for _, e := range es {
 			if e.gone {
-				return errNotFound
+				return s.notFound(e.rec.ID)
 			}
 		}
 		for _, e := range es {

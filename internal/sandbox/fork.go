@@ -207,8 +207,10 @@ func (s *Service) MergeInto(ctx context.Context, parentID, winnerID string) erro
 	p.rec.Spec = specJSON
 	rec := p.rec
 	s.retire(w)
+	gone := store.Retired{ID: winnerID, MergedInto: parentID, At: time.Now()}
+	s.retired[winnerID] = gone
 	s.mu.Unlock()
-	if err := s.cfg.Store.PutMany(ctx, []store.Record{rec}, []string{winnerID}); err != nil {
+	if err := s.cfg.Store.Merge(ctx, rec, winnerID, gone.At); err != nil {
 		// The runtime already swapped; the records will be reconciled at the next start.
 		s.log.Error("merge: saving records failed", "sandbox", parentID, "winner", winnerID, "err", err)
 		return fmt.Errorf("merge %s into %s: save records: %w", winnerID, parentID, err)

@@ -62,8 +62,9 @@ type Service struct {
 	host hostShape // what this host has (capacity.go)
 	log  *slog.Logger
 
-	mu    sync.Mutex // guards entries and IP allocation
-	items map[string]*entry
+	mu      sync.Mutex // guards entries and IP allocation
+	items   map[string]*entry
+	retired map[string]store.Retired // ids merged away or deleted, for a 404 that says so
 
 	// ctx is the service's life: background work (pause, resume, timeout actions, the pool) runs on it, and
 	// Close cancels it.
@@ -118,6 +119,14 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	recs, err := cfg.Store.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("load sandboxes: %w", err)
+	}
+	retired, err := cfg.Store.ListRetired(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load retired sandbox ids: %w", err)
+	}
+	s.retired = make(map[string]store.Retired, len(retired))
+	for _, r := range retired {
+		s.retired[r.ID] = r
 	}
 	var loaded []*entry
 	for _, rec := range recs {
@@ -297,9 +306,39 @@ func (s *Service) lookup(id string) (*entry, error) {
 	defer s.mu.Unlock()
 	e := s.items[id]
 	if e == nil || e.gone || e.pooled {
-		return nil, errNotFound
+		return nil, s.notFound(id)
 	}
 	return e, nil
+}
+
+// notFound is the error for an id that names no sandbox: it says what became of a sandbox merged away or
+// deleted (following a chain of merges to the id that holds its state now). Called with s.mu held.
+func (s *Service) notFound(id string) error {
+	r, ok := s.retired[id]
+	if !ok {
+		return errNotFound
+	}
+	if r.MergedInto == "" {
+		return errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("sandbox %s was %s at %s", id, r.Reason,
+			r.At.UTC().Format(time.RFC3339)))
+	}
+	now := r.MergedInto
+	for i := 0; i < 64; i++ { // a merged parent may itself have been merged into its own parent since
+		next, ok := s.retired[now]
+		if !ok || next.MergedInto == "" {
+			break
+		}
+		now = next.MergedInto
+	}
+	msg := fmt.Sprintf("sandbox %s was merged into %s at %s (its state lives on under that id)", id, r.MergedInto,
+		r.At.UTC().Format(time.RFC3339))
+	if now != r.MergedInto {
+		msg += fmt.Sprintf("; %s was since merged into %s", r.MergedInto, now)
+	}
+	if next, ok := s.retired[now]; ok && next.MergedInto == "" {
+		msg += fmt.Sprintf("; %s was since %s", now, next.Reason)
+	}
+	return errdefs.New(errdefs.ErrNotFound, msg)
 }
 
 // status reads e's status.
@@ -370,8 +409,9 @@ func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time
 	for {
 		s.mu.Lock()
 		if e.gone {
+			err := s.notFound(id)
 			s.mu.Unlock()
-			return Info{}, errNotFound
+			return Info{}, err
 		}
 		info := s.info(e)
 		changed := s.changes(e) // woken by setStatus and retire
@@ -565,7 +605,7 @@ func (s *Service) timeout(id, onTimeout string) {
 	if onTimeout == "pause" {
 		err = s.pauseOnTimeout(s.ctx, id)
 	} else {
-		err = s.Delete(s.ctx, id)
+		err = s.destroy(s.ctx, id, "destroyed when its timeout_s expired")
 	}
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		s.log.Warn("timeout action failed", "sandbox", id, "err", err)
@@ -574,6 +614,11 @@ func (s *Service) timeout(id, onTimeout string) {
 
 // Delete destroys a sandbox: its processes, file system and record.
 func (s *Service) Delete(ctx context.Context, id string) error {
+	return s.destroy(ctx, id, "deleted")
+}
+
+// destroy is Delete; reason says why, to later callers of the id.
+func (s *Service) destroy(ctx context.Context, id, reason string) error {
 	es, release, err := s.acquire(exclusive, OpDestroy, id)
 	if err != nil {
 		return err
@@ -594,13 +639,15 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 			s.log.Warn("destroy: delete snapshot", "sandbox", id, "err", err)
 		}
 	}
-	if err := s.cfg.Store.Delete(ctx, id); err != nil {
+	gone := store.Retired{ID: id, Reason: reason, At: time.Now()}
+	if err := s.cfg.Store.Retire(ctx, id, gone.Reason, gone.At); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.retire(e)
+	s.retired[id] = gone
 	s.mu.Unlock()
-	s.log.Info("sandbox destroyed", "sandbox", id)
+	s.log.Info("sandbox destroyed", "sandbox", id, "reason", reason)
 	return nil
 }
 
