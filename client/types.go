@@ -43,6 +43,18 @@ type Sandbox struct {
 	Error string `json:"error"`
 	// Pause reports the last pause and resume (nil before the first pause).
 	Pause *PauseInfo `json:"pause,omitempty"`
+	// Usage is the sandbox's resource use now: set by Get for a running sandbox only.
+	Usage *Usage `json:"usage,omitempty"`
+}
+
+// Usage is a running sandbox's resource use.
+type Usage struct {
+	MemBytes   uint64  `json:"mem_bytes"`
+	CPUSeconds float64 `json:"cpu_seconds"`
+	Pids       uint64  `json:"pids"`
+	OOMKills   uint64  `json:"oom_kills"`
+	// DiskBytes counts against DiskMiB; nil when the server's layer driver does not account per sandbox.
+	DiskBytes *int64 `json:"disk_bytes"`
 }
 
 // Skipped names something a pause could not save (a variable, a process), or a resume could not restore.

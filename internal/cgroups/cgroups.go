@@ -51,6 +51,8 @@ type Stats struct {
 	// OOMKills is how many processes the OOM killer killed in the cgroup (oom_kill in v1 memory.oom_control,
 	// v2 memory.events).
 	OOMKills uint64
+	// CPUNanos is the CPU time the cgroup's tasks used, in nanoseconds (v1 cpuacct.usage, v2 cpu.stat usage_usec).
+	CPUNanos uint64
 }
 
 // Manager creates and finds the cgroups under one parent.

@@ -555,6 +555,9 @@ func TestV1PidsLimit(t *testing.T) {
 	if st.Pids == 0 || st.Pids > 20 {
 		t.Errorf("Stats.Pids = %d, want 1..20", st.Pids)
 	}
+	if st.CPUNanos == 0 {
+		t.Errorf("Stats.CPUNanos = 0 after a shell forked in the cgroup")
+	}
 	// The test process is not in the cgroup and can still fork freely.
 	if self := readTrim(t, "/proc/self/cgroup"); strings.Contains(self, testParent) {
 		t.Errorf("test process is inside a test cgroup: %s", self)

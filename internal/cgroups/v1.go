@@ -362,6 +362,9 @@ func (c *v1Cgroup) Stats() (Stats, error) {
 	if s.OOMKills, _, err = readKey(c.file("memory", "memory.oom_control"), "oom_kill"); err != nil {
 		return Stats{}, c.statsErr(err)
 	}
+	if s.CPUNanos, err = readUint(c.file("cpuacct", "cpuacct.usage")); err != nil {
+		return Stats{}, c.statsErr(err)
+	}
 	return s, nil
 }
 

@@ -312,5 +312,10 @@ func (c *v2Cgroup) Stats() (Stats, error) {
 	if s.OOMKills, _, err = readKey(c.file("memory.events"), "oom_kill"); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return Stats{}, fmt.Errorf("cgroup %s: stats: %w", c.name, err)
 	}
+	usec, _, err := readKey(c.file("cpu.stat"), "usage_usec")
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return Stats{}, fmt.Errorf("cgroup %s: stats: %w", c.name, err)
+	}
+	s.CPUNanos = usec * 1000
 	return s, nil
 }

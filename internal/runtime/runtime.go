@@ -96,6 +96,11 @@ type Usage struct {
 	MemoryBytes uint64
 	Pids        uint64
 	OOMKills    uint64
+	CPUNanos    uint64 // CPU time used since the sandbox started (for a fork child: since the fork)
+	// DiskBytes is what the sandbox's file system counts against its disk limit (bytes it refers to: its own
+	// writes and what it shares with its fork family), and DiskLimitBytes the limit; both -1 when the layer
+	// driver does not account per sandbox (the copy driver, or btrfs without quotas).
+	DiskBytes, DiskLimitBytes int64
 }
 
 // ForkResult describes a completed fork.

@@ -380,15 +380,43 @@ func (s *Service) info(e *entry) Info {
 	return in
 }
 
-// Get returns one sandbox.
+// Get returns one sandbox, with its resource use now when it runs.
 func (s *Service) Get(ctx context.Context, id string) (Info, error) {
 	e, err := s.lookup(id)
 	if err != nil {
 		return Info{}, err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.info(e), nil
+	in, h := s.info(e), e.handle
+	s.mu.Unlock()
+	if in.Status == StatusRunning {
+		// Read outside s.mu: it reads cgroup files and, for the disk, the layer file system's qgroups.
+		if u, err := s.cfg.Runtime.Usage(h); err == nil {
+			in.Usage = usageOf(u)
+		} else {
+			s.log.Debug("usage", "sandbox", id, "err", err) // e.g. it stopped running meanwhile
+		}
+	}
+	return in, nil
+}
+
+// UsageInfo is a running sandbox's resource use, as GET reports it.
+type UsageInfo struct {
+	MemBytes   uint64  `json:"mem_bytes"`
+	CPUSeconds float64 `json:"cpu_seconds"`
+	Pids       uint64  `json:"pids"`
+	OOMKills   uint64  `json:"oom_kills"`
+	// DiskBytes is what counts against disk_mib; null when the layer driver does not account per sandbox.
+	DiskBytes *int64 `json:"disk_bytes"`
+}
+
+func usageOf(u runtime.Usage) *UsageInfo {
+	in := &UsageInfo{MemBytes: u.MemoryBytes, CPUSeconds: float64(u.CPUNanos) / 1e9, Pids: u.Pids, OOMKills: u.OOMKills}
+	if u.DiskBytes >= 0 {
+		d := u.DiskBytes
+		in.DiskBytes = &d
+	}
+	return in
 }
 
 // Wait returns the sandbox's info as soon as its status is want or error (a failed pause or resume), or when

@@ -169,6 +169,8 @@ type Info struct {
 	Egress []string `json:"egress"`
 	// Pause reports the last pause and resume: what could not be saved, sizes, timings.
 	Pause *PauseInfo `json:"pause,omitempty"`
+	// Usage is the sandbox's resource use now: in GET of a running sandbox only (not in lists).
+	Usage *UsageInfo `json:"usage,omitempty"`
 }
 
 func shape(vcpu float64, mem int) string {

@@ -130,6 +130,30 @@ func TestDiskQuota(t *testing.T) {
 		}
 	})
 
+	// GET shows what counts against the quota, with memory, CPU and tasks from the cgroups.
+	t.Run("Usage", func(t *testing.T) {
+		sb := diskCreate(t, s, client.CreateRequest{DiskMiB: diskQuota})
+		before := diskGet(t, s, sb.ID).Usage
+		if before == nil || before.DiskBytes == nil {
+			t.Fatalf("GET of a running sandbox with a quota: usage %+v, want disk_bytes", before)
+		}
+		diskWantWrite(t, "fill half", diskFill(t, s, sb.ID, "/root/half", diskQuota/2))
+		diskSh(t, s, sb.ID, "sync")
+		u := diskGet(t, s, sb.ID).Usage
+		if u == nil || u.DiskBytes == nil {
+			t.Fatalf("usage after a write: %+v", u)
+		}
+		if grew := *u.DiskBytes - *before.DiskBytes; grew < (diskQuota/2)<<20 || grew > diskQuota<<20 {
+			t.Errorf("disk_bytes grew by %d after a %d MiB write", grew, diskQuota/2)
+		}
+		if u.MemBytes == 0 || u.CPUSeconds <= 0 || u.Pids < 2 {
+			t.Errorf("usage %+v: want memory, CPU time and the agent and interpreter's tasks", u)
+		}
+		if l, err := s.Client.List(diskCtx(t), client.ListOptions{}); err != nil || len(l) == 0 || l[0].Usage != nil {
+			t.Errorf("list: %v, want sandboxes without usage", err)
+		}
+	})
+
 	t.Run("FillForkPause", func(t *testing.T) {
 		a := diskCreate(t, s, client.CreateRequest{DiskMiB: diskQuota})
 		neighbour := diskCreate(t, s, client.CreateRequest{DiskMiB: diskQuota})

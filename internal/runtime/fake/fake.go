@@ -326,7 +326,9 @@ func (r *Runtime) Configure(ctx context.Context, h runtime.Handle, spec runtime.
 }
 
 // Usage reports nothing in use.
-func (r *Runtime) Usage(h runtime.Handle) (runtime.Usage, error) { return runtime.Usage{}, nil }
+func (r *Runtime) Usage(h runtime.Handle) (runtime.Usage, error) {
+	return runtime.Usage{DiskBytes: -1, DiskLimitBytes: -1}, nil
+}
 
 // Close does nothing: sandboxes outlive the runtime, as real ones do.
 func (r *Runtime) Close() error { return nil }

@@ -570,7 +570,14 @@ func (r *Runtime) Usage(h runtime.Handle) (runtime.Usage, error) {
 	if err != nil {
 		return runtime.Usage{}, err
 	}
-	return runtime.Usage{MemoryBytes: st.MemoryBytes, Pids: st.Pids, OOMKills: st.OOMKills}, nil
+	u := runtime.Usage{MemoryBytes: st.MemoryBytes, Pids: st.Pids, OOMKills: st.OOMKills, CPUNanos: st.CPUNanos,
+		DiskBytes: -1, DiskLimitBytes: -1}
+	if lim, ok := layer.LimiterOf(r.cfg.Layers); ok {
+		if u.DiskBytes, u.DiskLimitBytes, err = lim.DiskUsage(h.Layer()); err != nil {
+			return runtime.Usage{}, err
+		}
+	}
+	return u, nil
 }
 
 // Close implements runtime.Runtime: sandboxes keep running and are recovered by the next server. It waits (a
