@@ -7,11 +7,13 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -230,12 +232,42 @@ func decode(w http.ResponseWriter, r *http.Request, v any, optional bool) error 
 		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 			return errdefs.New(errdefs.ErrInvalid, "unknown field "+field)
 		}
+		// Well-formed JSON with a value of the wrong type: name the field and the type it needs.
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			if ute.Field == "" {
+				return errdefs.New(errdefs.ErrInvalid, "request body must be a JSON object, not "+ute.Value)
+			}
+			return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("%s: expected %s, got %s", ute.Field, jsonTypeName(ute.Type), ute.Value))
+		}
 		return errdefs.New(errdefs.ErrInvalid, "malformed JSON: "+err.Error())
 	}
 	if dec.More() {
 		return errdefs.New(errdefs.ErrInvalid, "malformed JSON: trailing data after the object")
 	}
 	return nil
+}
+
+// jsonTypeName names the JSON type a Go type decodes from, for error messages.
+func jsonTypeName(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return jsonTypeName(t.Elem())
+	}
+	return "a " + t.String()
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {

@@ -67,7 +67,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 const maxWait = 60 * time.Second
 
 // wait answers GET /v1/sandboxes/{id}/wait?status=paused&timeout_s=20 as soon as the sandbox has that status (or
-// "error"), or when the timeout (default 20 s, at most 60 s) passes, with the sandbox as GET shows it then.
+// "error"), or when the timeout (default 20 s, at most 60 s: more is 400) passes, with the sandbox as GET shows it then.
 func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	want := sandbox.Status(q.Get("status"))
@@ -78,11 +78,11 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 	timeout := 20 * time.Second
 	if v := q.Get("timeout_s"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f < 0 || f != f {
-			writeError(w, errdefs.New(errdefs.ErrInvalid, "timeout_s must be a number of seconds >= 0"))
+		if err != nil || f < 0 || f > maxWait.Seconds() || f != f {
+			writeError(w, errdefs.New(errdefs.ErrInvalid, "timeout_s must be a number of seconds between 0 and 60"))
 			return
 		}
-		timeout = min(time.Duration(f*float64(time.Second)), maxWait)
+		timeout = time.Duration(f * float64(time.Second))
 	}
 	info, err := s.svc.Wait(r.Context(), r.PathValue("id"), want, timeout)
 	if err != nil {
@@ -151,12 +151,24 @@ func (n *ndjson) finish(result any, err error) {
 	n.send(result)
 }
 
+// runCodeBody is run_code's body: code is a pointer so that a missing or null code is told apart from "" (400).
+type runCodeBody struct {
+	sandbox.RunCodeRequest
+	Code *string `json:"code"` // shadows RunCodeRequest.Code when decoding
+}
+
 func (s *Server) runCode(w http.ResponseWriter, r *http.Request) {
-	var req sandbox.RunCodeRequest
-	if err := decode(w, r, &req, false); err != nil {
+	var body runCodeBody
+	if err := decode(w, r, &body, false); err != nil {
 		writeError(w, err)
 		return
 	}
+	if body.Code == nil {
+		writeError(w, errdefs.New(errdefs.ErrInvalid, `code is required: a string of Python, e.g. {"code": "1 + 1"}`))
+		return
+	}
+	req := body.RunCodeRequest
+	req.Code = *body.Code
 	id := r.PathValue("id")
 	if !wantsStream(r, req.Stream) {
 		res, err := s.svc.RunCode(r.Context(), id, req, nil)
