@@ -138,16 +138,15 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request) {
 	s.withFS(w, r, func(fs *files.FS, p string) error {
-		e, err := fs.Stat(p)
+		// Opened before the 200 goes out: a refusal (/proc, not a directory, missing) is still an error response.
+		a, err := fs.OpenArchive(p)
 		if err != nil {
 			return err
 		}
-		if e.Type != "dir" {
-			return errdefs.New(errdefs.ErrInvalid, "not a directory: "+p)
-		}
+		defer a.Close()
 		w.Header().Set("Content-Type", "application/x-tar")
 		w.WriteHeader(200)
-		fs.WriteTar(p, w) //nolint:errcheck // headers are sent; a broken stream is all the client can get
+		a.Write(w) //nolint:errcheck // headers are sent; a broken stream is all the client can get
 		return nil
 	})
 }

@@ -21,31 +21,61 @@ import (
 // fifos, devices and kernel pseudo file systems (a procfs mounted inside, say) are skipped. A symlink at p
 // itself is followed inside the root.
 func (f *FS) WriteTar(p string, w io.Writer) error {
-	p, err := CleanPath(p)
+	a, err := f.OpenArchive(p)
 	if err != nil {
 		return err
 	}
+	defer a.Close()
+	return a.Write(w)
+}
+
+// Archive is a directory opened for WriteTar. Opening it does every check that can refuse the archive (the path,
+// kernel file systems, not a directory, missing), so that a caller can answer an error before it starts a
+// response.
+type Archive struct {
+	f  *FS
+	fd int
+	p  string
+}
+
+// OpenArchive opens the directory p for archiving; Close releases it.
+func (f *FS) OpenArchive(p string) (*Archive, error) {
+	p, err := CleanPath(p)
+	if err != nil {
+		return nil, err
+	}
 	if err := refusePseudoRead("archive", p); err != nil {
-		return err
+		return nil, err
 	}
 	root, err := f.acquire()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer f.release()
 	fd, err := openDir(root, p)
 	if err != nil {
-		return wrap("archive", p, err)
+		f.release()
+		return nil, wrap("archive", p, err)
 	}
-	defer unix.Close(fd)
+	return &Archive{f: f, fd: fd, p: p}, nil
+}
+
+// Write streams the tar archive of the directory's contents to w.
+func (a *Archive) Write(w io.Writer) error {
 	tw := tar.NewWriter(w)
-	if err := writeTarDir(tw, fd, "", p); err != nil {
-		return wrap("archive", p, err)
+	if err := writeTarDir(tw, a.fd, "", a.p); err != nil {
+		return wrap("archive", a.p, err)
 	}
 	if err := tw.Close(); err != nil {
-		return wrap("archive", p, err)
+		return wrap("archive", a.p, err)
 	}
 	return nil
+}
+
+// Close releases the directory.
+func (a *Archive) Close() error {
+	err := unix.Close(a.fd)
+	a.f.release()
+	return err
 }
 
 func tarHeader(name string, st *unix.Stat_t) *tar.Header {
