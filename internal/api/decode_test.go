@@ -78,6 +78,22 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// The list's metadata filter: metadata[k] (deepObject, what generated clients send) and metadata.k.
+func TestMetadataKey(t *testing.T) {
+	for _, tc := range []struct {
+		param, key string
+		ok         bool
+	}{
+		{"metadata[project]", "project", true}, {"metadata.project", "project", true}, {"metadata[a.b]", "a.b", true},
+		{"metadata[x", "", false}, {"status", "", false}, {"metadataX", "", false},
+	} {
+		key, ok := metadataKey(tc.param)
+		if ok != tc.ok || ok && key != tc.key {
+			t.Errorf("metadataKey(%q) = %q, %v; want %q, %v", tc.param, key, ok, tc.key, tc.ok)
+		}
+	}
+}
+
 // The one place errors become statuses.
 func TestStatusOf(t *testing.T) {
 	for _, tc := range []struct {

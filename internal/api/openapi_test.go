@@ -46,10 +46,18 @@ func TestOpenAPIDocument(t *testing.T) {
 	}
 	comps, _ := doc["components"].(map[string]any)
 	schemas, _ := comps["schemas"].(map[string]any)
-	for _, name := range []string{"Sandbox", "CreateRequest", "Execution", "ExecError", "ExecRequest", "ExecResult",
+	for _, name := range []string{"Sandbox", "Execution", "ExecError", "ExecResult",
 		"Entry", "ForkResult", "Diff", "PauseInfo", "Error"} {
 		if _, ok := schemas[name]; !ok {
 			t.Errorf("components.schemas has no %s", name)
+		}
+	}
+	// Request bodies live in components.requestBodies, not schemas: there openapi-typescript keeps a field with a
+	// default optional (in components.schemas it makes it required).
+	bodies, _ := comps["requestBodies"].(map[string]any)
+	for _, name := range []string{"CreateRequest", "RunCodeRequest", "ExecRequest", "ForkRequest"} {
+		if _, ok := bodies[name]; !ok {
+			t.Errorf("components.requestBodies has no %s", name)
 		}
 	}
 	if ss, _ := comps["securitySchemes"].(map[string]any); ss["bearerAuth"] == nil {

@@ -47,11 +47,20 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	for k, v := range r.URL.Query() {
-		if mk, ok := strings.CutPrefix(k, "metadata."); ok && len(v) > 0 {
+		if mk, ok := metadataKey(k); ok && len(v) > 0 {
 			o.Metadata[mk] = v[0]
 		}
 	}
 	writeJSON(w, 200, map[string]any{"sandboxes": s.svc.List(r.Context(), o)})
+}
+
+// metadataKey returns the metadata key a list filter names: metadata[<key>] (OpenAPI's deepObject style, what
+// generated clients send) or metadata.<key>.
+func metadataKey(param string) (string, bool) {
+	if k, ok := strings.CutPrefix(param, "metadata["); ok && strings.HasSuffix(k, "]") {
+		return k[:len(k)-1], true
+	}
+	return strings.CutPrefix(param, "metadata.")
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
