@@ -179,40 +179,81 @@ func get(t *testing.T, url string) []byte {
 
 // do sends x, checks that the request and the response are what the document says, and returns the response.
 func (c *contract) do(x exchange) (http.Header, []byte) {
+	c.t.Helper()
+	return c.doWhile(x, nil)
+}
+
+// doWhile is do; with during set, it reads the response up to its first line, calls during, then reads the rest.
+func (c *contract) doWhile(x exchange, during func()) (http.Header, []byte) {
 	t := c.t
 	t.Helper()
 	label := x.method + " " + x.path
-	newReq := func() *http.Request {
-		req, err := http.NewRequest(x.method, c.srv.URL+x.path, bytes.NewReader(x.body))
-		if err != nil {
-			t.Fatalf("%s: %v", label, err)
-		}
-		if x.body != nil {
-			ct := x.contentType
-			if ct == "" {
-				ct = "application/json"
-			}
-			req.Header.Set("Content-Type", ct)
-		}
-		if !x.noAuth {
-			req.Header.Set("Authorization", "Bearer "+c.srv.Key)
-		}
-		for k, v := range x.header {
-			req.Header.Set(k, v)
-		}
-		return req
+	in := c.checkRequest(label, x)
+	resp, err := http.DefaultClient.Do(c.request(x))
+	if err != nil {
+		t.Fatalf("%s: %v", label, err)
 	}
-	req := newReq()
+	defer resp.Body.Close()
+	var first []byte
+	if during != nil {
+		first, err = bufio.NewReader(io.LimitReader(resp.Body, 1<<20)).ReadBytes('\n')
+		if err != nil {
+			t.Fatalf("%s: no first line: %v", label, err)
+		}
+		during()
+	}
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s: reading the response: %v", label, err)
+	}
+	body := append(first, rest...)
+	if resp.StatusCode != x.status {
+		t.Errorf("%s %s: status %d, want %d: %.300s", label, x.body, resp.StatusCode, x.status, body)
+	}
+	if in == nil {
+		return resp.Header, body
+	}
+	c.checkResponse(label, in, resp, body)
+	op := in.Route.Operation.OperationID
+	if c.covered[op] == nil {
+		c.covered[op] = map[int]bool{}
+	}
+	c.covered[op][resp.StatusCode] = true
+	return resp.Header, body
+}
+
+// request builds the HTTP request of x.
+func (c *contract) request(x exchange) *http.Request {
+	req, err := http.NewRequest(x.method, c.srv.URL+x.path, bytes.NewReader(x.body))
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", x.method, x.path, err)
+	}
+	if x.body != nil {
+		ct := x.contentType
+		if ct == "" {
+			ct = "application/json"
+		}
+		req.Header.Set("Content-Type", ct)
+	}
+	if !x.noAuth {
+		req.Header.Set("Authorization", "Bearer "+c.srv.Key)
+	}
+	for k, v := range x.header {
+		req.Header.Set(k, v)
+	}
+	return req
+}
+
+// checkRequest finds x's operation and validates the request against it: valid, or invalid when x says so. It
+// returns nil (after an error) when the document has no such operation.
+func (c *contract) checkRequest(label string, x exchange) *openapi3filter.RequestValidationInput {
+	t := c.t
+	t.Helper()
+	req := c.request(x)
 	route, params, err := c.router.FindRoute(req)
 	if err != nil {
 		t.Errorf("%s: no operation in the document: %v", label, err)
-		resp, err := http.DefaultClient.Do(newReq())
-		if err != nil {
-			t.Fatalf("%s: %v", label, err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.Header, body
+		return nil
 	}
 	in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route,
 		Options: &openapi3filter.Options{AuthenticationFunc: bearerPresent, SkipSettingDefaults: true}}
@@ -223,25 +264,7 @@ func (c *contract) do(x exchange) (http.Header, []byte) {
 	case !x.invalid && err != nil:
 		t.Errorf("%s %s: the request does not match the document: %v", label, x.body, err)
 	}
-	resp, err := http.DefaultClient.Do(newReq())
-	if err != nil {
-		t.Fatalf("%s: %v", label, err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatalf("%s: reading the response: %v", label, err)
-	}
-	if resp.StatusCode != x.status {
-		t.Errorf("%s %s: status %d, want %d: %.300s", label, x.body, resp.StatusCode, x.status, body)
-	}
-	c.checkResponse(label, in, resp, body)
-	op := route.Operation.OperationID
-	if c.covered[op] == nil {
-		c.covered[op] = map[int]bool{}
-	}
-	c.covered[op][resp.StatusCode] = true
-	return resp.Header, body
+	return in
 }
 
 // checkResponse validates status, content type, headers and body against the document; a response the document
@@ -348,6 +371,27 @@ func (c *contract) runningCode(id string) {
 	c.do(exchange{method: "POST", path: p + "/exec", body: []byte(`{"cmd": "ls", "cwd": "/missing"}`), status: 400})
 	c.do(exchange{method: "POST", path: p + "/exec", body: []byte(`{"argv": "ls"}`), status: 400, invalid: true})
 	c.do(exchange{method: "POST", path: "/v1/sandboxes/" + unknownID + "/exec", body: []byte(`{"cmd": "true"}`), status: 404})
+	c.interrupt(id)
+}
+
+// interrupt stops a streamed run_code once its first output line has arrived: the call ends with interrupted.
+func (c *contract) interrupt(id string) {
+	p := "/v1/sandboxes/" + id
+	_, b := c.doWhile(exchange{method: "POST", path: p + "/run_code", status: 200,
+		body: []byte(`{"code": "import time\nprint('started', flush=True)\ntime.sleep(600)", "stream": true}`)},
+		func() {
+			_, b := c.do(exchange{method: "POST", path: p + "/interrupt", body: []byte(`{"what": "run_code"}`), status: 200})
+			if !strings.Contains(string(b), `"run_code":1`) {
+				c.t.Errorf("interrupt: %s", b)
+			}
+		})
+	if !strings.Contains(string(b), `"interrupted":true`) {
+		c.t.Errorf("the interrupted run_code: %s", b)
+	}
+	c.do(exchange{method: "POST", path: p + "/interrupt", status: 200})
+	c.do(exchange{method: "POST", path: p + "/interrupt", body: []byte(`{}`), status: 200})
+	c.do(exchange{method: "POST", path: p + "/interrupt", body: []byte(`{"what": "everything"}`), status: 400, invalid: true})
+	c.do(exchange{method: "POST", path: "/v1/sandboxes/" + unknownID + "/interrupt", status: 404})
 }
 
 func (c *contract) files(id string) {
@@ -473,6 +517,7 @@ func (c *contract) pauseResume(id string) {
 	c.do(exchange{method: "POST", path: p + "/run_code", body: []byte(`{"code": "1"}`), status: 409})
 	c.do(exchange{method: "POST", path: p + "/exec", body: []byte(`{"cmd": "true"}`), status: 409})
 	c.do(exchange{method: "GET", path: p + "/files/stat?path=/root", status: 409})
+	c.do(exchange{method: "POST", path: p + "/interrupt", status: 409})
 	c.do(exchange{method: "POST", path: p + "/resume", status: 202})
 	_, b := c.do(exchange{method: "GET", path: p + "/wait?status=running&timeout_s=60", status: 200})
 	if !strings.Contains(string(b), `"status":"running"`) {
