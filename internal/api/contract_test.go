@@ -367,7 +367,8 @@ func (c *contract) runningCode(id string) {
 	if h.Get("Content-Type") != "application/x-ndjson" || !strings.Contains(string(b), `"type":"exit"`) {
 		c.t.Errorf("exec with Accept: application/x-ndjson: %s %s", h.Get("Content-Type"), b)
 	}
-	c.do(exchange{method: "POST", path: p + "/exec", body: []byte(`{}`), status: 400})
+	c.do(exchange{method: "POST", path: p + "/exec", body: []byte(`{}`), status: 400, invalid: true})
+	c.do(exchange{method: "POST", path: p + "/exec", body: []byte(`{"cmd": "ls", "argv": ["ls"]}`), status: 400, invalid: true})
 	c.do(exchange{method: "POST", path: p + "/exec", body: []byte(`{"cmd": "ls", "cwd": "/missing"}`), status: 400})
 	c.do(exchange{method: "POST", path: p + "/exec", body: []byte(`{"argv": "ls"}`), status: 400, invalid: true})
 	c.do(exchange{method: "POST", path: "/v1/sandboxes/" + unknownID + "/exec", body: []byte(`{"cmd": "true"}`), status: 404})
