@@ -292,7 +292,7 @@ func TestMCPSession(t *testing.T) {
 
 	// destroy.
 	s.call(ctx, "destroy_sandbox", map[string]any{"id": id}, nil)
-	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": id}); !strings.Contains(msg, "was destroyed") {
+	if msg := s.callErr(ctx, "get_sandbox", map[string]any{"id": id}); !strings.Contains(msg, "was deleted at") {
 		t.Errorf("get_sandbox after destroy: %q", msg)
 	}
 

@@ -22,11 +22,9 @@ const MaxReadBytes = 8 << 20
 // maxWait bounds the wait of pause and resume.
 const maxWait = 5 * time.Minute
 
-// tools holds the handlers: the client of the ramify server, and what this MCP server did to ids that the
-// ramify server has forgotten (to explain them).
+// tools holds the handlers and the client of the ramify server.
 type tools struct {
-	c    *client.Client
-	gone lineage
+	c *client.Client
 }
 
 // sandbox returns sb with its nil collections made empty, so that it matches the tools' output schema.
@@ -102,7 +100,6 @@ func (t *tools) destroySandbox(ctx context.Context, _ *mcp.CallToolRequest, in I
 	if err := t.c.Delete(ctx, in.ID); err != nil {
 		return nil, DestroyOutput{}, t.explain(err, in.ID)
 	}
-	t.gone.destroy(in.ID)
 	return nil, DestroyOutput{ID: in.ID, Destroyed: true}, nil
 }
 
@@ -359,7 +356,6 @@ func (t *tools) mergeInto(ctx context.Context, _ *mcp.CallToolRequest, in MergeI
 	if err := t.c.MergeInto(ctx, in.Parent, in.Winner); err != nil {
 		return nil, MergeOutput{}, t.explain(err, in.Parent, in.Winner)
 	}
-	t.gone.merged(in.Winner, in.Parent)
 	return nil, MergeOutput{Parent: in.Parent, Winner: in.Winner, Merged: true}, nil
 }
 

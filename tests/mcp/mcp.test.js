@@ -203,7 +203,7 @@ test("a session: create, run_code, files (relative and absolute), exec, fork, di
   assert.deepEqual(ls.sandboxes.map((s) => s.id), [id]);
 
   assert.deepEqual(await call("destroy_sandbox", { id }), { id, destroyed: true });
-  assert.match(await callErr("get_sandbox", { id }), /was destroyed/);
+  assert.match(await callErr("get_sandbox", { id }), /was deleted at/);
 });
 
 test("errors a model can act on", async () => {
