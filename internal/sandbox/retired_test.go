@@ -39,7 +39,7 @@ func TestRetiredIDsSayWhatBecameOfThem(t *testing.T) {
 		t.Helper()
 		for _, tc := range []struct{ id, want string }{
 			{d, "was merged into " + c},
-			{d, c + " was since merged into " + p},
+			{d, "and " + c + " since into " + p + "; its state lives on under " + p + ": use id " + p},
 			{c, "was merged into " + p},
 			{gone, "was deleted at"},
 			{"sbx_0123456789abcdef0123456789abcdef", "sandbox not found"},

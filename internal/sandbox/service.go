@@ -322,21 +322,20 @@ func (s *Service) notFound(id string) error {
 		return errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("sandbox %s was %s at %s", id, r.Reason,
 			r.At.UTC().Format(time.RFC3339)))
 	}
+	msg := fmt.Sprintf("sandbox %s was merged into %s at %s", id, r.MergedInto, r.At.UTC().Format(time.RFC3339))
 	now := r.MergedInto
 	for i := 0; i < 64; i++ { // a merged parent may itself have been merged into its own parent since
 		next, ok := s.retired[now]
-		if !ok || next.MergedInto == "" {
+		if !ok {
+			msg += fmt.Sprintf("; its state lives on under %s: use id %s", now, now)
 			break
 		}
+		if next.MergedInto == "" {
+			msg += fmt.Sprintf("; %s was since %s at %s", now, next.Reason, next.At.UTC().Format(time.RFC3339))
+			break
+		}
+		msg += fmt.Sprintf(", and %s since into %s", now, next.MergedInto)
 		now = next.MergedInto
-	}
-	msg := fmt.Sprintf("sandbox %s was merged into %s at %s (its state lives on under that id)", id, r.MergedInto,
-		r.At.UTC().Format(time.RFC3339))
-	if now != r.MergedInto {
-		msg += fmt.Sprintf("; %s was since merged into %s", r.MergedInto, now)
-	}
-	if next, ok := s.retired[now]; ok && next.MergedInto == "" {
-		msg += fmt.Sprintf("; %s was since %s", now, next.Reason)
 	}
 	return errdefs.New(errdefs.ErrNotFound, msg)
 }
