@@ -761,7 +761,7 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 	if err != nil {
 		return Execution{}, err
 	}
-	ev, err := c.RunCode(ctx, agent.RunCodeRequest{Code: req.Code, TimeoutS: timeout}, forward(onOutput))
+	ev, err := c.RunCode(ctx, agent.RunCodeRequest{Code: req.Code, Env: req.Env, TimeoutS: timeout}, forward(onOutput))
 	if err != nil {
 		return Execution{}, fmt.Errorf("run_code in %s: %w", id, err)
 	}
