@@ -239,9 +239,32 @@ func TestFromEnv(t *testing.T) {
 	if err != nil || c.BaseURL() != "https://ramify.example:8443" || c.hc.Timeout != time.Second {
 		t.Fatalf("%v %v", c, err)
 	}
-	t.Setenv("RAMIFY_API_URL", "localhost:7070")
-	if _, err := FromEnv(); err == nil {
-		t.Fatal("want an error for a URL without scheme")
+}
+
+// TestParseURL: RAMIFY_API_URL as users write it; without a scheme it is http://, and what cannot be a server
+// address says what is wanted.
+func TestParseURL(t *testing.T) {
+	for _, tc := range []struct{ in, want, err string }{
+		{"", DefaultURL, ""},
+		{"http://127.0.0.1:7070", "http://127.0.0.1:7070", ""},
+		{"https://ramify.example/", "https://ramify.example", ""},
+		{"127.0.0.1:7070", "http://127.0.0.1:7070", ""},
+		{"localhost:7070", "http://localhost:7070", ""},
+		{" ramify.internal:80/ ", "http://ramify.internal:80", ""},
+		{"ftp://host", "", "want http(s)://host[:port]"},
+		{"http://", "", "want http(s)://host[:port]"},
+		{"http://a b", "", "want http(s)://host[:port]"},
+	} {
+		got, err := ParseURL(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseURL(%q) = %q, %v; want an error containing %q", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseURL(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
 	}
 }
 
