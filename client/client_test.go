@@ -731,3 +731,31 @@ func TestContextCancelsStream(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 }
+
+func TestSetTimeoutAndRunEnv(t *testing.T) {
+	s, c := newStub(t)
+	exp := time.Date(2026, 11, 23, 14, 0, 0, 0, time.UTC)
+	s.handle("POST /v1/sandboxes/{id}/timeout", func(w http.ResponseWriter, r *http.Request) {
+		var req map[string]any
+		decodeStrict(t, r, &req)
+		if !reflect.DeepEqual(req, map[string]any{"timeout_s": float64(600)}) {
+			t.Errorf("body %v", req)
+		}
+		writeJSON(w, 200, map[string]any{"id": r.PathValue("id"), "status": "running", "timeout_s": 600, "expires_at": exp})
+	})
+	s.handle("POST /v1/sandboxes/{id}/run_code", func(w http.ResponseWriter, r *http.Request) {
+		var req map[string]any
+		decodeStrict(t, r, &req)
+		if !reflect.DeepEqual(req, map[string]any{"code": "x", "env": map[string]any{"A": "1"}}) {
+			t.Errorf("body %v", req)
+		}
+		io.WriteString(w, `{"stdout":"","stderr":"","value":"1","error":null,"execution_count":1}`)
+	})
+	sb, err := c.SetTimeout(context.Background(), "sbx_1", 600)
+	if err != nil || sb.TimeoutS != 600 || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(exp) {
+		t.Fatalf("SetTimeout = %+v, %v", sb, err)
+	}
+	if _, err := c.RunCode(context.Background(), "sbx_1", RunCodeRequest{Code: "x", Env: map[string]string{"A": "1"}}); err != nil {
+		t.Fatal(err)
+	}
+}
