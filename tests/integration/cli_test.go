@@ -81,7 +81,7 @@ func TestCLIAgainstRealServer(t *testing.T) {
 	if _, _, code := cli("rm", id, kids[0]); code != 0 {
 		t.Fatal("rm failed")
 	}
-	if _, errOut, code := cli("get", id); code == 0 || !strings.Contains(errOut, "not found") {
+	if _, errOut, code := cli("get", id); code != 1 || !strings.Contains(errOut, "sandbox "+id+" was deleted") {
 		t.Fatalf("get after rm: %q %d", errOut, code)
 	}
 }
