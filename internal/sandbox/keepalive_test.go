@@ -81,3 +81,30 @@ func TestSetTimeoutZeroAndBadInput(t *testing.T) {
 		e.svc.Close()
 	})
 }
+
+// TestSetTimeoutPausedAndError: a paused sandbox can be kept alive (its timer is re-armed with the new
+// deadline); a sandbox in error cannot (409).
+func TestSetTimeoutPausedAndError(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, nil)
+	in, err := e.svc.Create(ctx, CreateRequest{TimeoutS: 3600, OnTimeout: "pause"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.svc.Pause(ctx, in.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(in.ID, StatusPaused)
+	got, err := e.svc.SetTimeout(ctx, in.ID, 7200)
+	if err != nil || got.Status != StatusPaused || got.TimeoutS != 7200 {
+		t.Fatalf("SetTimeout on a paused sandbox = %+v, %v", got, err)
+	}
+	e.svc.mu.Lock()
+	ent := e.svc.items[in.ID]
+	e.svc.setStatus(ent, StatusResuming) //nolint:errcheck // paused -> resuming is in the table
+	e.svc.setStatus(ent, StatusError)    //nolint:errcheck // resuming -> error too
+	e.svc.mu.Unlock()
+	if _, err := e.svc.SetTimeout(ctx, in.ID, 60); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("SetTimeout on a sandbox in error = %v, want conflict", err)
+	}
+}
