@@ -627,7 +627,7 @@ def _snapshot_stream(fd):
                 out.record(b"X", json.dumps(entry).encode())
                 continue
             out.record(b"E")
-        meta = {"cwd": os.getcwd(), "env": dict(os.environ), "execution_count": _count}
+        meta = {"cwd": os.getcwd(), "env": dict(os.environ), "execution_count": _count, "cells": _cell_sources()}
         out.record(b"M", json.dumps(meta).encode("utf-8", "surrogatepass"))
         out.record(b"Z")
         out.flush()
@@ -694,9 +694,29 @@ def _restore(directory):
     return failed
 
 
+# At most this many characters of cell source go into a snapshot (the newest cells first).
+_CELLS_LIMIT = 4 << 20
+
+
+def _cell_sources():
+    """The cells' sources (for tracebacks after a resume): [[name, source], ...], newest first, bounded."""
+    cells, total = [], 0
+    names = [n for n in linecache.cache if n.startswith("<cell ")]
+    for name in sorted(names, key=lambda n: int(n[6:-1]) if n[6:-1].isdigit() else 0, reverse=True):
+        entry = linecache.cache.get(name)
+        src = "".join(entry[2]) if entry else ""
+        total += len(src)
+        if total > _CELLS_LIMIT:
+            break
+        cells.append([name, src])
+    return cells
+
+
 def _apply_meta(meta):
-    """Give the session the cwd, env and execution count a snapshot recorded."""
+    """Give the session the cwd, env, execution count and cell sources a snapshot recorded."""
     global _count
+    for name, src in meta.get("cells") or []:
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     try:
         os.chdir(meta.get("cwd") or "/root")
     except OSError:

@@ -460,6 +460,16 @@ class TestPauseIntegration(unittest.TestCase):
             self.assertEqual(sb.run_code("sum(kept)").value, "6")
             self.assertEqual(sb.files.read("/root/kept.txt"), b"kept")
 
+    def test_traceback_lines_survive_pause(self):
+        # A function defined before the pause still shows its cell's lines when it fails after the resume.
+        with Sandbox(metadata=META) as sb:
+            sb.run_code("def boom():\n    raise ValueError('after resume')\n")
+            sb.pause()
+            sb.resume()
+            err = sb.run_code("boom()").error
+            self.assertEqual(err.name, "ValueError")
+            self.assertIn("raise ValueError('after resume')", err.traceback)
+
     def test_pause_no_wait(self):
         with Sandbox(metadata=META) as sb:
             info = sb.pause(wait=False)
