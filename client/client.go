@@ -63,21 +63,32 @@ func New(baseURL, apiKey string, opts ...Option) *Client {
 	return c
 }
 
-// FromEnv returns a client configured from RAMIFY_API_URL (default DefaultURL) and RAMIFY_API_KEY.
-// It fails only when the URL is malformed; a missing key is reported by the server as 401.
+// FromEnv returns a client configured from RAMIFY_API_URL (default DefaultURL) and RAMIFY_API_KEY. A URL
+// without a scheme ("127.0.0.1:7070", "localhost:7070") is taken as http://. It fails only when the URL is
+// malformed; a missing key is reported by the server as 401.
 func FromEnv(opts ...Option) (*Client, error) {
-	base := os.Getenv("RAMIFY_API_URL")
-	if base == "" {
-		base = DefaultURL
-	}
-	u, err := url.Parse(base)
+	base, err := ParseURL(os.Getenv("RAMIFY_API_URL"))
 	if err != nil {
-		return nil, fmt.Errorf("RAMIFY_API_URL %q: %w", base, err)
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("RAMIFY_API_URL %q: want http(s)://host[:port]", base)
+		return nil, err
 	}
 	return New(base, os.Getenv("RAMIFY_API_KEY"), opts...), nil
+}
+
+// ParseURL checks a server address as RAMIFY_API_URL gives it and returns it normalised: empty is DefaultURL,
+// and an address without a scheme gets http://.
+func ParseURL(raw string) (string, error) {
+	base := strings.TrimSpace(raw)
+	if base == "" {
+		return DefaultURL, nil
+	}
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("RAMIFY_API_URL %q: want http(s)://host[:port], e.g. http://127.0.0.1:7070", raw)
+	}
+	return strings.TrimRight(base, "/"), nil
 }
 
 // BaseURL returns the server address the client talks to.

@@ -239,9 +239,32 @@ func TestFromEnv(t *testing.T) {
 	if err != nil || c.BaseURL() != "https://ramify.example:8443" || c.hc.Timeout != time.Second {
 		t.Fatalf("%v %v", c, err)
 	}
-	t.Setenv("RAMIFY_API_URL", "localhost:7070")
-	if _, err := FromEnv(); err == nil {
-		t.Fatal("want an error for a URL without scheme")
+}
+
+// TestParseURL: RAMIFY_API_URL as users write it; without a scheme it is http://, and what cannot be a server
+// address says what is wanted.
+func TestParseURL(t *testing.T) {
+	for _, tc := range []struct{ in, want, err string }{
+		{"", DefaultURL, ""},
+		{"http://127.0.0.1:7070", "http://127.0.0.1:7070", ""},
+		{"https://ramify.example/", "https://ramify.example", ""},
+		{"127.0.0.1:7070", "http://127.0.0.1:7070", ""},
+		{"localhost:7070", "http://localhost:7070", ""},
+		{" ramify.internal:80/ ", "http://ramify.internal:80", ""},
+		{"ftp://host", "", "want http(s)://host[:port]"},
+		{"http://", "", "want http(s)://host[:port]"},
+		{"http://a b", "", "want http(s)://host[:port]"},
+	} {
+		got, err := ParseURL(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseURL(%q) = %q, %v; want an error containing %q", tc.in, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseURL(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
 	}
 }
 
@@ -706,5 +729,33 @@ func TestContextCancelsStream(t *testing.T) {
 	_, err := c.ExecStream(ctx, "sbx_1", ExecRequest{Cmd: "sleep 100"}, func(Event) { cancel() })
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("%v", err)
+	}
+}
+
+func TestSetTimeoutAndRunEnv(t *testing.T) {
+	s, c := newStub(t)
+	exp := time.Date(2026, 11, 23, 14, 0, 0, 0, time.UTC)
+	s.handle("POST /v1/sandboxes/{id}/timeout", func(w http.ResponseWriter, r *http.Request) {
+		var req map[string]any
+		decodeStrict(t, r, &req)
+		if !reflect.DeepEqual(req, map[string]any{"timeout_s": float64(600)}) {
+			t.Errorf("body %v", req)
+		}
+		writeJSON(w, 200, map[string]any{"id": r.PathValue("id"), "status": "running", "timeout_s": 600, "expires_at": exp})
+	})
+	s.handle("POST /v1/sandboxes/{id}/run_code", func(w http.ResponseWriter, r *http.Request) {
+		var req map[string]any
+		decodeStrict(t, r, &req)
+		if !reflect.DeepEqual(req, map[string]any{"code": "x", "env": map[string]any{"A": "1"}}) {
+			t.Errorf("body %v", req)
+		}
+		io.WriteString(w, `{"stdout":"","stderr":"","value":"1","error":null,"execution_count":1}`)
+	})
+	sb, err := c.SetTimeout(context.Background(), "sbx_1", 600)
+	if err != nil || sb.TimeoutS != 600 || sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(exp) {
+		t.Fatalf("SetTimeout = %+v, %v", sb, err)
+	}
+	if _, err := c.RunCode(context.Background(), "sbx_1", RunCodeRequest{Code: "x", Env: map[string]string{"A": "1"}}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -52,6 +52,19 @@ func (c *Client) List(ctx context.Context, opts ListOptions) ([]Sandbox, error) 
 	return out.Sandboxes, nil
 }
 
+// SetTimeout is keepalive: the sandbox now times out timeoutS seconds from now (0: never), with its on_timeout
+// action. It works on running and paused sandboxes and returns the sandbox with its new ExpiresAt.
+func (c *Client) SetTimeout(ctx context.Context, id string, timeoutS int) (*Sandbox, error) {
+	body := struct {
+		TimeoutS int `json:"timeout_s"`
+	}{timeoutS}
+	var out Sandbox
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/timeout"), json: body}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Delete destroys a sandbox: its processes are killed and its file system removed. Deleting an unknown
 // sandbox (including a second delete) is ErrNotFound.
 func (c *Client) Delete(ctx context.Context, id string) error {

@@ -112,6 +112,8 @@ type ListOptions struct {
 // RunCodeRequest is the body of POST /v1/sandboxes/{id}/run_code.
 type RunCodeRequest struct {
 	Code string `json:"code"`
+	// Env is set in the interpreter's os.environ for this call only (restored after it).
+	Env map[string]string `json:"env,omitempty"`
 	// TimeoutS limits the run: nil = server default (300 s), 0 = no limit.
 	TimeoutS *int `json:"timeout_s,omitempty"`
 }
@@ -164,8 +166,8 @@ type ExecRequest struct {
 // event callback.
 type ExecResult struct {
 	ExitCode int    `json:"exit_code"`
-	Stdout   string `json:"stdout,omitempty"`
-	Stderr   string `json:"stderr,omitempty"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
 	TimedOut bool   `json:"timed_out"`
 	// Interrupted is true when Interrupt stopped the command.
 	Interrupted bool `json:"interrupted"`

@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"sort"
@@ -52,12 +53,8 @@ func registerClientHidden(name string, fn verb) {
 
 func clientRunner(fn verb) func(ctx context.Context, args []string) error {
 	return func(ctx context.Context, args []string) error {
-		c, err := client.FromEnv()
-		if err != nil {
-			return err
-		}
-		e := &cli{c: c, stdout: os.Stdout, stderr: os.Stderr, stdin: os.Stdin, now: time.Now}
-		err = fn(e, ctx, args)
+		e := &cli{stdout: os.Stdout, stderr: os.Stderr, stdin: os.Stdin, now: time.Now}
+		err := e.runVerb(ctx, fn, args)
 		var es exitStatus
 		switch {
 		case err == nil:
@@ -67,8 +64,51 @@ func clientRunner(fn verb) func(ctx context.Context, args []string) error {
 		case errors.Is(err, flag.ErrHelp):
 			os.Exit(0)
 		}
-		return e.explain(err)
+		return err
 	}
+}
+
+// runVerb builds the client from the environment and runs the verb. The error it returns is the one to show:
+// explained, and under --json already written to stdout as {"error": ..., "hint": ...} (then an exitStatus).
+func (e *cli) runVerb(ctx context.Context, fn verb, args []string) error {
+	c, err := client.FromEnv()
+	if err == nil {
+		e.c = c
+		err = fn(e, ctx, args)
+	}
+	var es exitStatus
+	if err == nil || errors.As(err, &es) || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	if e.c != nil {
+		err = e.explain(err)
+	}
+	if !wantsJSON(args) {
+		return err
+	}
+	out := struct {
+		Error string `json:"error"`
+		Hint  string `json:"hint,omitempty"`
+	}{Error: err.Error()}
+	var he *hintedError
+	if errors.As(err, &he) {
+		out.Error, out.Hint = he.msg, he.hint
+	}
+	e.printJSON(out) //nolint:errcheck // the exit status tells the failure either way
+	return exitStatus(1)
+}
+
+// wantsJSON reports whether a verb's arguments ask for --json (before any "--").
+func wantsJSON(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "--json", "-json", "--json=true", "-json=true":
+			return true
+		}
+	}
+	return false
 }
 
 // Hints printed under errors.
@@ -101,6 +141,10 @@ func (e *cli) explain(err error) error {
 			return hinted(msg, hintConflict)
 		}
 		return errors.New(msg)
+	case isLocalFileError(err):
+		var pe *fs.PathError
+		errors.As(err, &pe)
+		return fmt.Errorf("local file %s: %w", pe.Path, pe.Err)
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return hinted(fmt.Sprintf("cannot reach the server at %s: connection refused", e.c.BaseURL()), hintUnreachable)
 	case errors.Is(err, context.Canceled):
@@ -111,7 +155,20 @@ func (e *cli) explain(err error) error {
 	return err
 }
 
-func hinted(msg, hint string) error { return fmt.Errorf("%s\n  hint: %s", msg, hint) }
+// hintedError is a message with a hint on what to do.
+type hintedError struct{ msg, hint string }
+
+func (h *hintedError) Error() string { return h.msg + "\n  hint: " + h.hint }
+
+func hinted(msg, hint string) error { return &hintedError{msg, hint} }
+
+// isLocalFileError reports an error about a file on this machine (cp's source, run -f): not the network's,
+// although the errno inside it looks like a net.Error.
+func isLocalFileError(err error) bool {
+	var pe *fs.PathError
+	var oe *net.OpError
+	return errors.As(err, &pe) && !errors.As(err, &oe)
+}
 
 // flags returns a FlagSet for a verb with the common --json flag; usage is the synopsis after "ramify".
 func (e *cli) flags(usage string) (*flag.FlagSet, *bool) {

@@ -38,8 +38,10 @@ func (l *lastByteWriter) endLine() {
 }
 
 func (e *cli) run(ctx context.Context, args []string) error {
-	fs, asJSON := e.flags("run <id> 'code' | <id> - | <id> -f file [--timeout S] [--json]")
+	fs, asJSON := e.flags("run <id> 'code' | <id> - | <id> -f file [--env K=V] [--timeout S] [--json]")
 	file := fs.String("f", "", "read the code from this file ('-' = stdin)")
+	env := kvFlag{}
+	fs.Var(env, "env", "environment variable K=V for this run only (repeatable)")
 	var timeout secondsFlag
 	fs.Var(&timeout, "timeout", "interrupt the code after this many seconds or this duration (server default 300; 0 = no limit)")
 	pos, rest, _, err := parseArgs(fs, args)
@@ -65,6 +67,9 @@ func (e *cli) run(ctx context.Context, args []string) error {
 	}
 	id := pos[0]
 	req := client.RunCodeRequest{Code: code, TimeoutS: timeout.ptr()}
+	if len(env) > 0 {
+		req.Env = env
+	}
 	if *asJSON {
 		ex, err := e.c.RunCode(ctx, id, req)
 		if err != nil {

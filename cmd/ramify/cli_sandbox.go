@@ -18,6 +18,7 @@ func init() {
 	registerClient("sandbox create", "create a sandbox and print its id", (*cli).sandboxCreate)
 	registerClient("ls", "list sandboxes (ID STATUS IP SHAPE AGE PARENT)", (*cli).ls)
 	registerClient("get", "show one sandbox", (*cli).get)
+	registerClient("set-timeout", "keep a sandbox alive: it now times out after this long from now (0 = never)", (*cli).setTimeout)
 	registerClient("rm", "delete sandboxes", (*cli).rm)
 	registerClient("tree", "draw a sandbox's fork family as a tree (all families without an id)", (*cli).tree)
 	registerClientHidden("sandbox ls", (*cli).ls)
@@ -146,6 +147,36 @@ func (e *cli) get(ctx context.Context, args []string) error {
 		return e.printJSON(sb)
 	}
 	writeSandbox(e.stdout, sb, e.now())
+	return nil
+}
+
+func (e *cli) setTimeout(ctx context.Context, args []string) error {
+	fs, asJSON := e.flags("set-timeout <id> <seconds | duration like 10m> [--json]")
+	pos, rest, _, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	pos = append(pos, rest...)
+	if len(pos) != 2 {
+		return usageError(fs, "set-timeout takes a sandbox id and a timeout")
+	}
+	var t secondsFlag
+	if err := t.Set(pos[1]); err != nil {
+		return usageError(fs, "set-timeout: %v", err)
+	}
+	sb, err := e.c.SetTimeout(ctx, pos[0], t.n)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return e.printJSON(sb)
+	}
+	if sb.ExpiresAt == nil {
+		fmt.Fprintf(e.stdout, "%s: no timeout\n", sb.ID)
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "%s: times out at %s (in %s), then %s\n", sb.ID, sb.ExpiresAt.Local().Format(time.DateTime),
+		sb.ExpiresAt.Sub(e.now()).Round(time.Second), orDash(sb.OnTimeout))
 	return nil
 }
 

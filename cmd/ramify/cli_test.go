@@ -738,3 +738,77 @@ func TestGetVerb(t *testing.T) {
 		}
 	}
 }
+
+func TestWantsJSON(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"sbx_1", "--json"}, true},
+		{[]string{"-json", "sbx_1"}, true},
+		{[]string{"sbx_1", "--json=true"}, true},
+		{[]string{"sbx_1"}, false},
+		{[]string{"sbx_1", "--", "jq", "--json"}, false}, // the command's own flag
+		{[]string{"sbx_1", "--json=false"}, false},
+	} {
+		if got := wantsJSON(tc.args); got != tc.want {
+			t.Errorf("wantsJSON(%q) = %v, want %v", tc.args, got, tc.want)
+		}
+	}
+}
+
+// TestExplainLocalFile: a missing local file is the user's file, not an unreachable server (the errno inside a
+// *fs.PathError also satisfies net.Error).
+func TestExplainLocalFile(t *testing.T) {
+	e := &cli{c: client.New("http://127.0.0.1:1", "k")}
+	_, err := os.Stat(filepath.Join(t.TempDir(), "missing"))
+	msg := e.explain(err).Error()
+	if !strings.HasPrefix(msg, "local file ") || !strings.Contains(msg, "no such file") || strings.Contains(msg, "server") {
+		t.Errorf("%q", msg)
+	}
+}
+
+// TestJSONErrors: under --json a failing verb writes {"error", "hint"} to stdout and exits 1; without it the
+// explained error is returned for main to print.
+func TestJSONErrors(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
+		writeErr(w, 404, "sandbox not found")
+	})
+	tc := newTestCLI(t, mux)
+	t.Setenv("RAMIFY_API_URL", tc.c.BaseURL())
+	t.Setenv("RAMIFY_API_KEY", testKey)
+	err := tc.runVerb(context.Background(), (*cli).get, []string{"sbx_gone", "--json"})
+	var es exitStatus
+	if !errors.As(err, &es) || es != 1 {
+		t.Fatalf("err %v, want exit status 1", err)
+	}
+	var got map[string]string
+	if err := json.Unmarshal(tc.out.Bytes(), &got); err != nil || got["error"] != "sandbox not found" || got["hint"] != hintNotFound {
+		t.Fatalf("stdout %q: %v", tc.out, err)
+	}
+	tc.out.Reset()
+	err = tc.runVerb(context.Background(), (*cli).get, []string{"sbx_gone"})
+	if err == nil || !strings.Contains(err.Error(), "sandbox not found\n  hint: ") || tc.out.Len() != 0 {
+		t.Fatalf("err %v, stdout %q", err, tc.out)
+	}
+}
+
+func TestResolve(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		name string
+		rest []string
+		ok   bool
+	}{
+		{[]string{"sandbox", "create", "--json"}, "sandbox create", []string{"--json"}, true},
+		{[]string{"image", "build", "-h"}, "image build", []string{"-h"}, true},
+		{[]string{"run", "sbx_1", "x"}, "run", []string{"sbx_1", "x"}, true},
+		{[]string{"bogus"}, "bogus", []string{}, false},
+	} {
+		name, rest, ok := resolve(tc.args)
+		if name != tc.name || ok != tc.ok || ok && !reflect.DeepEqual(rest, tc.rest) {
+			t.Errorf("resolve(%q) = %q %q %v", tc.args, name, rest, ok)
+		}
+	}
+}

@@ -3,11 +3,13 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sort"
-	"strings"
 	"syscall"
 )
 
@@ -29,8 +31,9 @@ func registerHidden(name string, run func(ctx context.Context, args []string) er
 	commands[name] = command{run: run, hidden: true}
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "ramify: a self-hosted sandbox server for AI agents\n\nUsage: ramify <command> [flags]\n\nCommands:")
+// usage prints the list of commands to w.
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "ramify: a self-hosted sandbox server for AI agents\n\nUsage: ramify <command> [flags]\n\nCommands:")
 	names := make([]string, 0, len(commands))
 	for n, c := range commands {
 		if !c.hidden {
@@ -39,33 +42,55 @@ func usage() {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-18s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-18s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(os.Stderr, "\nClients read RAMIFY_API_URL and RAMIFY_API_KEY. Run 'ramify <command> -h' for a command's flags.")
+	fmt.Fprintln(w, "\nClients read RAMIFY_API_URL and RAMIFY_API_KEY. Run 'ramify <command> -h' for a command's flags,\n'ramify --version' for the version.")
+}
+
+// resolve finds the verb of a command line: one word, or two ("sandbox create", "image build").
+func resolve(args []string) (name string, rest []string, ok bool) {
+	if len(args) == 0 {
+		return "", nil, false
+	}
+	if len(args) > 1 {
+		if _, ok := commands[args[0]+" "+args[1]]; ok {
+			return args[0] + " " + args[1], args[2:], true
+		}
+	}
+	_, ok = commands[args[0]]
+	return args[0], args[1:], ok
 }
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		usage()
+	args := os.Args[1:]
+	switch {
+	case len(args) == 0:
+		usage(os.Stderr)
 		os.Exit(2)
+	case args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help" && len(args) == 1:
+		usage(os.Stdout)
+		return
+	case args[0] == "--version" || args[0] == "-version" || args[0] == "version":
+		fmt.Printf("ramify %s\n", version)
+		return
+	case args[0] == "help":
+		// "ramify help exec" is "ramify exec -h".
+		args = append(args[1:], "-h")
 	}
-	name, args := os.Args[1], os.Args[2:]
-	// Two-word verbs: "sandbox create", "image build".
-	if len(args) > 0 {
-		if _, ok := commands[name+" "+args[0]]; ok {
-			name, args = name+" "+args[0], args[1:]
-		}
-	}
-	c, ok := commands[name]
+	name, args, ok := resolve(args)
 	if !ok {
-		fmt.Fprintf(os.Stderr, "ramify: unknown command %q\n\n", strings.Join(os.Args[1:2], " "))
-		usage()
+		fmt.Fprintf(os.Stderr, "ramify: unknown command %q\n\n", name)
+		usage(os.Stderr)
 		os.Exit(2)
 	}
+	c := commands[name]
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := c.run(ctx, args)
 	stop()
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp): // -h: the flag package printed the usage
+	default:
 		fmt.Fprintf(os.Stderr, "ramify: %v\n", err)
 		os.Exit(1)
 	}

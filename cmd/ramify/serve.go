@@ -42,6 +42,14 @@ func init() {
 	registerHidden("__agent", func(ctx context.Context, args []string) error { return agent.Main(args) })
 }
 
+// flagUsage prints "Usage: ramify <synopsis>" and the flags, for -h and flag errors.
+func flagUsage(fs *flag.FlagSet, synopsis string) func() {
+	return func() {
+		fmt.Fprintf(fs.Output(), "Usage: ramify %s\n", synopsis)
+		fs.PrintDefaults()
+	}
+}
+
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
@@ -65,6 +73,7 @@ type serveFlags struct {
 func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	f := &serveFlags{}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.Usage = flagUsage(fs, "serve [flags]")
 	fs.StringVar(&f.listen, "listen", envOr("RAMIFY_LISTEN", "127.0.0.1:7070"), "address to serve on (env RAMIFY_LISTEN)")
 	fs.StringVar(&f.dataDir, "data-dir", envOr("RAMIFY_DATA_DIR", "/var/lib/ramify"), "data directory (env RAMIFY_DATA_DIR)")
 	fs.StringVar(&f.apiKey, "api-key", os.Getenv("RAMIFY_API_KEY"), "API key; generated and saved in <data-dir>/api-key when unset (env RAMIFY_API_KEY)")
@@ -303,6 +312,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 
 func imageBuildCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("image build", flag.ContinueOnError)
+	fs.Usage = flagUsage(fs, "image build [flags]")
 	dataDir := fs.String("data-dir", envOr("RAMIFY_DATA_DIR", "/var/lib/ramify"), "data directory (env RAMIFY_DATA_DIR)")
 	imageDir := fs.String("image-dir", os.Getenv("RAMIFY_IMAGE_DIR"), "images directory (default <data-dir>/images)")
 	force := fs.Bool("force", true, "rebuild even if an image with the same package list exists")

@@ -504,7 +504,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 	case OpRunCode:
 		ctx, end := a.calls.begin(ctx, OpRunCode)
 		defer end()
-		w.emit(a.repl.run(ctx, req.Code, req.TimeoutS, w.emit))
+		w.emit(a.repl.run(ctx, req.Code, req.Env, req.TimeoutS, w.emit))
 	case OpExec:
 		ctx, end := a.calls.begin(ctx, OpExec)
 		defer end()

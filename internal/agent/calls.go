@@ -52,12 +52,13 @@ func (c *Client) Start(ctx context.Context, r StartRequest) error {
 // RunCodeRequest runs Python in the sandbox's persistent interpreter.
 type RunCodeRequest struct {
 	Code     string
-	TimeoutS float64 // 0 = no limit; counts from the call's arrival, time queued behind another call included
+	Env      map[string]string // set in the interpreter's os.environ for this call only
+	TimeoutS float64           // 0 = no limit; counts from the call's arrival, time queued behind another call included
 }
 
 // RunCode runs code; onEvent gets its stdout and stderr as they come; the answer is the "result" event.
 func (c *Client) RunCode(ctx context.Context, r RunCodeRequest, onEvent func(Event)) (Event, error) {
-	return c.roundTrip(ctx, Request{Op: OpRunCode, Code: r.Code, TimeoutS: r.TimeoutS}, onEvent)
+	return c.roundTrip(ctx, Request{Op: OpRunCode, Code: r.Code, Env: r.Env, TimeoutS: r.TimeoutS}, onEvent)
 }
 
 // ExecRequest runs a command: Argv as is, or Cmd with /bin/sh -c.

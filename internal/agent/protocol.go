@@ -18,7 +18,7 @@ const SocketName = "ramify-agent"
 type Request struct {
 	Op string `json:"op"` // the op* constants in calls.go
 
-	// start and exec
+	// start (the sandbox's environment); exec and run_code (added for that call only)
 	Env map[string]string `json:"env,omitempty"`
 	Cwd string            `json:"cwd,omitempty"`
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -323,10 +324,11 @@ func (p *repl) recv() (replMsg, error) {
 // run executes code and returns the terminal "result" event; output events go to emit as they arrive.
 // When ctx ends first (the caller went away), the code is interrupted as a timeout interrupts it: SIGINT, then
 // SIGKILL if it does not stop, so that an abandoned call does not keep the interpreter busy for the next one.
-func (p *repl) run(ctx context.Context, code string, timeoutS float64, emit func(Event)) Event {
+// env, if set, is set in the interpreter's os.environ for this run only (restored after it).
+func (p *repl) run(ctx context.Context, code string, env map[string]string, timeoutS float64, emit func(Event)) Event {
 	// The timeout counts from the call's arrival: a call queued behind a long one fails at its own deadline, it
 	// does not inherit the wait of the one ahead of it.
-	arrived := time.Now()
+	arrived, limitS := time.Now(), timeoutS // limitS: the caller's timeout, for the messages
 	if ev, ok := p.waitTurn(ctx, timeoutS); !ok {
 		return ev
 	}
@@ -392,7 +394,11 @@ func (p *repl) run(ctx context.Context, code string, timeoutS float64, emit func
 		p.mu.Unlock()
 	}
 
-	if err := p.send(map[string]string{"op": "run", "code": code}); err != nil {
+	msg := map[string]any{"op": "run", "code": code}
+	if len(env) > 0 {
+		msg["env"] = env
+	}
+	if err := p.send(msg); err != nil {
 		stop()
 		p.drop()
 		return died("the interpreter had exited since the last call (killed?); its state is lost and a fresh interpreter runs the next call")
@@ -408,7 +414,7 @@ func (p *repl) run(ctx context.Context, code string, timeoutS float64, emit func
 			p.mu.Unlock()
 			if to {
 				ev.Error.Name = "TimeoutError"
-				ev.Error.Value = fmt.Sprintf("execution exceeded %gs and did not stop on interrupt; the interpreter was restarted", timeoutS)
+				ev.Error.Value = fmt.Sprintf("execution exceeded %gs and did not stop on interrupt; the interpreter was restarted", limitS)
 			} else if errors.Is(context.Cause(ctx), errInterrupted) {
 				ev.Error.Value = "interrupted, and did not stop within the grace period: the interpreter was killed; its state is lost and a fresh one runs the next call"
 				ev.WasInterrupted = true
@@ -426,7 +432,9 @@ func (p *repl) run(ctx context.Context, code string, timeoutS float64, emit func
 			p.mu.Unlock()
 			if to && m.Error != nil && m.Error.Name == "KeyboardInterrupt" {
 				m.Error.Name = "TimeoutError"
-				m.Error.Value = fmt.Sprintf("execution exceeded %gs and was interrupted", timeoutS)
+				m.Error.Value = fmt.Sprintf("execution exceeded %gs and was interrupted", limitS)
+				// The traceback shows where the code was interrupted; its last line says why.
+				m.Error.Traceback = strings.TrimRight(m.Error.Traceback, "\n") + "\nTimeoutError: " + m.Error.Value + "\n"
 			}
 			wasInterrupted := errors.Is(context.Cause(ctx), errInterrupted) && !to
 			// Let the run's fd-level output (read from the pipes by other goroutines) land before answering.

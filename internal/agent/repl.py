@@ -1,7 +1,7 @@
 # ramify's in-sandbox Python interpreter loop (embedded in the ramify binary, run as `python3 -c`).
 # It talks JSON lines with the sandbox agent over the socket on fd 3 (or, in a forked child, over a socket it
 # connects itself): {"op": "run", "code": ...} -> stream events, then one {"type": "result", ...}.
-import array, ast, ctypes, fcntl, io, json, mmap, os, signal, socket, stat, struct, sys, time, traceback
+import array, ast, ctypes, fcntl, io, json, linecache, mmap, os, signal, socket, stat, struct, sys, time, traceback
 
 _sock = None
 _rfile = None
@@ -122,40 +122,72 @@ class _Stream:
         return 1 if self.name == "stdout" else 2
 
 
-def _run(code):
+def _cell_name(n):
+    return "<cell %d>" % n
+
+
+def _user_traceback(e):
+    """The exception formatted as a notebook shows it: from the first frame of a cell on (ramify's own frames,
+    and ast's for a SyntaxError in the cell itself, left out), with the cells' source lines (linecache)."""
+    tb = e.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell "):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb))
+
+
+def _set_env(env):
+    """Set a run's variables in os.environ; returns what to put back afterwards (None: was unset)."""
+    saved = {}
+    for k, v in (env or {}).items():
+        saved[k] = os.environ.get(k)
+        os.environ[k] = v
+    return saved
+
+
+def _restore_env(saved):
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _run(code, env=None):
     global _count
     _count += 1
     value = None
     error = None
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Stream("stdout"), _Stream("stderr")
+    saved_env = _set_env(env)
+    # Each cell's source under its own name, so that tracebacks (and inspect) show its lines, also when a function
+    # it defined fails in a later cell. mtime None: linecache.checkcache never drops it.
+    name = _cell_name(_count)
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
     try:
         # SIGINT (the agent's timeout interrupt) is only let through while user code runs.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        tree = ast.parse(code, "<cell>", "exec")
+        tree = ast.parse(code, name, "exec")
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, "<cell>", "exec"), _ns)
+        exec(compile(tree, name, "exec"), _ns)
         if last is not None:
-            v = eval(compile(last, "<cell>", "eval"), _ns)
+            v = eval(compile(last, name, "eval"), _ns)
             if v is not None:
                 _ns["_"] = v
                 value = _bounded(repr(v))
     except BaseException as e:  # SystemExit and KeyboardInterrupt included: the interpreter stays alive
-        tb = e.__traceback__
-        # Drop this function's own frame from the traceback.
-        if tb is not None and tb.tb_frame.f_code is _run.__code__:
-            tb = tb.tb_next
         error = {
             "name": type(e).__name__[:1000],
             "value": _bounded(str(e)),
-            "traceback": _bounded("".join(traceback.format_exception(type(e), e, tb))),
+            "traceback": _bounded(_user_traceback(e)),
         }
     finally:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
             pass
+        _restore_env(saved_env)
         try:
             sys.stdout.flush()
         except Exception:
@@ -595,7 +627,7 @@ def _snapshot_stream(fd):
                 out.record(b"X", json.dumps(entry).encode())
                 continue
             out.record(b"E")
-        meta = {"cwd": os.getcwd(), "env": dict(os.environ), "execution_count": _count}
+        meta = {"cwd": os.getcwd(), "env": dict(os.environ), "execution_count": _count, "cells": _cell_sources()}
         out.record(b"M", json.dumps(meta).encode("utf-8", "surrogatepass"))
         out.record(b"Z")
         out.flush()
@@ -662,9 +694,29 @@ def _restore(directory):
     return failed
 
 
+# At most this many characters of cell source go into a snapshot (the newest cells first).
+_CELLS_LIMIT = 4 << 20
+
+
+def _cell_sources():
+    """The cells' sources (for tracebacks after a resume): [[name, source], ...], newest first, bounded."""
+    cells, total = [], 0
+    names = [n for n in linecache.cache if n.startswith("<cell ")]
+    for name in sorted(names, key=lambda n: int(n[6:-1]) if n[6:-1].isdigit() else 0, reverse=True):
+        entry = linecache.cache.get(name)
+        src = "".join(entry[2]) if entry else ""
+        total += len(src)
+        if total > _CELLS_LIMIT:
+            break
+        cells.append([name, src])
+    return cells
+
+
 def _apply_meta(meta):
-    """Give the session the cwd, env and execution count a snapshot recorded."""
+    """Give the session the cwd, env, execution count and cell sources a snapshot recorded."""
     global _count
+    for name, src in meta.get("cells") or []:
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     try:
         os.chdir(meta.get("cwd") or "/root")
     except OSError:
@@ -687,7 +739,7 @@ def _serve():
         op = req.get("op")
         try:
             if op == "run":
-                resp = _run(req.get("code", ""))
+                resp = _run(req.get("code", ""), req.get("env"))
             elif op == "fork":
                 resp = _fork(req)
             elif op == "configure":

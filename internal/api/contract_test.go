@@ -373,6 +373,20 @@ func (c *contract) runningCode(id string) {
 	c.do(exchange{method: "POST", path: p + "/exec", body: []byte(`{"argv": "ls"}`), status: 400, invalid: true})
 	c.do(exchange{method: "POST", path: "/v1/sandboxes/" + unknownID + "/exec", body: []byte(`{"cmd": "true"}`), status: 404})
 	c.interrupt(id)
+	c.keepalive(id)
+}
+
+// keepalive sets a running sandbox's timeout from now, then clears it.
+func (c *contract) keepalive(id string) {
+	p := "/v1/sandboxes/" + id + "/timeout"
+	_, b := c.do(exchange{method: "POST", path: p, body: []byte(`{"timeout_s": 3600}`), status: 200})
+	if !strings.Contains(string(b), `"timeout_s":3600`) || strings.Contains(string(b), `"expires_at":null`) {
+		c.t.Errorf("keepalive: %s", b)
+	}
+	c.do(exchange{method: "POST", path: p, body: []byte(`{"timeout_s": 0}`), status: 200})
+	c.do(exchange{method: "POST", path: p, body: []byte(`{"timeout_s": -1}`), status: 400, invalid: true})
+	c.do(exchange{method: "POST", path: p, body: []byte(`{}`), status: 400, invalid: true})
+	c.do(exchange{method: "POST", path: "/v1/sandboxes/" + unknownID + "/timeout", body: []byte(`{"timeout_s": 5}`), status: 404})
 }
 
 // interrupt stops a streamed run_code once its first output line has arrived: the call ends with interrupted.

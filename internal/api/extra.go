@@ -10,7 +10,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/sandbox"
 )
 
-// extraRoutes registers the fork family's routes: fork, merge_into and diff.
+// extraRoutes registers the fork family's routes (fork, merge_into, diff), pause and resume, and keepalive.
 func (s *Server) extraRoutes(m *http.ServeMux) {
 	s.handle("POST /v1/sandboxes/{id}/fork", s.auth(s.fork))
 	s.handle("POST /v1/sandboxes/{id}/merge_into/{winner}", s.auth(s.mergeInto))
@@ -18,6 +18,28 @@ func (s *Server) extraRoutes(m *http.ServeMux) {
 	s.handle("POST /v1/sandboxes/{id}/diff/{other}", s.auth(s.diff))
 	s.handle("POST /v1/sandboxes/{id}/pause", s.auth(s.pause))
 	s.handle("POST /v1/sandboxes/{id}/resume", s.auth(s.resume))
+	s.handle("POST /v1/sandboxes/{id}/timeout", s.auth(s.setTimeout))
+}
+
+// setTimeout is keepalive: the sandbox now times out timeout_s seconds from now (0: never).
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		TimeoutS *int `json:"timeout_s"`
+	}
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.TimeoutS == nil {
+		writeError(w, errdefs.New(errdefs.ErrInvalid, "timeout_s is required"))
+		return
+	}
+	info, err := s.svc.SetTimeout(r.Context(), r.PathValue("id"), *req.TimeoutS)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
 }
 
 // lifecycleReply answers pause and resume: 202 with the new status and X-Poll-After when work started, 200 when

@@ -203,8 +203,7 @@ func (s *Service) MergeInto(ctx context.Context, parentID, winnerID string) erro
 	p.spec.Env, p.spec.Cwd = w.spec.Env, w.spec.Cwd
 	p.spec.VCPU, p.spec.MemMiB, p.spec.MaxProcs = w.spec.VCPU, w.spec.MemMiB, w.spec.MaxProcs
 	p.spec.Egress = w.spec.Egress // the winner's network (address and policy) is what now runs under the parent's id
-	specJSON, _ := json.Marshal(p.spec)
-	p.rec.Spec = specJSON
+	p.rec.Spec = specJSON(p.spec, p.timeoutFrom)
 	rec := p.rec
 	s.retire(w)
 	gone := store.Retired{ID: winnerID, MergedInto: parentID, At: time.Now()}

@@ -82,15 +82,19 @@ type Service struct {
 type entry struct {
 	// op serialises lifecycle operations (exclusive) against uses (shared: run_code, exec, files).
 	op sync.RWMutex
+	// keep serialises SetTimeout calls (which hold op shared).
+	keep sync.Mutex
 
 	// guarded by Service.mu
-	rec     store.Record
-	spec    CreateRequest
-	handle  runtime.Handle
-	timer   *time.Timer
-	gone    bool          // destroyed or merged away: lookups fail from now on
-	changed chan struct{} // closed at the next status change or retirement (see notify); nil when none waits
-	pooled  bool          // a warm-pool sandbox (being started or ready): invisible to the API until claimed
+	rec    store.Record
+	spec   CreateRequest
+	handle runtime.Handle
+	timer  *time.Timer
+	// timeoutFrom is what timeout_s counts from when SetTimeout set it (zero: created_at); stored in the spec.
+	timeoutFrom time.Time
+	gone        bool          // destroyed or merged away: lookups fail from now on
+	changed     chan struct{} // closed at the next status change or retirement (see notify); nil when none waits
+	pooled      bool          // a warm-pool sandbox (being started or ready): invisible to the API until claimed
 }
 
 // New builds the service and reconciles the records with what is running: sandboxes that survived a restart
@@ -131,7 +135,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	var loaded []*entry
 	for _, rec := range recs {
 		e := &entry{rec: rec}
-		json.Unmarshal(rec.Spec, &e.spec)     //nolint:errcheck // written by us
+		json.Unmarshal(rec.Spec, &e.spec) //nolint:errcheck // written by us
+		var tf timeoutOfSpec
+		if json.Unmarshal(rec.Spec, &tf) == nil && tf.TimeoutFrom != nil {
+			e.timeoutFrom = *tf.TimeoutFrom
+		}
 		json.Unmarshal(rec.Handle, &e.handle) //nolint:errcheck
 		switch Status(rec.Status) {
 		case StatusWarm:
@@ -361,7 +369,7 @@ func (s *Service) info(e *entry) Info {
 		in.Metadata = map[string]string{}
 	}
 	if spec.TimeoutS > 0 {
-		t := r.CreatedAt.Add(time.Duration(spec.TimeoutS) * time.Second)
+		t := timeoutBase(e).Add(time.Duration(spec.TimeoutS) * time.Second)
 		in.ExpiresAt = &t
 	}
 	if r.ParentID != "" {
@@ -614,11 +622,17 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 func (s *Service) armTimer(e *entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.armTimerLocked(e)
+}
+
+// armTimerLocked is armTimer for a caller holding s.mu. The deadline is timeout_s after creation, or after the
+// last SetTimeout.
+func (s *Service) armTimerLocked(e *entry) {
 	if e.spec.TimeoutS <= 0 || e.gone || e.timer != nil {
 		return
 	}
 	id, onTimeout := e.rec.ID, e.spec.OnTimeout
-	d := time.Until(e.rec.CreatedAt.Add(time.Duration(e.spec.TimeoutS) * time.Second))
+	d := time.Until(timeoutBase(e).Add(time.Duration(e.spec.TimeoutS) * time.Second))
 	e.timer = time.AfterFunc(max(d, 0), func() {
 		// Tracked, so Close waits for it; refused once Close has begun.
 		s.goBackground(func() { s.timeout(id, onTimeout) })
@@ -689,9 +703,11 @@ func (s *Service) use(id string) (*entry, func(), error) {
 
 // RunCodeRequest is the body of run_code.
 type RunCodeRequest struct {
-	Code     string   `json:"code"`
-	TimeoutS *float64 `json:"timeout_s,omitempty"`
-	Stream   bool     `json:"stream,omitempty"`
+	Code string `json:"code"`
+	// Env is set in the interpreter's os.environ for this call only; what it replaced is restored after.
+	Env      map[string]string `json:"env,omitempty"`
+	TimeoutS *float64          `json:"timeout_s,omitempty"`
+	Stream   bool              `json:"stream,omitempty"`
 }
 
 // Execution is run_code's result.
@@ -726,6 +742,11 @@ type OutputEvent struct {
 
 // RunCode runs Python in the sandbox's interpreter. onOutput, if set, gets output as it is produced.
 func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, onOutput func(OutputEvent)) (Execution, error) {
+	for k, v := range req.Env {
+		if err := validEnv(k, v); err != nil {
+			return Execution{}, err
+		}
+	}
 	timeout, err := timeoutOf(req.TimeoutS)
 	if err != nil {
 		return Execution{}, err
@@ -739,7 +760,7 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 	if err != nil {
 		return Execution{}, err
 	}
-	ev, err := c.RunCode(ctx, agent.RunCodeRequest{Code: req.Code, TimeoutS: timeout}, forward(onOutput))
+	ev, err := c.RunCode(ctx, agent.RunCodeRequest{Code: req.Code, Env: req.Env, TimeoutS: timeout}, forward(onOutput))
 	if err != nil {
 		return Execution{}, fmt.Errorf("run_code in %s: %w", id, err)
 	}

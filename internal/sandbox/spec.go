@@ -85,7 +85,7 @@ func (r CreateRequest) normalize() (CreateRequest, error) {
 		return r, invalid("mem_mib must be between 64 and 262144")
 	case r.MaxProcs < 16 || r.MaxProcs > 65536:
 		return r, invalid("max_procs must be between 16 and 65536")
-	case r.TimeoutS < 0 || r.TimeoutS > 30*24*3600:
+	case r.TimeoutS < 0 || r.TimeoutS > MaxTimeoutS:
 		return r, invalid("timeout_s must be between 0 and 2592000")
 	case r.OnTimeout != "destroy" && r.OnTimeout != "pause":
 		return r, invalid(`on_timeout must be "destroy" or "pause"`)

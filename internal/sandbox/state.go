@@ -26,26 +26,28 @@ type Op string
 
 // Operations checked against the table.
 const (
-	OpUse     Op = "use" // run_code, exec, files
-	OpFork    Op = "fork"
-	OpMerge   Op = "merge"
-	OpPause   Op = "pause"
-	OpResume  Op = "resume"
-	OpDestroy Op = "destroy"
-	OpDiff    Op = "diff"
-	OpRestart Op = "restart" // the service reviving a sandbox whose agent died (health.go)
+	OpUse        Op = "use" // run_code, exec, files
+	OpFork       Op = "fork"
+	OpMerge      Op = "merge"
+	OpPause      Op = "pause"
+	OpResume     Op = "resume"
+	OpDestroy    Op = "destroy"
+	OpDiff       Op = "diff"
+	OpRestart    Op = "restart"     // the service reviving a sandbox whose agent died (health.go)
+	OpSetTimeout Op = "set timeout" // keepalive: a new deadline (keepalive.go)
 )
 
 // allowed is the one table every handler asks: which operation may start in which state.
 var allowed = map[Op]map[Status]bool{
-	OpUse:     {StatusRunning: true},
-	OpFork:    {StatusRunning: true, StatusPaused: true},
-	OpMerge:   {StatusRunning: true},
-	OpPause:   {StatusRunning: true},
-	OpResume:  {StatusPaused: true, StatusError: true},
-	OpDestroy: {StatusRunning: true, StatusPaused: true, StatusError: true, StatusCreating: true},
-	OpDiff:    {StatusRunning: true},
-	OpRestart: {StatusRunning: true},
+	OpUse:        {StatusRunning: true},
+	OpFork:       {StatusRunning: true, StatusPaused: true},
+	OpMerge:      {StatusRunning: true},
+	OpPause:      {StatusRunning: true},
+	OpResume:     {StatusPaused: true, StatusError: true},
+	OpDestroy:    {StatusRunning: true, StatusPaused: true, StatusError: true, StatusCreating: true},
+	OpDiff:       {StatusRunning: true},
+	OpRestart:    {StatusRunning: true},
+	OpSetTimeout: {StatusRunning: true, StatusPaused: true},
 }
 
 // transitions lists the legal status changes; setStatus refuses any other. A record is born creating (a new
@@ -71,6 +73,8 @@ func check(op Op, s Status) error {
 		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
 	case OpResume:
 		return errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error")
+	case OpSetTimeout:
+		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("cannot set the timeout of a sandbox that is %s (only running or paused)", s))
 	}
 	return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("cannot %s a sandbox that is %s", op, s))
 }

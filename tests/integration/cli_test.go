@@ -1,12 +1,15 @@
 package integration
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
 
@@ -78,7 +81,93 @@ func TestCLIAgainstRealServer(t *testing.T) {
 	if _, _, code := cli("rm", id, kids[0]); code != 0 {
 		t.Fatal("rm failed")
 	}
-	if _, errOut, code := cli("get", id); code == 0 || !strings.Contains(errOut, "not found") {
+	if _, errOut, code := cli("get", id); code != 1 || !strings.Contains(errOut, "sandbox "+id+" was deleted") {
 		t.Fatalf("get after rm: %q %d", errOut, code)
+	}
+}
+
+// runCLI runs the built binary with env added to this process's environment; it returns stdout, stderr and the
+// exit code.
+func runCLI(t *testing.T, bin string, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// What users of a CLI expect (issue 15): help and version exit 0, errors say what is wrong (a local file, a
+// timeout) and are JSON under --json, exec --json keeps empty fields, an address without a scheme works, and the
+// keepalive and per-run env features.
+func TestCLIAsUsersExpect(t *testing.T) {
+	bin := testserver.Binary(t)
+	// Without a server: help, version and flag usage.
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"--version"}, {"serve", "-h"}, {"image", "build", "-h"}, {"help", "exec"}} {
+		out, errOut, code := runCLI(t, bin, nil, args...)
+		if code != 0 || strings.Contains(errOut, "help requested") || !strings.Contains(out+errOut, "ramify") {
+			t.Errorf("ramify %q: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
+	}
+	if out, _, _ := runCLI(t, bin, nil, "--version"); !strings.HasPrefix(out, "ramify ") {
+		t.Errorf("--version: %q", out)
+	}
+
+	s := testserver.Start(t)
+	env := []string{"RAMIFY_API_URL=" + s.URL, "RAMIFY_API_KEY=" + s.Key}
+	cli := func(args ...string) (string, string, int) { t.Helper(); return runCLI(t, bin, env, args...) }
+	out, _, code := cli("sandbox", "create", "--timeout", "60")
+	id := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(id, "sbx_") {
+		t.Fatalf("create: %q %d", out, code)
+	}
+
+	missing := filepath.Join(t.TempDir(), "missing")
+	if _, errOut, code := cli("cp", missing, id+":/root/x"); code != 1 || !strings.Contains(errOut, "local file "+missing) || strings.Contains(errOut, "server") {
+		t.Errorf("cp of a missing local file: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := cli("run", id, "--timeout", "1", "import time\ntime.sleep(30)"); code != 1 || !strings.Contains(errOut, "TimeoutError: execution exceeded 1s") {
+		t.Errorf("run timeout: exit %d, %q", code, errOut)
+	}
+	out, _, code = cli("get", "sbx_00000000000000000000000000000000", "--json")
+	var jerr map[string]string
+	if code != 1 || json.Unmarshal([]byte(out), &jerr) != nil || jerr["error"] != "sandbox not found" {
+		t.Errorf("get --json of an unknown sandbox: exit %d, stdout %q", code, out)
+	}
+	out, _, code = cli("exec", id, "--json", "--", "true")
+	var res map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res["stderr"] != "" || res["stdout"] != "" {
+		t.Errorf("exec --json: exit %d, %q", code, out)
+	}
+	hostPort := strings.TrimPrefix(s.URL, "http://")
+	if out, errOut, code := runCLI(t, bin, []string{"RAMIFY_API_URL=" + hostPort, "RAMIFY_API_KEY=" + s.Key}, "get", id, "--json"); code != 0 || !strings.Contains(out, id) {
+		t.Errorf("RAMIFY_API_URL without a scheme: exit %d, %q %q", code, out, errOut)
+	}
+
+	// Per-run env: visible to that run only.
+	if out, errOut, code := cli("run", id, "--env", "GREETING=hi", "import os; os.environ.get('GREETING')"); code != 0 || out != "'hi'\n" {
+		t.Errorf("run --env: exit %d, %q %q", code, out, errOut)
+	}
+	if out, _, _ := cli("run", id, "import os; os.environ.get('GREETING')"); out != "" {
+		t.Errorf("the env of an earlier run leaked into the next: %q", out)
+	}
+
+	// Keepalive: the deadline moves to now + the new timeout.
+	before := time.Now()
+	out, errOut, code := cli("set-timeout", id, "1h", "--json")
+	var sb client.Sandbox
+	if code != 0 || json.Unmarshal([]byte(out), &sb) != nil || sb.TimeoutS != 3600 || sb.ExpiresAt == nil ||
+		sb.ExpiresAt.Before(before.Add(time.Hour-time.Second)) {
+		t.Fatalf("set-timeout: exit %d, %q %q", code, out, errOut)
+	}
+	if out, _, code := cli("set-timeout", id, "0"); code != 0 || !strings.Contains(out, "no timeout") {
+		t.Errorf("set-timeout 0: exit %d, %q", code, out)
 	}
 }

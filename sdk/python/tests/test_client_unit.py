@@ -786,6 +786,76 @@ class TestAsync(StubTestCase):
         asyncio.run(main())
 
 
+class TestAsyncSurface(StubTestCase):
+    """AsyncSandbox has Sandbox's surface (README: "the same as coroutines")."""
+
+    def test_same_surface_as_sandbox(self):
+        import inspect
+
+        def params(fn):
+            return [p for p in inspect.signature(fn).parameters.values() if p.name not in ("self", "cls")]
+
+        self.assertEqual(params(AsyncSandbox.__init__), params(Sandbox.__init__), "constructor")
+        missing = []
+        for name, attr in inspect.getmembers(Sandbox):
+            if name.startswith("_"):
+                continue
+            if not hasattr(AsyncSandbox, name):
+                missing.append(name)
+                continue
+            a = inspect.getattr_static(AsyncSandbox, name)
+            sattr = inspect.getattr_static(Sandbox, name)
+            if isinstance(sattr, property):
+                self.assertIsInstance(a, property, name)
+            elif callable(attr):
+                afn = getattr(AsyncSandbox, name)
+                self.assertTrue(inspect.iscoroutinefunction(afn) or name == "create", f"{name} is not a coroutine function")
+                self.assertEqual([p.name for p in params(afn)], [p.name for p in params(attr)], name)
+        self.assertEqual(missing, [], "Sandbox attributes AsyncSandbox lacks")
+
+    def test_constructed_like_sandbox(self):
+        self.stub.on("POST", "/v1/sandboxes", lambda r: Reply(201, sandbox_json(
+            "sbx_1", metadata=json.loads(r.body).get("metadata", {}))))
+
+        async def main():
+            sb = AsyncSandbox(**self.kw(metadata={"team": "a"}, timeout_s=60))
+            self.assertIn("not created yet", repr(sb))
+            with self.assertRaises(RuntimeError):
+                sb.id
+            self.assertIs(await sb, sb)
+            self.assertEqual((sb.id, sb.status, sb.metadata), ("sbx_1", "running", {"team": "a"}))
+            await sb.close()
+            async with AsyncSandbox(**self.kw()) as sb2:
+                self.assertEqual(sb2.status, "running")
+            return sb2
+
+        sb2 = asyncio.run(main())
+        self.assertTrue(sb2.closed)
+        creates = self.stub.reqs("POST", "/v1/sandboxes")
+        self.assertEqual(len(creates), 2)
+        self.assertEqual(json.loads(creates[0].body), {"metadata": {"team": "a"}, "timeout_s": 60})
+
+    def test_set_timeout_and_run_env(self):
+        self.stub.on("POST", SBX + "/timeout", lambda r: Reply(200, dict(sandbox_json(r.match.group(1)),
+                                                                           timeout_s=json.loads(r.body)["timeout_s"])))
+        self.stub.on("POST", SBX + "/run_code", Reply(200, {"stdout": "", "stderr": "", "value": "'1'",
+                                                            "error": None, "execution_count": 1}))
+
+        async def main():
+            async with AsyncSandbox(**self.kw()) as sb:
+                info = await sb.set_timeout(600)
+                self.assertEqual((info["timeout_s"], sb.info["timeout_s"]), (600, 600))
+                await sb.run_code("import os; os.environ['A']", env={"A": 1})
+
+        asyncio.run(main())
+        self.assertEqual(json.loads(self.stub.reqs("POST", "/v1/sandboxes/sbx_1/timeout")[0].body), {"timeout_s": 600})
+        self.assertEqual(json.loads(self.stub.reqs("POST", "/v1/sandboxes/sbx_1/run_code")[0].body),
+                         {"code": "import os; os.environ['A']", "env": {"A": "1"}})
+        with Sandbox(**self.kw()) as sb:
+            with self.assertRaises(TypeError):
+                sb.set_timeout(1.5)
+
+
 class TestMisc(unittest.TestCase):
     def test_version_and_exports(self):
         self.assertTrue(ramify.__version__)

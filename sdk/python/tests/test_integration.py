@@ -139,6 +139,67 @@ class TestIntegration(unittest.TestCase):
         self.assertIn("division by zero", ex.error.value)
         self.assertIn("Traceback", ex.error.traceback)
 
+    def test_traceback_shows_the_users_lines(self):
+        # As a notebook shows it: each cell's own lines, also of a function defined in an earlier cell; no
+        # frame of ramify's and, for a SyntaxError, no ast.py frame.
+        with Sandbox(metadata=META) as sb:
+            sb.run_code("def half(x):\n    return x / 0\n")
+            err = sb.run_code("y = 4\nhalf(y)").error
+            self.assertIsNotNone(err)
+            tb = err.traceback
+            self.assertIn("half(y)", tb)
+            self.assertIn("return x / 0", tb)
+            self.assertNotIn("repl", tb.lower())
+            self.assertTrue(tb.startswith("Traceback (most recent call last):\n  File \"<cell"), tb)
+            syn = sb.run_code("x = (1,\n").error
+            self.assertEqual(syn.name, "SyntaxError")
+            self.assertIn("x = (1,", syn.traceback)
+            self.assertNotIn("ast.py", syn.traceback)
+            self.assertNotIn("Traceback (most recent call last)", syn.traceback)
+            # A timeout says so, after showing where the code was interrupted.
+            to = sb.run_code("import time\ntime.sleep(30)", timeout_s=1).error
+            self.assertEqual(to.name, "TimeoutError")
+            self.assertIn("time.sleep(30)", to.traceback)
+            self.assertTrue(to.traceback.rstrip().endswith("TimeoutError: execution exceeded 1s and was interrupted"),
+                            to.traceback)
+
+    def test_run_code_env_is_per_call(self):
+        sb = self.sb
+        sb.run_code("import os; os.environ['KEEP'] = 'before'")
+        r = sb.run_code("import os, subprocess\n"
+                        "(os.environ['KEEP'], os.environ['ONLY'], subprocess.run(['sh', '-c', 'echo $ONLY'],"
+                        " capture_output=True, text=True).stdout.strip())",
+                        env={"KEEP": "during", "ONLY": "this-cell"})
+        self.assertIsNone(r.error)
+        self.assertEqual(r.value, "('during', 'this-cell', 'this-cell')")
+        self.assertEqual(sb.run_code("import os; (os.environ['KEEP'], os.environ.get('ONLY'))").value,
+                         "('before', None)")
+        with self.assertRaises(InvalidRequest):
+            sb.run_code("1", env={"A=B": "x"})
+
+    def test_set_timeout_keeps_alive(self):
+        with Sandbox(metadata=META, timeout_s=30) as sb:
+            first = sb.info["expires_at"]
+            info = sb.set_timeout(3600)
+            self.assertEqual(info["timeout_s"], 3600)
+            self.assertGreater(info["expires_at"], first)
+            self.assertEqual(sb.refresh()["expires_at"], info["expires_at"])
+            info = sb.set_timeout(0)
+            self.assertIsNone(info["expires_at"])
+            with self.assertRaises(InvalidRequest):
+                sb.set_timeout(-1)
+
+    def test_async_constructed_like_sandbox(self):
+        async def main():
+            async with AsyncSandbox(metadata=META, timeout_s=120) as sb:
+                self.assertEqual(sb.status, "running")
+                self.assertEqual(sb.metadata, META)
+                info = await sb.set_timeout(600)
+                self.assertEqual(info["timeout_s"], 600)
+                return (await sb.run_code("import os; os.environ['E']", env={"E": "x"})).value
+
+        self.assertEqual(asyncio.run(main()), "'x'")
+
     def test_run_code_timeout_keeps_state(self):
         self.sb.run_code("survivor = 7")
         ex = self.sb.run_code("import time\ntime.sleep(30)", timeout_s=1)
@@ -398,6 +459,16 @@ class TestPauseIntegration(unittest.TestCase):
             self.assertEqual(sb.resume()["status"], "running")  # idempotent
             self.assertEqual(sb.run_code("sum(kept)").value, "6")
             self.assertEqual(sb.files.read("/root/kept.txt"), b"kept")
+
+    def test_traceback_lines_survive_pause(self):
+        # A function defined before the pause still shows its cell's lines when it fails after the resume.
+        with Sandbox(metadata=META) as sb:
+            sb.run_code("def boom():\n    raise ValueError('after resume')\n")
+            sb.pause()
+            sb.resume()
+            err = sb.run_code("boom()").error
+            self.assertEqual(err.name, "ValueError")
+            self.assertIn("raise ValueError('after resume')", err.traceback)
 
     def test_pause_no_wait(self):
         with Sandbox(metadata=META) as sb:

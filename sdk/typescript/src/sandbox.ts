@@ -51,14 +51,17 @@ export interface ListOptions extends ClientOptions {
 export interface RunCodeOptions {
   /** Server-side timeout in seconds (server default 300; 0 = none). */
   timeoutS?: number;
+  /**
+   * runCode: set in the interpreter's `os.environ` for this call only (restored after it).
+   * exec: added to the sandbox's environment for the command.
+   */
+  env?: Record<string, string>;
   /** With a callback, the output is streamed and the callback called before the result. */
   onStdout?: OutputCallback;
   onStderr?: OutputCallback;
 }
 
 export interface ExecOptions extends RunCodeOptions {
-  /** Added to the sandbox's environment. */
-  env?: Record<string, string>;
   /** Absolute working directory (default the sandbox's cwd). */
   cwd?: string;
   stdin?: string | Uint8Array;
@@ -207,6 +210,19 @@ export class Sandbox {
     return String((await this.refresh()).status ?? "");
   }
 
+  /**
+   * Keep the sandbox alive: it now times out `timeoutS` seconds from now (0: never), with its
+   * `on_timeout` action (`POST /v1/sandboxes/{id}/timeout`). Running or paused sandboxes only.
+   * Updates `info` (`expires_at` is the new deadline) and returns it.
+   */
+  async setTimeout(timeoutS: number): Promise<SandboxInfo> {
+    this._check();
+    if (!Number.isInteger(timeoutS)) throw new TypeError("timeoutS must be an integer number of seconds");
+    const info = await this._client.json<SandboxInfo | null>("POST", this._path("/timeout"), { json: { timeout_s: timeoutS } });
+    if (info && typeof info === "object") this.info = info;
+    return this.info;
+  }
+
   private runTimeout(timeoutS: number | undefined): number | null {
     const rt = this._client.requestTimeoutS;
     if (timeoutS === 0 || rt === null) return null;
@@ -224,6 +240,7 @@ export class Sandbox {
     this._check();
     const body: Record<string, unknown> = { code };
     if (opts.timeoutS !== undefined) body.timeout_s = opts.timeoutS;
+    if (opts.env !== undefined) body.env = opts.env;
     const d = await this.call("/run_code", body, opts, ["result"], "run_code stream ended without a result event");
     return executionFrom(d);
   }

@@ -101,6 +101,30 @@ describe("integration: run_code and exec", { skip: SKIP }, () => {
       assert.equal(x.exitCode, 3);
     }));
 
+  test("runCode env is for that call only; tracebacks show the cell's lines", () =>
+    withSandbox(async (sb) => {
+      await sb.runCode("import os; os.environ['KEEP'] = 'before'");
+      const r = await sb.runCode("import os; (os.environ['KEEP'], os.environ['ONLY'])", { env: { KEEP: "during", ONLY: "x" } });
+      assert.equal(r.value, "('during', 'x')");
+      assert.equal((await sb.runCode("import os; (os.environ['KEEP'], os.environ.get('ONLY'))")).value, "('before', None)");
+      await sb.runCode("def half(v):\n    return v / 0\n");
+      const e = await sb.runCode("half(4)");
+      assert.match(e.error.traceback, /File "<cell \d+>", line 2, in half\n    return v \/ 0/);
+      assert.doesNotMatch(e.error.traceback, /repl/);
+    }));
+
+  test("setTimeout keeps the sandbox alive from now", () =>
+    withSandbox(async (sb) => {
+      const first = sb.info.expires_at;
+      const info = await sb.setTimeout(3600);
+      assert.equal(info.timeout_s, 3600);
+      assert.ok(Date.parse(info.expires_at) > Date.parse(first), `${info.expires_at} after ${first}`);
+      assert.equal((await sb.refresh()).expires_at, info.expires_at);
+      assert.equal((await sb.setTimeout(0)).expires_at, null);
+      await assert.rejects(sb.setTimeout(-1), InvalidRequest);
+      await assert.rejects(sb.setTimeout(1.5), TypeError);
+    }, { timeoutS: 30 }));
+
   test("exec: exit codes, argv, env, cwd, stdin, timeout", () =>
     withSandbox(async (sb) => {
       assert.deepEqual(await sb.exec("echo hi"), { exitCode: 0, stdout: "hi\n", stderr: "", timedOut: false });

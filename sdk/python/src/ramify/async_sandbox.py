@@ -51,7 +51,7 @@ async def _run(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _unwrap(x: Any) -> Any:
-    return x._sync if isinstance(x, AsyncSandbox) else x
+    return x._s() if isinstance(x, AsyncSandbox) else x
 
 
 class _Callbacks:
@@ -158,7 +158,7 @@ class _Creating:
 
     async def _create(self) -> "AsyncSandbox":
         sync = await _run(lambda: Sandbox(**self._kwargs))
-        return AsyncSandbox(sync)
+        return AsyncSandbox._of(sync)
 
     def __await__(self) -> Generator[Any, None, "AsyncSandbox"]:
         return self._create().__await__()
@@ -172,18 +172,74 @@ class _Creating:
             await self._sb.close()
 
 
-class AsyncSandbox:
-    """Async version of :class:`Sandbox`.
+_NOT_CREATED = ("this AsyncSandbox is not created yet: use `sb = await AsyncSandbox(...)`, "
+                "`async with AsyncSandbox(...) as sb:` or `await AsyncSandbox.create(...)`")
 
-    ``sb = await AsyncSandbox.create(...)`` or ``async with AsyncSandbox.create(...) as sb:``
-    (``async with await AsyncSandbox.create() as sb`` works too).
+
+class AsyncSandbox:
+    """Async version of :class:`Sandbox`, with the same constructor, methods (as coroutines) and
+    properties.
+
+    ``AsyncSandbox(...)`` takes :class:`Sandbox`'s arguments; the sandbox is created on the server
+    when the object is awaited or entered, since a constructor cannot await::
+
+        async with AsyncSandbox(timeout_s=600) as sb:   # or: sb = await AsyncSandbox(...)
+            print((await sb.run_code("1 + 1")).value)
+
+    ``await AsyncSandbox.create(...)`` and ``async with AsyncSandbox.create(...)`` work too.
+    Properties (:attr:`status`, :attr:`ip`, :attr:`metadata`) read the last known state without
+    I/O; ``await sb.refresh()`` (or :meth:`get_status`) fetches it.
     """
 
-    def __init__(self, sandbox: Sandbox):
-        if not isinstance(sandbox, Sandbox):
-            raise TypeError("AsyncSandbox wraps a Sandbox; use `await AsyncSandbox.create(...)`")
+    def __init__(
+        self,
+        vcpu: Optional[float] = None,
+        mem_mib: Optional[int] = None,
+        max_procs: Optional[int] = None,
+        timeout_s: Optional[int] = None,
+        on_timeout: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        api_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
+        disk_mib: Optional[int] = None,
+        egress: Optional[Sequence[str]] = None,
+    ):
+        self._sync: Optional[Sandbox] = None
+        self._kwargs: Optional[Dict[str, Any]] = None
+        if isinstance(vcpu, Sandbox):  # AsyncSandbox(sync_sandbox) wraps an existing one
+            self._wrap(vcpu)
+            return
+        self._kwargs = dict(vcpu=vcpu, mem_mib=mem_mib, max_procs=max_procs, timeout_s=timeout_s,
+                            on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
+                            api_url=api_url, api_key=api_key, request_timeout=request_timeout,
+                            disk_mib=disk_mib, egress=egress)
+
+    def _wrap(self, sandbox: Sandbox) -> "AsyncSandbox":
         self._sync = sandbox
         self.files = AsyncFiles(sandbox.files)
+        self._kwargs = None
+        return self
+
+    @classmethod
+    def _of(cls, sandbox: Sandbox) -> "AsyncSandbox":
+        return cls.__new__(cls)._wrap(sandbox)
+
+    async def _ensure_created(self) -> "AsyncSandbox":
+        if self._sync is None:
+            kwargs = self._kwargs or {}
+            self._wrap(await _run(lambda: Sandbox(**kwargs)))
+        return self
+
+    def __await__(self) -> Generator[Any, None, "AsyncSandbox"]:
+        return self._ensure_created().__await__()
+
+    def _s(self) -> Sandbox:
+        if self._sync is None:
+            raise RuntimeError(_NOT_CREATED)
+        return self._sync
 
     # -- construction -------------------------------------------------------------------------------
     @classmethod
@@ -211,55 +267,68 @@ class AsyncSandbox:
     @classmethod
     async def connect(cls, id: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
                       request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "AsyncSandbox":
-        return cls(await _run(Sandbox.connect, id, api_url, api_key, request_timeout))
+        return cls._of(await _run(Sandbox.connect, id, api_url, api_key, request_timeout))
 
     @classmethod
     async def list(cls, metadata: Optional[Mapping[str, str]] = None, status: Optional[str] = None,
                    api_url: Optional[str] = None, api_key: Optional[str] = None,
                    request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> "List[AsyncSandbox]":
         sbs = await _run(Sandbox.list, metadata, status, api_url, api_key, request_timeout)
-        return [cls(s) for s in sbs]
+        return [cls._of(s) for s in sbs]
 
     # -- state -------------------------------------------------------------------------------------
     @property
     def sync(self) -> Sandbox:
         """The underlying synchronous :class:`Sandbox`."""
-        return self._sync
+        return self._s()
 
     @property
     def id(self) -> str:
-        return self._sync.id
+        return self._s().id
 
     @property
     def info(self) -> Dict[str, Any]:
-        return self._sync.info
+        return self._s().info
+
+    @property
+    def status(self) -> str:
+        """Status from the last known sandbox JSON (``await sb.get_status()`` fetches it)."""
+        return str(self._s().info.get("status", ""))
 
     @property
     def ip(self) -> Optional[str]:
         """IP from the last known sandbox JSON (``await sb.refresh()`` to update)."""
-        return self._sync.info.get("ip")
+        return self._s().info.get("ip")
+
+    @property
+    def metadata(self) -> Dict[str, str]:
+        return self._s().metadata
 
     @property
     def defunct(self) -> bool:
-        return self._sync.defunct
+        return self._s().defunct
 
     @property
     def closed(self) -> bool:
-        return self._sync.closed
+        return self._s().closed
 
     async def refresh(self) -> Dict[str, Any]:
-        return await _run(self._sync.refresh)
+        return await _run(self._s().refresh)
 
     async def get_status(self) -> str:
-        return await _run(self._sync.get_status)
+        return await _run(self._s().get_status)
+
+    async def set_timeout(self, timeout_s: int) -> Dict[str, Any]:
+        return await _run(self._s().set_timeout, timeout_s)
 
     # -- code ------------------------------------------------------------------------------------
     async def run_code(self, code: str, timeout_s: Optional[float] = None,
                        on_stdout: Optional[AsyncOutputCallback] = None,
-                       on_stderr: Optional[AsyncOutputCallback] = None) -> Execution:
+                       on_stderr: Optional[AsyncOutputCallback] = None,
+                       env: Optional[Mapping[str, str]] = None) -> Execution:
         cbs = _Callbacks()
-        result = await _run(self._sync.run_code, code, timeout_s,
-                                         cbs.wrap(on_stdout), cbs.wrap(on_stderr))
+        result = await _run(self._s().run_code, code, timeout_s,
+                            cbs.wrap(on_stdout), cbs.wrap(on_stderr), env)
         await cbs.finish()
         return result
 
@@ -269,43 +338,47 @@ class AsyncSandbox:
                    on_stdout: Optional[AsyncOutputCallback] = None,
                    on_stderr: Optional[AsyncOutputCallback] = None) -> CommandResult:
         cbs = _Callbacks()
-        result = await _run(self._sync.exec, cmd, env, cwd, timeout_s, stdin,
-                                         cbs.wrap(on_stdout), cbs.wrap(on_stderr))
+        result = await _run(self._s().exec, cmd, env, cwd, timeout_s, stdin,
+                            cbs.wrap(on_stdout), cbs.wrap(on_stderr))
         await cbs.finish()
         return result
 
     # -- fork / merge / diff ------------------------------------------------------------------------
     async def fork(self, n: int = 1) -> "List[AsyncSandbox]":
-        children = await _run(self._sync.fork, n)
-        return [AsyncSandbox(c) for c in children]
+        children = await _run(self._s().fork, n)
+        return [AsyncSandbox._of(c) for c in children]
 
     async def merge_into(self, winner: Union["AsyncSandbox", Sandbox, str]) -> None:
-        await _run(self._sync.merge_into, _unwrap(winner))
+        await _run(self._s().merge_into, _unwrap(winner))
 
     async def diff(self, other: Union["AsyncSandbox", Sandbox, str],
                    paths: Optional[Iterable[str]] = None) -> Dict[str, Any]:
-        return await _run(self._sync.diff, _unwrap(other), paths)
+        return await _run(self._s().diff, _unwrap(other), paths)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        return await _run(self._sync.pause, wait, poll_timeout)
+        return await _run(self._s().pause, wait, poll_timeout)
 
     async def resume(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        return await _run(self._sync.resume, wait, poll_timeout)
+        return await _run(self._s().resume, wait, poll_timeout)
 
     async def wait_for_status(self, target: str, timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        return await _run(self._sync.wait_for_status, target, timeout)
+        return await _run(self._s().wait_for_status, target, timeout)
 
     async def close(self) -> None:
+        if self._sync is None:  # never created: nothing to destroy
+            return
         await _run(self._sync.close)
 
     kill = close
 
     async def __aenter__(self) -> "AsyncSandbox":
-        return self
+        return await self._ensure_created()
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
     def __repr__(self) -> str:
+        if self._sync is None:
+            return "<AsyncSandbox (not created yet)>"
         return repr(self._sync).replace("<Sandbox", "<AsyncSandbox", 1)

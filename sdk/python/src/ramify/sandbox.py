@@ -214,6 +214,18 @@ class Sandbox:
     def metadata(self) -> Dict[str, str]:
         return dict(self.info.get("metadata") or {})
 
+    def set_timeout(self, timeout_s: int) -> Dict[str, Any]:
+        """Keep the sandbox alive: it now times out ``timeout_s`` seconds from now (0: never), with
+        its ``on_timeout`` action (``POST /v1/sandboxes/{id}/timeout``). Running or paused sandboxes
+        only. Updates :attr:`info` (``expires_at`` is the new deadline) and returns it."""
+        self._check()
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int):
+            raise TypeError("timeout_s must be an int (seconds)")
+        info = self._client.json("POST", self._path("/timeout"), json_body={"timeout_s": timeout_s})
+        if isinstance(info, dict):
+            self.info = info
+        return self.info
+
     def _run_timeout(self, timeout_s: Optional[float]) -> Optional[float]:
         rt = self._client.request_timeout
         if timeout_s == 0 or rt is None:
@@ -228,16 +240,20 @@ class Sandbox:
         timeout_s: Optional[float] = None,
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
+        env: Optional[Mapping[str, str]] = None,
     ) -> Execution:
         """Run Python code in the sandbox's persistent interpreter.
 
         With ``on_stdout`` / ``on_stderr`` the output is streamed (NDJSON) and the callbacks are
-        called with each chunk as it arrives, before this method returns.
+        called with each chunk as it arrives, before this method returns. ``env`` is set in the
+        interpreter's ``os.environ`` for this call only; what it replaced is restored after it.
         """
         self._check()
         body: Dict[str, Any] = {"code": code}
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        if env is not None:
+            body["env"] = {str(k): str(v) for k, v in env.items()}
         timeout = self._run_timeout(timeout_s)
         if on_stdout is None and on_stderr is None:
             data = self._client.json("POST", self._path("/run_code"), json_body=body, timeout=timeout)
