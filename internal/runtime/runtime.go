@@ -143,3 +143,26 @@ type Healer interface {
 	// interpreter's variables are not. It returns the sandbox's new handle.
 	Revive(ctx context.Context, h Handle, spec Spec) (Handle, error)
 }
+
+// Owned is what a server's records account for at start-up, after recovery: everything else of this server's
+// that a runtime finds is left over from work a crash cut short.
+type Owned struct {
+	// Running are the handles of the running sandboxes: their family init, agent, cgroup, veth and layer.
+	Running []Handle
+	// Layers are further layers to keep (sandboxes in error keep their files until they are deleted).
+	Layers []string
+}
+
+// Reclaimed counts what a Reclaim removed, by kind.
+type Reclaimed struct {
+	Processes int // family inits (their whole PID namespace dies with them) and stray agents
+	Cgroups   int
+	Veths     int // host veths and their nftables elements
+	Layers    int
+}
+
+// Reclaimer is implemented by runtimes that can find, at start-up, the resources of this server (and only of
+// this server: its data directory's) that no record owns, and remove them. It must be safe to run again.
+type Reclaimer interface {
+	Reclaim(ctx context.Context, owned Owned) (Reclaimed, error)
+}

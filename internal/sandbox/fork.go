@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/fsdiff"
 	"github.com/ramify-dev/ramify/internal/network"
@@ -195,6 +196,7 @@ func (s *Service) MergeInto(ctx context.Context, parentID, winnerID string) erro
 	if err != nil {
 		return fmt.Errorf("merge %s into %s: %w", winnerID, parentID, err)
 	}
+	crashpoint.Hit(crashpoint.MergeAfterSwap)
 	hj, _ := json.Marshal(nh)
 	s.mu.Lock()
 	p.handle = nh

@@ -40,6 +40,10 @@ type Config struct {
 	WarmPool int
 	// Snapshots is where pauses write their snapshots (nil: pause is unavailable).
 	Snapshots snapstore.Store
+	// SnapshotsExclusive says that no other server uses Snapshots (the default local store in the data
+	// directory): at start, snapshots of sandboxes this server has no record of, and temporary files of
+	// unfinished writes, are removed too (see reclaim.go).
+	SnapshotsExclusive bool
 	// DiskMiB is the disk quota of sandboxes created without disk_mib (0: DefaultDiskMiB).
 	DiskMiB int
 	// CloseTimeout bounds how long Close waits for background work (pauses, resumes, timeout actions, the
@@ -161,8 +165,14 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 				}
 			}
 		case StatusPausing:
-			// The pause was cut short: the sandbox may well still run; then it simply stays running.
+			// The pause was cut short: the sandbox may well still run; then it simply stays running (thawed:
+			// the pause may have frozen it).
 			if err := cfg.Runtime.Recover(ctx, e.handle); err == nil {
+				if fk, ok := cfg.Runtime.(runtime.Forker); ok {
+					if err := fk.Thaw(ctx, e.handle); err != nil {
+						s.log.Warn("thaw a sandbox whose pause was interrupted", "sandbox", rec.ID, "err", err)
+					}
+				}
 				s.recoverAs(e, StatusRunning)
 				pi := s.pauseInfo(e)
 				pi.Error = "pause interrupted by a server restart"
@@ -188,6 +198,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.items[rec.ID] = e
 		loaded = append(loaded, e)
 	}
+	// What no record owns is left over from work the last server did not finish.
+	s.reclaim(ctx)
 	// Timers last: an overdue one fires at once, and its action changes s.items.
 	for _, e := range loaded {
 		s.armTimer(e)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/runtime"
 )
@@ -111,6 +112,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	}
 
 	r.log.Debug("fork phase", "phase", "children spawned", "ms", time.Since(start).Milliseconds())
+	crashpoint.Hit(crashpoint.ForkAfterChildren)
 	// 3. Fork the parent's interpreter, one child per target.
 	targets := make([]agent.ForkTarget, len(kids))
 	var nsFiles []*os.File
@@ -153,6 +155,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		}
 	}
 	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", time.Since(start).Milliseconds())
+	crashpoint.Hit(crashpoint.ForkAfterInterpreters)
 	// 4. Each child's agent waits for its interpreter to attach, then applies env and cwd.
 	errs := make([]error, len(kids))
 	for i, c := range kids {
