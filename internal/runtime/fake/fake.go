@@ -250,7 +250,8 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle
 	return r.handle(sb), nil
 }
 
-// Destroy forgets the sandbox and removes its layer. Destroying what does not exist is not an error.
+// Destroy forgets the sandbox and removes its layer (the handle's, when the runtime no longer knows the
+// sandbox). Destroying what does not exist is not an error.
 func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	if err := r.fault(ctx, "Destroy", h.ID); err != nil {
 		return err
@@ -267,7 +268,8 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 		sb.client.Close()
 		return os.RemoveAll(r.layerDir(sb.Layer))
 	}
-	return nil
+	// Works from the handle alone, as the real runtime's does: the layer of a sandbox it no longer knows.
+	return os.RemoveAll(r.layerDir(h.Layer()))
 }
 
 // Stop kills a sandbox's processes and keeps its layer (the service's optional Stop).
@@ -731,4 +733,60 @@ func (r *Runtime) Revive(ctx context.Context, h runtime.Handle, spec runtime.Spe
 	sb.Pid, sb.vars, sb.count = pid, map[string]string{}, 0
 	sb.mu.Unlock()
 	return sb.Handle(), nil
+}
+
+var _ runtime.Reclaimer = (*Runtime)(nil)
+
+// Reclaim implements runtime.Reclaimer: it forgets every sandbox that no running handle names (by id and pid),
+// counting the live ones as processes, and removes every layer directory that neither a running handle nor
+// owned.Layers names.
+func (r *Runtime) Reclaim(ctx context.Context, owned runtime.Owned) (runtime.Reclaimed, error) {
+	var res runtime.Reclaimed
+	if err := r.fault(ctx, "Reclaim", ""); err != nil {
+		return res, err
+	}
+	pids, keep := map[string]int{}, map[string]bool{}
+	for _, h := range owned.Running {
+		pids[h.ID] = h.AgentPid
+		keep[h.Layer()] = true
+	}
+	for _, l := range owned.Layers {
+		keep[l] = true
+	}
+	r.mu.Lock()
+	for id, sb := range r.sandboxes {
+		if !sb.dead && pids[id] == sb.Pid {
+			continue
+		}
+		if !sb.dead {
+			res.Processes++
+		}
+		delete(r.sandboxes, id)
+		sb.client.Close()
+	}
+	r.mu.Unlock()
+	ents, err := os.ReadDir(filepath.Join(r.dir, "layers"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return res, err
+	}
+	for _, e := range ents {
+		if keep[e.Name()] {
+			continue
+		}
+		if err := os.RemoveAll(r.layerDir(e.Name())); err != nil {
+			return res, err
+		}
+		res.Layers++
+	}
+	return res, nil
+}
+
+// Layers lists the layer directories that exist, for leak checks.
+func (r *Runtime) Layers() []string {
+	ents, _ := os.ReadDir(filepath.Join(r.dir, "layers"))
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
 }
