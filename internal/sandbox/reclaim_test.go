@@ -51,8 +51,7 @@ func TestRestartReclaimsWhatNoRecordOwns(t *testing.T) {
 	if _, _, err := e.svc.Pause(ctx, paused); err != nil {
 		t.Fatal(err)
 	}
-	pausedSnap := e.waitFor(paused, StatusPaused)
-	_ = pausedSnap
+	e.waitFor(paused, StatusPaused)
 	pausedKeys := e.snaps.Keys()
 
 	// A pause that dies half-way: the session is stored and the sandbox frozen when the server "crashes" (this

@@ -281,7 +281,7 @@ func (r *Runtime) Stop(ctx context.Context, h runtime.Handle) error {
 	return nil
 }
 
-// Recover succeeds when the sandbox is alive and is the one the handle names.
+// Recover succeeds when the sandbox is alive and is the one the handle names, and thaws it.
 func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if err := r.fault(ctx, "Recover", h.ID); err != nil {
 		return err
@@ -297,6 +297,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	case sb.Pid != h.AgentPid:
 		return errors.New("fake: a different sandbox has its id")
 	}
+	sb.frozen = false // as the real runtime does: a fork or pause cut short left it frozen
 	return nil
 }
 

@@ -448,7 +448,7 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	return nil
 }
 
-// Recover implements runtime.Runtime.
+// Recover implements runtime.Runtime. A sandbox found frozen (a fork or pause cut short) is thawed.
 func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if !alive(h.InitPid, h.InitStart) {
 		return errors.New("its family init is gone")
@@ -459,6 +459,10 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	cg, err := r.cfg.Cgroups.Load(h.CgroupName())
 	if err != nil {
 		return fmt.Errorf("cgroup: %w", err)
+	}
+	// A server killed while a fork or a pause had the sandbox frozen left it so: nothing else freezes it.
+	if err := cg.Thaw(ctx); err != nil {
+		return fmt.Errorf("thaw: %w", err)
 	}
 	netFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", h.AgentPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
