@@ -104,8 +104,21 @@ func crashDuring(t *testing.T, s *testserver.Server, point string, op func(ctx c
 }
 
 func TestCrashMidOperationLeavesNothingBehind(t *testing.T) {
+	// Another server on the same host, with its own data directory: its restarts' reclaims must not touch it.
+	other := testserver.Start(t, "--warm-pool", "0")
+	bystander := create(t, other, nil)
+	value(t, other, bystander, "x = 41; 1")
+	otherInv := other.Inventory()
 	s := testserver.Start(t, "--warm-pool", "0")
 	ctx := ctxT(t)
+	defer func() {
+		if got := other.Inventory(); fmt.Sprint(got) != fmt.Sprint(otherInv) {
+			t.Errorf("another server's resources changed: %+v, was %+v", got, otherInv)
+		}
+		if got := value(t, other, bystander, "x + 1"); got != "42" {
+			t.Errorf("another server's sandbox: x + 1 = %s", got)
+		}
+	}()
 	keep := create(t, s, nil)
 	value(t, s, keep, "x = 41; 1")
 	sh(t, s, keep, "echo kept > /root/f.txt")
