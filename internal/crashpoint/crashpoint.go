@@ -22,7 +22,8 @@ const (
 	PauseAfterLayer       = "pause-after-layer"        // the sandbox is frozen and its layer.tar stored, no manifest
 	SnapshotBeforePublish = "snapshot-before-publish"  // a local snapshot object is written in full to its temp file
 	ResumeAfterCreate     = "resume-after-create"      // the resumed sandbox runs, its record still says resuming
-	MergeAfterSwap        = "merge-after-swap"         // the runtime swapped, the records are not yet written
+	MergeAfterCommit      = "merge-after-commit"       // the merged records are written, the runtime has not swapped
+	MergeAfterSwap        = "merge-after-swap"         // the records are written and the runtime swapped
 	ForkPausedAfterCopies = "fork-paused-after-copies" // a paused sandbox's snapshot is copied for each child, no record
 )
 

@@ -117,6 +117,9 @@ type Forker interface {
 	// Swap makes parent's id drive winner's processes, file system and network from now on; the parent's old
 	// state is destroyed and winner's id is no longer known to the runtime. It returns the parent's new handle.
 	Swap(ctx context.Context, parent, winner Handle) (Handle, error)
+	// Rekeyed is the handle Swap(parent, winner) returns, known before it runs: the service records it first,
+	// so that a server killed around the swap restarts with the merge done (Recover takes it).
+	Rekeyed(parent, winner Handle) Handle
 	// UpperDir is the host directory holding the sandbox's writable layer's changes (overlay upper dir).
 	UpperDir(h Handle) string
 	// Freeze stops every process of the sandbox until Thaw (for a consistent copy of its layer).

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -168,4 +169,87 @@ func layerOf(t *testing.T, e *env, id string) string {
 		t.Fatalf("no entry for %s", id)
 	}
 	return en.handle.Layer()
+}
+
+// TestRestartFinishesAMergeCutShort: a merge records its outcome before the runtime swaps; a server killed in
+// between restarts with the merge done (the parent's id runs the winner's interpreter, the winner's id is gone)
+// and reclaims the parent's old sandbox.
+func TestRestartFinishesAMergeCutShort(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	parent := e.create()
+	e.run(parent, "x = parent")
+	fr, err := e.svc.Fork(ctx, parent, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	winner := fr.Children[0]
+	e.run(winner, "x = winner")
+	winnerLayer := e.rt.Get(winner).Layer
+	reached, release := make(chan struct{}), make(chan struct{})
+	e.rt.SetFault(func(ctx context.Context, method, id string) error {
+		if method == "Swap" {
+			close(reached)
+			<-release
+			return fmt.Errorf("the server was killed")
+		}
+		return nil
+	})
+	abandoned := e.svc
+	done := make(chan error, 1)
+	go func() { done <- abandoned.MergeInto(ctx, parent, winner) }()
+	<-reached
+	e.rt.SetFault(nil)
+	e.start()
+	t.Cleanup(func() { close(release); <-done; abandoned.Close() })
+
+	if got := e.status(parent); got != StatusRunning {
+		t.Fatalf("parent is %s after the restart", got)
+	}
+	if got := e.run(parent, "x"); got != "winner" {
+		t.Errorf("parent's x = %q after the restart, want the winner's", got)
+	}
+	if _, err := e.svc.Get(ctx, winner); err == nil {
+		t.Errorf("the winner's id still answers after the merge was finished")
+	}
+	if got := e.rt.IDs(); !slices.Equal(got, []string{parent}) {
+		t.Errorf("the runtime holds %v, want only %s", got, parent)
+	}
+	if got := e.rt.Layers(); !slices.Equal(got, []string{winnerLayer}) {
+		t.Errorf("layers %v, want only the winner's %s", got, winnerLayer)
+	}
+}
+
+// TestMergeWhoseSwapFailsKeepsBoth: the merge's records are written before the swap; a swap that fails puts
+// both back, in memory, in the store (a restart sees both) and in the retired ids (the winner's id is not
+// reported as merged).
+func TestMergeWhoseSwapFailsKeepsBoth(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	parent := e.create()
+	fr, err := e.svc.Fork(ctx, parent, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	winner := fr.Children[0]
+	e.rt.SetFault(func(ctx context.Context, method, id string) error {
+		if method == "Swap" {
+			return fmt.Errorf("swap refused")
+		}
+		return nil
+	})
+	if err := e.svc.MergeInto(ctx, parent, winner); err == nil {
+		t.Fatal("merge succeeded although the swap failed")
+	}
+	e.rt.SetFault(nil)
+	e.svc.Close()
+	e.start()
+	for _, id := range []string{parent, winner} {
+		if got := e.status(id); got != StatusRunning {
+			t.Errorf("%s is %s after a failed merge and a restart", id, got)
+		}
+	}
+	if err := e.svc.MergeInto(ctx, parent, winner); err != nil {
+		t.Fatalf("merge again: %v", err)
+	}
 }

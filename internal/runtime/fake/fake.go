@@ -289,6 +289,15 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	sb := r.sandboxes[h.ID]
+	if w := r.byPid(h.AgentPid); w != nil && w != sb && w.id() != h.ID && !w.dead {
+		// A re-keyed handle (a merge recorded before its swap ran): the winner now answers to h.ID.
+		delete(r.sandboxes, w.id())
+		w.mu.Lock()
+		w.ID = h.ID
+		w.mu.Unlock()
+		r.sandboxes[h.ID] = w
+		sb = w
+	}
 	switch {
 	case sb == nil:
 		return errors.New("fake: no such sandbox")
@@ -298,6 +307,16 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		return errors.New("fake: a different sandbox has its id")
 	}
 	sb.frozen = false // as the real runtime does: a fork or pause cut short left it frozen
+	return nil
+}
+
+// byPid finds the sandbox whose agent has pid. The caller holds r.mu.
+func (r *Runtime) byPid(pid int) *Sandbox {
+	for _, sb := range r.sandboxes {
+		if sb.Pid == pid {
+			return sb
+		}
+	}
 	return nil
 }
 
@@ -407,6 +426,14 @@ func (r *Runtime) Swap(ctx context.Context, parent, winner runtime.Handle) (runt
 	p.client.Close()
 	os.RemoveAll(r.layerDir(p.Layer))
 	return r.handle(w), nil
+}
+
+// Rekeyed is the handle Swap returns: the winner's under the parent's id.
+func (r *Runtime) Rekeyed(parent, winner runtime.Handle) runtime.Handle {
+	nh := winner
+	nh.ID = parent.ID
+	nh.LayerID = winner.Layer()
+	return nh
 }
 
 // UpperDir is the sandbox's layer directory.

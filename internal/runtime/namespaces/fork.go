@@ -233,11 +233,7 @@ func (r *Runtime) Swap(ctx context.Context, parent, winner runtime.Handle) (runt
 		return runtime.Handle{}, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
 	}
 	// Re-key first, under the lock: from here on, calls for parent.ID reach the winner's agent.
-	nh := wsb.h
-	nh.ID = parent.ID
-	nh.LayerID = winner.Layer()
-	nh.Cgroup = winner.CgroupName()
-	nh.Veth = vethOf(winner)
+	nh := r.Rekeyed(parent, wsb.h)
 	wsb.h = nh
 	r.sandboxes[parent.ID] = wsb
 	delete(r.sandboxes, winner.ID)
@@ -274,6 +270,17 @@ func (r *Runtime) Swap(ctx context.Context, parent, winner runtime.Handle) (runt
 		}
 	}()
 	return nh, nil
+}
+
+// Rekeyed implements runtime.Forker: the winner's handle under the parent's id, its resources keeping the
+// names they were created with.
+func (r *Runtime) Rekeyed(parent, winner runtime.Handle) runtime.Handle {
+	nh := winner
+	nh.ID = parent.ID
+	nh.LayerID = winner.Layer()
+	nh.Cgroup = winner.CgroupName()
+	nh.Veth = vethOf(winner)
+	return nh
 }
 
 // UpperDir implements runtime.Forker.
