@@ -232,13 +232,15 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	if _, ok := layer.LimiterOf(layers); !ok {
 		log.Warn("disk_mib is not enforced: the layer driver has no quotas", "driver", layers.Name(), "quota", layer.QuotaModeOf(layers))
 	}
-	// One cgroup parent per data directory, so that two servers on one host never touch each other's sandboxes.
+	// One cgroup parent per data directory, so that two servers on one host never touch each other's sandboxes;
+	// the same digest marks this server's family inits and host veths (what a restart may reclaim).
 	sum := sha256.Sum256([]byte(f.dataDir))
-	cg, err := cgroups.Detect("ramify/"+hex.EncodeToString(sum[:4]), log)
+	owner := hex.EncodeToString(sum[:4])
+	cg, err := cgroups.Detect("ramify/"+owner, log)
 	if err != nil {
 		return fmt.Errorf("cgroups: %w", err)
 	}
-	netw, err := network.New(ctx, network.Config{Bridge: f.bridge, CIDR: f.subnet, EgressAllow: splitList(f.egressAllow),
+	netw, err := network.New(ctx, network.Config{Bridge: f.bridge, CIDR: f.subnet, EgressAllow: splitList(f.egressAllow), Owner: owner,
 		// Sandboxes resolve through the image's resolv.conf (a copy of the host's for the default image).
 		Resolvers: network.ResolversFrom("/etc/resolv.conf", filepath.Join(img.Rootfs, "etc", "resolv.conf"))}, log)
 	if err != nil {
@@ -251,7 +253,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	}
 	defer st.Close()
 	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, ImageRootfs: img.Rootfs, Layers: layers,
-		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle})
+		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle, Owner: owner})
 	if err != nil {
 		return err
 	}
@@ -270,7 +272,9 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)
 	}
-	svc, err := sandbox.New(ctx, sandbox.Config{Snapshots: snaps, Store: st, Runtime: rt, IPs: netw, Logger: log,
+	// The default local store lives in the data directory, which the lock makes this server's alone.
+	exclusive := f.s3Endpoint == "" && f.snapshotDir == ""
+	svc, err := sandbox.New(ctx, sandbox.Config{Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
 		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool,
 		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit})
 	if err != nil {

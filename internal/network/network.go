@@ -60,6 +60,9 @@ type Config struct {
 	Resolvers []netip.Addr
 	// ResolveEvery is how often hostnames in egress lists are resolved again (default 60 s).
 	ResolveEvery time.Duration
+	// Owner, when set, marks this server's host veths (their interface alias is "ramify:" + Owner), so that
+	// Reclaim removes only this server's leftovers (serve passes a digest of its data directory).
+	Owner string
 
 	// lookup resolves a hostname (tests only; default net.DefaultResolver).
 	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
@@ -75,6 +78,7 @@ type Manager struct {
 	bridge string
 	table  string
 	pool   *pool
+	alias  string // the alias of this server's host veths ("" when Config.Owner is empty)
 
 	afterCreate func() error
 
@@ -154,7 +158,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 			return net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
 		}
 	}
-	m := &Manager{log: log.With("component", "network"), bridge: cfg.Bridge, table: cfg.table, pool: p,
+	m := &Manager{log: log.With("component", "network"), bridge: cfg.Bridge, table: cfg.table, pool: p, alias: aliasOf(cfg.Owner),
 		afterCreate: cfg.afterCreate, resolvers: cfg.Resolvers, ports: map[string]*port{},
 		names: map[string]*resolved{}, every: cfg.ResolveEvery, lookup: cfg.lookup, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := ctx.Err(); err != nil {
@@ -270,6 +274,11 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 	host, err := netlink.LinkByName(hostVeth)
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	if m.alias != "" {
+		if err := netlink.LinkSetAlias(host, m.alias); err != nil {
+			return fmt.Errorf("attach %s: set alias: %w", hostVeth, err)
+		}
 	}
 	if err := netlink.LinkSetMaster(host, br); err != nil {
 		return fmt.Errorf("attach %s: set master %s: %w", hostVeth, m.bridge, err)

@@ -117,6 +117,9 @@ type Forker interface {
 	// Swap makes parent's id drive winner's processes, file system and network from now on; the parent's old
 	// state is destroyed and winner's id is no longer known to the runtime. It returns the parent's new handle.
 	Swap(ctx context.Context, parent, winner Handle) (Handle, error)
+	// Rekeyed is the handle Swap(parent, winner) returns, known before it runs: the service records it first,
+	// so that a server killed around the swap restarts with the merge done (Recover takes it).
+	Rekeyed(parent, winner Handle) Handle
 	// UpperDir is the host directory holding the sandbox's writable layer's changes (overlay upper dir).
 	UpperDir(h Handle) string
 	// Freeze stops every process of the sandbox until Thaw (for a consistent copy of its layer).
@@ -142,4 +145,27 @@ type Healer interface {
 	// and a new agent and interpreter start with spec's limits, env, cwd and address. Files are kept; the
 	// interpreter's variables are not. It returns the sandbox's new handle.
 	Revive(ctx context.Context, h Handle, spec Spec) (Handle, error)
+}
+
+// Owned is what a server's records account for at start-up, after recovery: everything else of this server's
+// that a runtime finds is left over from work a crash cut short.
+type Owned struct {
+	// Running are the handles of the running sandboxes: their family init, agent, cgroup, veth and layer.
+	Running []Handle
+	// Layers are further layers to keep (sandboxes in error keep their files until they are deleted).
+	Layers []string
+}
+
+// Reclaimed counts what a Reclaim removed, by kind.
+type Reclaimed struct {
+	Processes int // family inits (their whole PID namespace dies with them) and stray agents
+	Cgroups   int
+	Veths     int // host veths and their nftables elements
+	Layers    int
+}
+
+// Reclaimer is implemented by runtimes that can find, at start-up, the resources of this server (and only of
+// this server: its data directory's) that no record owns, and remove them. It must be safe to run again.
+type Reclaimer interface {
+	Reclaim(ctx context.Context, owned Owned) (Reclaimed, error)
 }

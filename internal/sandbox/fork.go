@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/fsdiff"
 	"github.com/ramify-dev/ramify/internal/network"
@@ -188,34 +189,55 @@ func (s *Service) MergeInto(ctx context.Context, parentID, winnerID string) erro
 	p, w := es[0], es[1]
 	s.mu.Lock()
 	ph, wh := p.handle, w.handle
+	oldP, oldW := p.rec, w.rec
+	nh := fk.Rekeyed(ph, wh)
+	rec, spec := mergedRecord(p, w, nh)
 	s.mu.Unlock()
 
 	start := time.Now()
-	nh, err := fk.Swap(ctx, ph, wh)
-	if err != nil {
-		return fmt.Errorf("merge %s into %s: %w", winnerID, parentID, err)
-	}
-	hj, _ := json.Marshal(nh)
-	s.mu.Lock()
-	p.handle = nh
-	p.rec.Handle = hj
-	p.rec.IP, p.rec.Hostname, p.rec.FamilyID = w.rec.IP, w.rec.Hostname, w.rec.FamilyID
-	p.spec.Env, p.spec.Cwd = w.spec.Env, w.spec.Cwd
-	p.spec.VCPU, p.spec.MemMiB, p.spec.MaxProcs = w.spec.VCPU, w.spec.MemMiB, w.spec.MaxProcs
-	p.spec.Egress = w.spec.Egress // the winner's network (address and policy) is what now runs under the parent's id
-	p.rec.Spec = specJSON(p.spec, p.timeoutFrom)
-	rec := p.rec
-	s.retire(w)
+	// The records first (the commit point): a server killed from here on restarts with the merge done, the
+	// parent's id recovering the winner's processes, and reclaims the parent's old ones (see reclaim.go).
 	gone := store.Retired{ID: winnerID, MergedInto: parentID, At: time.Now()}
-	s.retired[winnerID] = gone
-	s.mu.Unlock()
 	if err := s.cfg.Store.Merge(ctx, rec, winnerID, gone.At); err != nil {
-		// The runtime already swapped; the records will be reconciled at the next start.
-		s.log.Error("merge: saving records failed", "sandbox", parentID, "winner", winnerID, "err", err)
 		return fmt.Errorf("merge %s into %s: save records: %w", winnerID, parentID, err)
 	}
+	crashpoint.Hit(crashpoint.MergeAfterCommit)
+	got, err := fk.Swap(ctx, ph, wh)
+	if err != nil {
+		if rerr := s.cfg.Store.UndoMerge(context.WithoutCancel(ctx), oldP, oldW); rerr != nil {
+			s.log.Error("merge failed and its records could not be restored", "sandbox", parentID, "winner", winnerID, "err", rerr)
+		}
+		return fmt.Errorf("merge %s into %s: %w", winnerID, parentID, err)
+	}
+	crashpoint.Hit(crashpoint.MergeAfterSwap)
+	if got != nh {
+		s.log.Warn("merge: the runtime's handle differs from the one recorded", "sandbox", parentID)
+		rec.Handle, _ = json.Marshal(got)
+		nh = got
+		s.cfg.Store.Put(context.WithoutCancel(ctx), rec) //nolint:errcheck // the in-memory state is right
+	}
+	s.mu.Lock()
+	// Field by field: rec.ID is read without s.mu (acquire), so it is never written.
+	p.handle, p.spec = nh, spec
+	p.rec.Handle, p.rec.Spec, p.rec.IP, p.rec.Hostname, p.rec.FamilyID = rec.Handle, rec.Spec, rec.IP, rec.Hostname, rec.FamilyID
+	s.retire(w)
+	s.retired[winnerID] = gone
+	s.mu.Unlock()
 	s.log.Info("sandbox merged", "sandbox", parentID, "winner", winnerID, "ms", time.Since(start).Milliseconds())
 	return nil
+}
+
+// mergedRecord is parent p's record and spec once winner w is merged into it with handle nh: the winner's
+// address, family, limits, env, cwd and network under the parent's id. The caller holds s.mu.
+func mergedRecord(p, w *entry, nh runtime.Handle) (store.Record, CreateRequest) {
+	rec, spec := p.rec, p.spec
+	rec.Handle, _ = json.Marshal(nh)
+	rec.IP, rec.Hostname, rec.FamilyID = w.rec.IP, w.rec.Hostname, w.rec.FamilyID
+	spec.Env, spec.Cwd = w.spec.Env, w.spec.Cwd
+	spec.VCPU, spec.MemMiB, spec.MaxProcs = w.spec.VCPU, w.spec.MemMiB, w.spec.MaxProcs
+	spec.Egress = w.spec.Egress              // the winner's network (address and policy) is what now runs under the parent's id
+	rec.Spec = specJSON(spec, p.timeoutFrom) // a keepalive's deadline stays the parent's
+	return rec, spec
 }
 
 // DefaultDiffPaths are compared when a diff names none.

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/layertar"
 	"github.com/ramify-dev/ramify/internal/runtime"
@@ -213,6 +214,7 @@ func (s *Service) pause(e *entry) {
 		return
 	}
 	s.log.Debug("pause phase", "sandbox", id, "phase", "session saved", "ms", ms(time.Since(start)))
+	crashpoint.Hit(crashpoint.PauseAfterSession)
 	if err := fk.Freeze(ctx, h); err != nil {
 		fail(fmt.Errorf("freeze: %w", err))
 		return
@@ -226,6 +228,7 @@ func (s *Service) pause(e *entry) {
 	}
 	m.Parts["layer.tar"] = layerPart
 	s.log.Debug("pause phase", "sandbox", id, "phase", "layer saved", "ms", ms(time.Since(start)))
+	crashpoint.Hit(crashpoint.PauseAfterLayer)
 	mb, _ := json.MarshalIndent(m, "", "  ")
 	if _, err := s.cfg.Snapshots.Put(ctx, prefix+"manifest.json", bytesReader(mb)); err != nil {
 		fail(fmt.Errorf("write manifest: %w", err))
@@ -494,6 +497,7 @@ func (s *Service) resume(e *entry) {
 		return
 	}
 	s.log.Debug("resume phase", "sandbox", id, "phase", "sandbox created", "ms", ms(time.Since(start)))
+	crashpoint.Hit(crashpoint.ResumeAfterCreate)
 	c, err := s.cfg.Runtime.Agent(id)
 	var notRestored []agent.Skipped
 	switch {
@@ -642,6 +646,7 @@ func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused b
 			ForkedFrom: parent.ID, Hostname: hostnameOf(cid), CreatedAt: time.Now().UTC(),
 			Spec: childSpec, Snapshot: prefix, Pause: parent.Pause}}
 	}
+	crashpoint.Hit(crashpoint.ForkPausedAfterCopies)
 	// The children are held until their records are saved: no call on one can start before it exists.
 	var held []*entry
 	releaseKids := func() {

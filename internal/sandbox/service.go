@@ -40,6 +40,10 @@ type Config struct {
 	WarmPool int
 	// Snapshots is where pauses write their snapshots (nil: pause is unavailable).
 	Snapshots snapstore.Store
+	// SnapshotsExclusive says that no other server uses Snapshots (the default local store in the data
+	// directory): at start, snapshots of sandboxes this server has no record of, and temporary files of
+	// unfinished writes, are removed too (see reclaim.go).
+	SnapshotsExclusive bool
 	// DiskMiB is the disk quota of sandboxes created without disk_mib (0: DefaultDiskMiB).
 	DiskMiB int
 	// CloseTimeout bounds how long Close waits for background work (pauses, resumes, timeout actions, the
@@ -133,6 +137,16 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.retired[r.ID] = r
 	}
 	var loaded []*entry
+	// Leftovers are stopped once every record has been recovered: stopping one earlier could take for the last
+	// member of its family a sandbox whose live siblings are not recovered yet, and kill their family init.
+	var stops []func()
+	stopLater := func(e *entry) {
+		h := e.handle
+		if h.ID == "" {
+			h.ID, h.FamilyID = e.rec.ID, e.rec.FamilyID // interrupted before it had a handle
+		}
+		stops = append(stops, func() { s.stopQuietly(e.rec.ID, h) })
+	}
 	for _, rec := range recs {
 		e := &entry{rec: rec}
 		json.Unmarshal(rec.Spec, &e.spec) //nolint:errcheck // written by us
@@ -155,7 +169,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		case StatusRunning:
 			if err := cfg.Runtime.Recover(ctx, e.handle); err != nil {
 				s.log.Warn("sandbox did not survive the restart", "sandbox", rec.ID, "err", err)
-				s.stopQuietly(e)
+				stopLater(e)
 				s.recoverAs(e, StatusError)
 				e.rec.Error = "lost when the server restarted: " + err.Error()
 				cfg.Store.Put(ctx, e.rec) //nolint:errcheck // best effort; the in-memory state is right
@@ -169,7 +183,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 				}
 			}
 		case StatusPausing:
-			// The pause was cut short: the sandbox may well still run; then it simply stays running.
+			// The pause was cut short: the sandbox may well still run; then it simply stays running (Recover
+			// thaws it if the pause had frozen it).
 			if err := cfg.Runtime.Recover(ctx, e.handle); err == nil {
 				s.recoverAs(e, StatusRunning)
 				pi := s.pauseInfo(e)
@@ -177,18 +192,18 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 				s.setPauseInfo(e, pi)
 			} else if rec.Snapshot != "" {
 				// The snapshot was complete and the sandbox already freed: it is paused.
-				s.stopQuietly(e)
+				stopLater(e)
 				s.recoverAs(e, StatusPaused)
 				e.rec.Handle, e.handle = nil, runtime.Handle{}
 			} else {
-				s.stopQuietly(e)
+				stopLater(e)
 				s.recoverAs(e, StatusError)
 				e.rec.Error = "interrupted by a server restart while pausing: " + err.Error()
 			}
 			cfg.Store.Put(ctx, e.rec) //nolint:errcheck
 		case StatusCreating, StatusResuming:
 			// Interrupted half-way by the restart: nothing usable is left.
-			s.stopQuietly(e)
+			stopLater(e)
 			s.recoverAs(e, StatusError)
 			e.rec.Error = "interrupted by a server restart while " + rec.Status
 			cfg.Store.Put(ctx, e.rec) //nolint:errcheck
@@ -196,6 +211,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.items[rec.ID] = e
 		loaded = append(loaded, e)
 	}
+	for _, stop := range stops {
+		stop()
+	}
+	// What no record owns is left over from work the last server did not finish.
+	s.reclaim(ctx)
 	// Timers last: an overdue one fires at once, and its action changes s.items.
 	for _, e := range loaded {
 		s.armTimer(e)
@@ -259,16 +279,12 @@ func (s *Service) retire(e *entry) {
 }
 
 // stopQuietly kills whatever may be left of a sandbox's processes, keeping its layer so its files are not lost.
-func (s *Service) stopQuietly(e *entry) {
-	h := e.handle
-	if h.ID == "" {
-		h.ID, h.FamilyID = e.rec.ID, e.rec.FamilyID // interrupted before it had a handle
-	}
+func (s *Service) stopQuietly(id string, h runtime.Handle) {
 	if st, ok := s.cfg.Runtime.(interface {
 		Stop(context.Context, runtime.Handle) error
 	}); ok {
 		if err := st.Stop(context.Background(), h); err != nil {
-			s.log.Warn("stop leftovers", "sandbox", e.rec.ID, "err", err)
+			s.log.Warn("stop leftovers", "sandbox", id, "err", err)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 )
 
@@ -116,6 +117,7 @@ func (l *Local) publish(ctx context.Context, key string, fill func(*os.File) (in
 	if err := f.Sync(); err != nil {
 		return Object{}, fmt.Errorf("put %s: fsync: %w", key, err)
 	}
+	crashpoint.Hit(crashpoint.SnapshotBeforePublish)
 	useSidecar := false
 	if err := unix.Fsetxattr(int(f.Fd()), sha256Xattr, []byte(sum), 0); err != nil {
 		if !errors.Is(err, unix.ENOTSUP) {
@@ -434,6 +436,26 @@ func (l *Local) List(ctx context.Context, prefix string) ([]Object, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// RemoveTemps removes every temporary file of an unfinished Put, Copy or checksum record, and returns how many
+// there were. Only for a store no other process writes to (the data directory's own, at start-up): another
+// writer's temporary files would go too.
+func (l *Local) RemoveTemps() (int, error) {
+	ents, err := os.ReadDir(path.Join(l.dir, tmpDir))
+	if err != nil {
+		return 0, fmt.Errorf("remove temporary files: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, e := range ents {
+		if err := l.root.RemoveAll(tmpDir + "/" + e.Name()); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
 }
 
 // tmpObjects lists the temporary files of unfinished Puts (for tests).

@@ -49,6 +49,25 @@ func (s *Store) Merge(ctx context.Context, parent Record, winnerID string, at ti
 	return tx.Commit()
 }
 
+// UndoMerge reverts a Merge whose swap failed, in one transaction: both records as they were, the winner's id
+// no longer remembered as merged.
+func (s *Store) UndoMerge(ctx context.Context, parent, winner Record) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	for _, r := range []Record{parent, winner} {
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`, args(r)...); err != nil {
+			return fmt.Errorf("restore sandbox %s: %w", r.ID, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM retired WHERE id = ?`, winner.ID); err != nil {
+		return fmt.Errorf("forget retired sandbox %s: %w", winner.ID, err)
+	}
+	return tx.Commit()
+}
+
 // Retire deletes a sandbox's record and remembers its id as deleted, for reason.
 func (s *Store) Retire(ctx context.Context, id, reason string, at time.Time) error {
 	tx, err := s.db.BeginTx(ctx, nil)

@@ -37,7 +37,9 @@ type Server struct {
 	cmd    *exec.Cmd
 	logf   *os.File
 	bridge string
-	extra  []*os.File // descriptors the server inherits (see StartInheriting)
+	extra  []*os.File    // descriptors the server inherits (see StartInheriting)
+	env    []string      // added to the server's environment (RestartCrashingAt)
+	exited chan struct{} // closed when the server process has exited
 }
 
 var seq atomic.Int32
@@ -99,7 +101,11 @@ func start(t testing.TB, bin string, files []*os.File, extraArgs []string) *Serv
 	return s
 }
 
-func (s *Server) start() {
+func (s *Server) start() { s.startMayExit(false) }
+
+// startMayExit starts the server; when mayExit, a server that exits before it is ready (a crash point on the
+// start-up path) is not a failure: s.cmd is then nil.
+func (s *Server) startMayExit(mayExit bool) {
 	t := s.t
 	ready := filepath.Join(s.DataDir, "ready")
 	os.Remove(ready)
@@ -110,13 +116,14 @@ func (s *Server) start() {
 	s.logf = logf
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "RAMIFY_READY_FILE="+ready)
+	cmd.Env = append(append(os.Environ(), "RAMIFY_READY_FILE="+ready), s.env...)
 	cmd.ExtraFiles = s.extra
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	s.cmd = cmd
 	exited := make(chan struct{})
+	s.exited = exited
 	go func() { cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -126,6 +133,11 @@ func (s *Server) start() {
 		}
 		select {
 		case <-exited:
+			if mayExit {
+				s.cmd = nil
+				logf.Close()
+				return
+			}
 			t.Fatalf("server exited at start:\n%s", s.Log())
 		default:
 		}
@@ -222,10 +234,37 @@ func (s *Server) Kill() {
 // Restart starts the server again on the same data directory (a new port).
 func (s *Server) Restart() {
 	s.Stop()
+	s.env = nil
 	s.start()
 }
 
+// RestartCrashingAt restarts the server (stopping it first) with RAMIFY_TEST_CRASH_AT=point: it kills itself
+// with SIGKILL when it reaches that point of an operation (see internal/crashpoint). A point on the start-up
+// path (a warm-pool fill) may kill it before it is ready; WaitCrash then returns at once.
+func (s *Server) RestartCrashingAt(point string) {
+	s.Stop()
+	s.env = []string{"RAMIFY_TEST_CRASH_AT=" + point}
+	s.startMayExit(true)
+}
+
+// WaitCrash waits (up to d) for a server started by RestartCrashingAt to kill itself, and fails the test if it
+// does not.
+func (s *Server) WaitCrash(d time.Duration) {
+	s.t.Helper()
+	if s.cmd == nil {
+		return
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(d):
+		s.t.Fatalf("the server did not reach its crash point within %s:\n%s", d, tail(s.Log(), 40))
+	}
+	s.cmd = nil
+	s.logf.Close()
+}
+
 func (s *Server) cleanup() {
+	s.env = nil
 	if s.cmd == nil && s.Client != nil {
 		// Stopped or killed by the test: start it again so that it destroys what it still has.
 		s.start()

@@ -171,7 +171,7 @@ func TestMergeInto(t *testing.T) {
 		t.Fatalf("winner after merge: %v", err)
 	}
 	code, body = raw(t, s, "POST", "/v1/sandboxes/"+parent+"/merge_into/"+winner, s.Key, nil)
-	wantError(t, code, body, 404, "sandbox not found")
+	wantError(t, code, body, 404, "sandbox "+winner+" was merged into "+parent)
 	// Siblings are untouched.
 	for _, k := range []string{kids[0], kids[2]} {
 		if v := value(t, s, k, "x"); v != "'parent'" {

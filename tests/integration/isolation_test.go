@@ -230,7 +230,7 @@ func TestBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, body = raw(t, s, "DELETE", "/v1/sandboxes/"+id, s.Key, nil)
-	wantError(t, code, body, 404, "sandbox not found")
+	wantError(t, code, body, 404, "sandbox "+id+" was deleted at")
 	code, _ = raw(t, s, "GET", "/healthz", "", nil)
 	if code != http.StatusOK {
 		t.Fatalf("healthz %d", code)

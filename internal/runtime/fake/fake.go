@@ -250,7 +250,8 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Handle
 	return r.handle(sb), nil
 }
 
-// Destroy forgets the sandbox and removes its layer. Destroying what does not exist is not an error.
+// Destroy forgets the sandbox and removes its layer (the handle's, when the runtime no longer knows the
+// sandbox). Destroying what does not exist is not an error.
 func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	if err := r.fault(ctx, "Destroy", h.ID); err != nil {
 		return err
@@ -267,7 +268,8 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 		sb.client.Close()
 		return os.RemoveAll(r.layerDir(sb.Layer))
 	}
-	return nil
+	// Works from the handle alone, as the real runtime's does: the layer of a sandbox it no longer knows.
+	return os.RemoveAll(r.layerDir(h.Layer()))
 }
 
 // Stop kills a sandbox's processes and keeps its layer (the service's optional Stop).
@@ -279,7 +281,7 @@ func (r *Runtime) Stop(ctx context.Context, h runtime.Handle) error {
 	return nil
 }
 
-// Recover succeeds when the sandbox is alive and is the one the handle names.
+// Recover succeeds when the sandbox is alive and is the one the handle names, and thaws it.
 func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if err := r.fault(ctx, "Recover", h.ID); err != nil {
 		return err
@@ -287,6 +289,15 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	sb := r.sandboxes[h.ID]
+	if w := r.byPid(h.AgentPid); w != nil && w != sb && w.id() != h.ID && !w.dead {
+		// A re-keyed handle (a merge recorded before its swap ran): the winner now answers to h.ID.
+		delete(r.sandboxes, w.id())
+		w.mu.Lock()
+		w.ID = h.ID
+		w.mu.Unlock()
+		r.sandboxes[h.ID] = w
+		sb = w
+	}
 	switch {
 	case sb == nil:
 		return errors.New("fake: no such sandbox")
@@ -294,6 +305,17 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		return errors.New("fake: its processes are gone")
 	case sb.Pid != h.AgentPid:
 		return errors.New("fake: a different sandbox has its id")
+	}
+	sb.frozen = false // as the real runtime does: a fork or pause cut short left it frozen
+	return nil
+}
+
+// byPid finds the sandbox whose agent has pid. The caller holds r.mu.
+func (r *Runtime) byPid(pid int) *Sandbox {
+	for _, sb := range r.sandboxes {
+		if sb.Pid == pid {
+			return sb
+		}
 	}
 	return nil
 }
@@ -404,6 +426,14 @@ func (r *Runtime) Swap(ctx context.Context, parent, winner runtime.Handle) (runt
 	p.client.Close()
 	os.RemoveAll(r.layerDir(p.Layer))
 	return r.handle(w), nil
+}
+
+// Rekeyed is the handle Swap returns: the winner's under the parent's id.
+func (r *Runtime) Rekeyed(parent, winner runtime.Handle) runtime.Handle {
+	nh := winner
+	nh.ID = parent.ID
+	nh.LayerID = winner.Layer()
+	return nh
 }
 
 // UpperDir is the sandbox's layer directory.
@@ -731,4 +761,60 @@ func (r *Runtime) Revive(ctx context.Context, h runtime.Handle, spec runtime.Spe
 	sb.Pid, sb.vars, sb.count = pid, map[string]string{}, 0
 	sb.mu.Unlock()
 	return sb.Handle(), nil
+}
+
+var _ runtime.Reclaimer = (*Runtime)(nil)
+
+// Reclaim implements runtime.Reclaimer: it forgets every sandbox that no running handle names (by id and pid),
+// counting the live ones as processes, and removes every layer directory that neither a running handle nor
+// owned.Layers names.
+func (r *Runtime) Reclaim(ctx context.Context, owned runtime.Owned) (runtime.Reclaimed, error) {
+	var res runtime.Reclaimed
+	if err := r.fault(ctx, "Reclaim", ""); err != nil {
+		return res, err
+	}
+	pids, keep := map[string]int{}, map[string]bool{}
+	for _, h := range owned.Running {
+		pids[h.ID] = h.AgentPid
+		keep[h.Layer()] = true
+	}
+	for _, l := range owned.Layers {
+		keep[l] = true
+	}
+	r.mu.Lock()
+	for id, sb := range r.sandboxes {
+		if !sb.dead && pids[id] == sb.Pid {
+			continue
+		}
+		if !sb.dead {
+			res.Processes++
+		}
+		delete(r.sandboxes, id)
+		sb.client.Close()
+	}
+	r.mu.Unlock()
+	ents, err := os.ReadDir(filepath.Join(r.dir, "layers"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return res, err
+	}
+	for _, e := range ents {
+		if keep[e.Name()] {
+			continue
+		}
+		if err := os.RemoveAll(r.layerDir(e.Name())); err != nil {
+			return res, err
+		}
+		res.Layers++
+	}
+	return res, nil
+}
+
+// Layers lists the layer directories that exist, for leak checks.
+func (r *Runtime) Layers() []string {
+	ents, _ := os.ReadDir(filepath.Join(r.dir, "layers"))
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
 }

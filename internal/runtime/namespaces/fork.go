@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/runtime"
 )
@@ -111,6 +112,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	}
 
 	r.log.Debug("fork phase", "phase", "children spawned", "ms", time.Since(start).Milliseconds())
+	crashpoint.Hit(crashpoint.ForkAfterChildren)
 	// 3. Fork the parent's interpreter, one child per target.
 	targets := make([]agent.ForkTarget, len(kids))
 	var nsFiles []*os.File
@@ -153,6 +155,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		}
 	}
 	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", time.Since(start).Milliseconds())
+	crashpoint.Hit(crashpoint.ForkAfterInterpreters)
 	// 4. Each child's agent waits for its interpreter to attach, then applies env and cwd.
 	errs := make([]error, len(kids))
 	for i, c := range kids {
@@ -230,11 +233,7 @@ func (r *Runtime) Swap(ctx context.Context, parent, winner runtime.Handle) (runt
 		return runtime.Handle{}, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
 	}
 	// Re-key first, under the lock: from here on, calls for parent.ID reach the winner's agent.
-	nh := wsb.h
-	nh.ID = parent.ID
-	nh.LayerID = winner.Layer()
-	nh.Cgroup = winner.CgroupName()
-	nh.Veth = vethOf(winner)
+	nh := r.Rekeyed(parent, wsb.h)
 	wsb.h = nh
 	r.sandboxes[parent.ID] = wsb
 	delete(r.sandboxes, winner.ID)
@@ -271,6 +270,17 @@ func (r *Runtime) Swap(ctx context.Context, parent, winner runtime.Handle) (runt
 		}
 	}()
 	return nh, nil
+}
+
+// Rekeyed implements runtime.Forker: the winner's handle under the parent's id, its resources keeping the
+// names they were created with.
+func (r *Runtime) Rekeyed(parent, winner runtime.Handle) runtime.Handle {
+	nh := winner
+	nh.ID = parent.ID
+	nh.LayerID = winner.Layer()
+	nh.Cgroup = winner.CgroupName()
+	nh.Veth = vethOf(winner)
+	return nh
 }
 
 // UpperDir implements runtime.Forker.

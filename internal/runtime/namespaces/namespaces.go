@@ -23,6 +23,7 @@ import (
 
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/cgroups"
+	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/layer"
 	"github.com/ramify-dev/ramify/internal/network"
@@ -53,6 +54,10 @@ type Config struct {
 	SpareAgents int
 	// SpareIdle is how long an unused spare agent lives (0: until its family ends).
 	SpareIdle time.Duration
+	// Owner names this server among others on the host (serve passes a digest of the data directory). Family
+	// inits carry it in their command line, so that Reclaim kills only this server's orphans; "" turns the
+	// process scan off.
+	Owner string
 }
 
 // Runtime is the namespaces runtime.
@@ -120,7 +125,7 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 		return nil, err
 	}
 	defer logw.Close()
-	cmd := exec.Command(execPath(r.bin), "__init")
+	cmd := exec.Command(execPath(r.bin), initArgs(r.cfg.Owner)...)
 	cmd.Args[0] = "ramify"
 	cmd.Stdout, cmd.Stderr = logw, logw
 	cmd.Env = []string{"GOMAXPROCS=1", "GOGC=50"}
@@ -318,6 +323,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		return runtime.Handle{}, fmt.Errorf("create layer: %w", err)
 	}
 	undo.add(func() { r.cfg.Layers.Remove(context.Background(), spec.ID) })
+	crashpoint.Hit(crashpoint.CreateAfterLayer)
 	if err := prepareLayer(dir); err != nil {
 		return runtime.Handle{}, fmt.Errorf("prepare layer: %w", err)
 	}
@@ -339,6 +345,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err != nil {
 		return runtime.Handle{}, err
 	}
+	crashpoint.Hit(crashpoint.CreateAfterSpawn)
 	return sb.h, nil
 }
 
@@ -441,7 +448,7 @@ func (r *Runtime) Destroy(ctx context.Context, h runtime.Handle) error {
 	return nil
 }
 
-// Recover implements runtime.Runtime.
+// Recover implements runtime.Runtime. A sandbox found frozen (a fork or pause cut short) is thawed.
 func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if !alive(h.InitPid, h.InitStart) {
 		return errors.New("its family init is gone")
@@ -452,6 +459,10 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	cg, err := r.cfg.Cgroups.Load(h.CgroupName())
 	if err != nil {
 		return fmt.Errorf("cgroup: %w", err)
+	}
+	// A server killed while a fork or a pause had the sandbox frozen left it so: nothing else freezes it.
+	if err := cg.Thaw(ctx); err != nil {
+		return fmt.Errorf("thaw: %w", err)
 	}
 	netFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", h.AgentPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {

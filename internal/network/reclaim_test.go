@@ -1,0 +1,65 @@
+package network
+
+import (
+	"context"
+	"slices"
+	"sort"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+)
+
+// TestReclaimOnlyOwnPorts: Reclaim detaches the marked ports keep does not claim (veth and nftables elements),
+// keeps the claimed one, and leaves a veth marked as another server's, and one not marked at all, alone; a
+// second run finds nothing.
+func TestReclaimOnlyOwnPorts(t *testing.T) {
+	m := newTestManager(t, func(c *Config) { c.Owner = "owner-a" })
+	names := map[string]string{}
+	for _, role := range []string{"kept", "leftover", "other", "unmarked"} {
+		ns := newNetns(t)
+		ip, err := m.Allocate(nil) // round-robin: a new address each time
+		if err != nil {
+			t.Fatal(err)
+		}
+		veth := VethName("sbx_" + role)
+		t.Cleanup(func() { _ = m.Detach(veth) })
+		if err := m.Attach(context.Background(), int(ns), ip, veth, nil); err != nil {
+			t.Fatalf("attach %s: %v", role, err)
+		}
+		names[role] = veth
+	}
+	// As another server, or an older version, would have left them.
+	other, _ := netlink.LinkByName(names["other"])
+	if err := netlink.LinkSetAlias(other, "ramify:owner-b"); err != nil {
+		t.Fatal(err)
+	}
+	unmarked, _ := netlink.LinkByName(names["unmarked"])
+	if err := netlink.LinkSetAlias(unmarked, ""); err != nil {
+		t.Fatal(err)
+	}
+	keep := func(v string) bool { return v == names["kept"] }
+	n, err := m.Reclaim(keep)
+	if err != nil || n != 1 {
+		t.Fatalf("Reclaim = %d, %v; want 1 (the leftover)", n, err)
+	}
+	var left []string
+	for role, v := range names {
+		if _, err := netlink.LinkByName(v); err == nil {
+			left = append(left, role)
+		}
+	}
+	sort.Strings(left)
+	if want := []string{"kept", "other", "unmarked"}; !slices.Equal(left, want) {
+		t.Errorf("veths left: %v, want %v", left, want)
+	}
+	m.nftMu.Lock()
+	_, stillPinned := m.ports[names["leftover"]]
+	_, keptPinned := m.ports[names["kept"]]
+	m.nftMu.Unlock()
+	if stillPinned || !keptPinned {
+		t.Errorf("nftables ports: leftover pinned %v, kept pinned %v", stillPinned, keptPinned)
+	}
+	if n, err := m.Reclaim(keep); err != nil || n != 0 {
+		t.Errorf("second Reclaim = %d, %v; want 0", n, err)
+	}
+}
