@@ -168,6 +168,12 @@ func (m *Manager) dropPort(hostVeth string) error {
 	}
 	delete(m.ports, hostVeth)
 	err := m.replace([]*port{p}, nil)
+	if err != nil {
+		// One batch is all or nothing: an element already gone (ENOENT) would keep every other one in the
+		// kernel, untracked from now on. Delete them one by one, each in its own batch, so only the absent
+		// ones fail.
+		err = m.deleteEach(p)
+	}
 	m.nftMu.Unlock()
 	if err != nil {
 		return err
@@ -252,6 +258,31 @@ func (m *Manager) replace(old []*port, np *port) error {
 		return fmt.Errorf("nftables elements: %w", err)
 	}
 	return nil
+}
+
+// deleteEach removes p's elements one batch each; an element that is not there is not an error. Called with
+// nftMu held.
+func (m *Manager) deleteEach(p *port) error {
+	var errs []error
+	del := func(set *nftables.Set, es ...nftables.SetElement) {
+		for _, e := range es {
+			if err := m.nft.SetDeleteElements(set, []nftables.SetElement{e}); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if err := m.nft.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("nftables element of %s: %w", p.veth, err))
+			}
+		}
+	}
+	del(m.sets.pins, p.pin)
+	del(m.sets.members, nftables.SetElement{Key: ifname(p.veth)})
+	if p.custom {
+		del(m.sets.custom, nftables.SetElement{Key: p.ip.AsSlice()})
+	}
+	del(m.sets.anyS, p.anyE...)
+	del(m.sets.port, p.portE...)
+	return errors.Join(errs...)
 }
 
 // resolveHosts returns the addresses of each hostname: from the cache when younger than the refresh period (or

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 )
 
@@ -61,5 +62,39 @@ func TestReclaimOnlyOwnPorts(t *testing.T) {
 	}
 	if n, err := m.Reclaim(keep); err != nil || n != 0 {
 		t.Errorf("second Reclaim = %d, %v; want 0", n, err)
+	}
+}
+
+// Detach removes a port's nftables elements even when one of them is already gone: deleting them in one batch
+// would fail whole (ENOENT) and leave the others in the kernel, untracked.
+func TestDetachWhenAnElementIsAlreadyGone(t *testing.T) {
+	m := newTestManager(t, nil)
+	ns := newNetns(t)
+	ip, err := m.Allocate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	veth := VethName("sbx_00112233445566778899aabbccddeeff")
+	t.Cleanup(func() { _ = m.Detach(veth) })
+	if err := m.Attach(context.Background(), int(ns), ip, veth, []string{"203.0.113.0/24"}); err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetDeleteElements(m.sets.members, []nftables.SetElement{{Key: ifname(veth)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("remove the members element behind the manager's back: %v", err)
+	}
+	if err := m.Detach(veth); err != nil {
+		t.Fatalf("Detach: %v", err)
+	}
+	for name, s := range map[string]*nftables.Set{"pins": m.sets.pins, "custom": m.sets.custom, "any": m.sets.anyS, "members": m.sets.members} {
+		if els := elementsOf(t, m, s); len(els) != 0 {
+			t.Errorf("%s set after Detach: %d elements left", name, len(els))
+		}
 	}
 }
