@@ -152,9 +152,21 @@ def _restore_env(saved):
             os.environ[k] = v
 
 
+def _dedent(code):
+    """A cell whose first line is indented (code pasted from an indented block, a triple-quoted string in the
+    caller's program) loses that indentation on every line that starts with it, as IPython does for a cell."""
+    lines = code.splitlines(True)
+    first = next((line for line in lines if line.strip()), "")
+    indent = first[: len(first) - len(first.lstrip(" \t"))]
+    if not indent:
+        return code
+    return "".join(line[len(indent):] if line.startswith(indent) else line for line in lines)
+
+
 def _run(code, env=None):
     global _count
     _count += 1
+    code = _dedent(code)
     value = None
     error = None
     out, err = sys.stdout, sys.stderr

@@ -156,7 +156,12 @@ var errBodyTimeout = errors.New("request body not received in time")
 
 func (s *Server) auth(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Authorization: Bearer <key>, or X-Api-Key: <key> as the reference's examples send it.
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			got = r.Header.Get("X-Api-Key")
+			ok = got != ""
+		}
 		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(s.key)) != 1 {
 			writeError(w, errdefs.New(errdefs.ErrUnauthorized, "invalid api key"))
 			return

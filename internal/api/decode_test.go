@@ -218,3 +218,27 @@ func TestLongHandlerAfterBody(t *testing.T) {
 		t.Fatalf("status %d: the request's context was cancelled after its body was read", resp.StatusCode)
 	}
 }
+
+// The key is accepted as "Authorization: Bearer <key>" or "X-Api-Key: <key>"; anything else is 401.
+func TestAuthHeaders(t *testing.T) {
+	s := newTestServer()
+	for _, c := range []struct {
+		name, header, value string
+		want                int
+	}{
+		{"bearer", "Authorization", "Bearer key", http.StatusBadRequest},
+		{"x-api-key", "X-Api-Key", "key", http.StatusBadRequest},
+		{"wrong x-api-key", "X-Api-Key", "nope", http.StatusUnauthorized},
+		{"basic", "Authorization", "Basic key", http.StatusUnauthorized},
+		{"none", "X-Other", "key", http.StatusUnauthorized},
+	} {
+		// A fork with a bad n: 400 once authenticated, decided before the (absent) service is called.
+		req := httptest.NewRequest("POST", "/v1/sandboxes/sbx_0123456789abcdef0123456789abcdef/fork", strings.NewReader(`{"n": 0}`))
+		req.Header.Set(c.header, c.value)
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		if rec.Code != c.want {
+			t.Errorf("%s: %d %s, want %d", c.name, rec.Code, rec.Body, c.want)
+		}
+	}
+}

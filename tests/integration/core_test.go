@@ -270,3 +270,16 @@ func TestLargeFileStreams(t *testing.T) {
 		t.Logf("server peak RSS %d MiB", hwm)
 	}
 }
+
+// A cell pasted from an indented block (a triple-quoted string in the caller's program) runs, as in a notebook:
+// its common leading whitespace is removed; a string inside it that is less indented keeps its text.
+func TestIndentedCellRuns(t *testing.T) {
+	s := testserver.Start(t)
+	id := create(t, s, nil)
+	if v := value(t, s, id, "\n    import math\n    def f(x):\n        return x + 1\n    f(math.floor(1.5))\n"); v != "2" {
+		t.Errorf("indented cell: %s", v)
+	}
+	if v := value(t, s, id, "\n    s = '''a\nb'''\n    s"); v != "'a\\nb'" {
+		t.Errorf("indented cell with a string at column 0: %s", v)
+	}
+}

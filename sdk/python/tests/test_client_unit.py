@@ -580,6 +580,19 @@ class TestForkMergeDiff(StubTestCase):
         self.stub.on("POST", SBX + "/run_code", Reply(200, {"value": "1", "execution_count": 1}))
         self.assertEqual(parent.run_code("1").value, "1")
 
+    def test_retired_ids_map_to_sandbox_errors(self):
+        from ramify.exceptions import error_for_status
+
+        wid, pid = "sbx_" + "b" * 32, "sbx_" + "a" * 32
+        merged = error_for_status(404, f"sandbox {wid} was merged into {pid} at 2026-11-23T13:05:00Z; use id {pid}", file_route=True)
+        self.assertIsInstance(merged, SandboxDefunct)
+        self.assertIsInstance(merged, SandboxNotFound)  # except SandboxNotFound catches a second merge_into
+        deleted = error_for_status(404, f"sandbox {wid} was deleted at 2026-11-23T13:05:00Z", file_route=True)
+        self.assertIs(type(deleted), SandboxNotFound)
+        self.assertIs(type(error_for_status(404, "sandbox not found", file_route=True)), SandboxNotFound)
+        self.assertIsInstance(error_for_status(404, "/root/x: no such file or directory", file_route=True), FileNotFound)
+        self.assertTrue(issubclass(SandboxDefunct, SandboxNotFound))
+
     def test_merge_into_errors(self):
         self.stub.on("POST", SBX + "/merge_into/(sbx_[a-z0-9]+)", Reply(400, {"error": "cannot merge a sandbox into itself"}))
         parent = self.sandbox()

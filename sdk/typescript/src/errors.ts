@@ -56,20 +56,29 @@ export class TimeoutError extends RamifyError {}
 /** The server could not be reached (connection refused/reset before a response). */
 export class ServerUnreachable extends RamifyError {}
 
-/** The sandbox object was the winner of a `mergeInto` and its id is retired. */
-export class SandboxDefunct extends RamifyError {}
+/**
+ * The sandbox was the winner of a `mergeInto` and its id is retired (the server answers 404 for it, saying which
+ * sandbox holds its state now): a `SandboxNotFound`, so `instanceof SandboxNotFound` catches it.
+ */
+export class SandboxDefunct extends SandboxNotFound {}
 
 /** The sandbox went to status `error` while waiting for it (`body` holds the sandbox info). */
 export class SandboxErrorState extends RamifyError {}
+
+/**
+ * The server's 404 for a sandbox: "sandbox not found", or for an id it retired "sandbox sbx_... was merged into
+ * sbx_... at ..." / "sandbox sbx_... was deleted at ...". A file route's 404 for a missing path says otherwise.
+ */
+const SANDBOX_GONE = /^sandbox (?:not found|sbx_[0-9a-f]{32} was (?:(merged into)|\w))/;
 
 /** Map an HTTP error status (and message) to an error instance. */
 export function errorForStatus(status: number, message: string, body?: unknown, fileRoute = false): RamifyError {
   if (status === 401 || status === 403) return new AuthError(message, status, body);
   if (status === 400 || status === 413 || status === 422) return new InvalidRequest(message, status, body);
   if (status === 404) {
-    if (fileRoute && !message.toLowerCase().includes("sandbox not found")) {
-      return new FileNotFound(message, status, body);
-    }
+    const gone = SANDBOX_GONE.exec(message);
+    if (gone === null && fileRoute) return new FileNotFound(message, status, body);
+    if (gone !== null && gone[1]) return new SandboxDefunct(message, status, body);
     return new SandboxNotFound(message, status, body);
   }
   if (status === 409) return new Conflict(message, status, body);

@@ -176,6 +176,15 @@ describe("errors", () => {
     assert.equal(await sb.files.exists("/x"), false);
     stub.handler = (rec, res) => sendJson(res, 404, { error: "sandbox not found" });
     await assert.rejects(sb.files.read("/x"), SandboxNotFound);
+    // An id the server retired: a deleted one is SandboxNotFound, a merged winner SandboxDefunct (a
+    // SandboxNotFound too), on file routes as elsewhere.
+    const wid = "sbx_" + "b".repeat(32), pid = "sbx_" + "a".repeat(32);
+    stub.handler = (rec, res) => sendJson(res, 404, { error: `sandbox ${wid} was deleted at 2026-11-23T13:05:00Z` });
+    await assert.rejects(sb.files.read("/x"), (e) => e instanceof SandboxNotFound && !(e instanceof SandboxDefunct));
+    stub.handler = (rec, res) =>
+      sendJson(res, 404, { error: `sandbox ${wid} was merged into ${pid} at 2026-11-23T13:05:00Z; use id ${pid}` });
+    await assert.rejects(sb.files.read("/x"), (e) => e instanceof SandboxDefunct && e instanceof SandboxNotFound);
+    await assert.rejects(sb.runCode("1"), SandboxDefunct);
   });
 
   test("non-JSON error body keeps the text", async () => {

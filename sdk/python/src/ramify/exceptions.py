@@ -7,6 +7,7 @@ raw body (``.body``).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 __all__ = [
@@ -85,12 +86,18 @@ class ServerUnreachable(RamifyError, ConnectionError):
     """
 
 
-class SandboxDefunct(RamifyError):
-    """The sandbox object was the winner of a ``merge_into`` and its id is retired."""
+class SandboxDefunct(SandboxNotFound):
+    """The sandbox was the winner of a ``merge_into`` and its id is retired (the server answers 404 for it, saying
+    which sandbox holds its state now): a :class:`SandboxNotFound`, so ``except SandboxNotFound`` catches it."""
 
 
 class SandboxErrorState(RamifyError):
     """The sandbox went to status ``error`` while waiting for it (``info["error"]`` holds the reason)."""
+
+
+# The server's 404 for a sandbox: "sandbox not found", or for an id it retired "sandbox sbx_... was merged into
+# sbx_... at ..." / "sandbox sbx_... was deleted at ...". A file route's 404 for a missing path says otherwise.
+_SANDBOX_GONE = re.compile(r"^sandbox (?:not found|sbx_[0-9a-f]{32} was (?:(merged into)|\w))")
 
 
 def error_for_status(status: int, message: str, body: Any = None, file_route: bool = False) -> RamifyError:
@@ -100,8 +107,11 @@ def error_for_status(status: int, message: str, body: Any = None, file_route: bo
     if status in (400, 413, 422):
         return InvalidRequest(message, status, body)
     if status == 404:
-        if file_route and "sandbox not found" not in message.lower():
+        gone = _SANDBOX_GONE.match(message)
+        if gone is None and file_route:
             return FileNotFound(message, status, body)
+        if gone is not None and gone.group(1):
+            return SandboxDefunct(message, status, body)
         return SandboxNotFound(message, status, body)
     if status == 409:
         return Conflict(message, status, body)
