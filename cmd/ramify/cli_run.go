@@ -13,6 +13,7 @@ import (
 func init() {
 	registerClient("run", "run Python code in a sandbox's persistent interpreter", (*cli).run)
 	registerClient("exec", "run a command in a sandbox", (*cli).exec)
+	registerClient("interrupt", "stop the run and exec calls running in a sandbox (KeyboardInterrupt; commands killed)", (*cli).interrupt)
 }
 
 // lastByteWriter remembers the last byte written through it.
@@ -198,5 +199,35 @@ func (e *cli) exec(ctx context.Context, args []string) error {
 	if code != 0 {
 		return exitStatus(code)
 	}
+	return nil
+}
+
+func (e *cli) interrupt(ctx context.Context, args []string) error {
+	fs, asJSON := e.flags("interrupt <id> [--only run_code|exec] [--json]")
+	only := fs.String("only", "", "stop only run_code calls or only exec calls")
+	pos, rest, _, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	pos = append(pos, rest...)
+	if len(pos) != 1 {
+		return usageError(fs, "interrupt takes one sandbox id")
+	}
+	if *only != "" && *only != client.InterruptRunCode && *only != client.InterruptExec {
+		return usageError(fs, "interrupt: --only is run_code or exec, not %q", *only)
+	}
+	n, err := e.c.Interrupt(ctx, pos[0], *only)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return e.printJSON(map[string]any{"interrupted": n})
+	}
+	if n == (client.Interrupted{}) {
+		fmt.Fprintf(e.stdout, "%s: nothing was running\n", pos[0])
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "%s: stopped %d run_code and %d exec call(s); each returned to its caller as interrupted\n",
+		pos[0], n.RunCode, n.Exec)
 	return nil
 }

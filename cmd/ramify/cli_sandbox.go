@@ -215,6 +215,20 @@ func writeSandbox(w io.Writer, sb *client.Sandbox, now time.Time) {
 		kv = append(kv, k+"="+sb.Metadata[k])
 	}
 	row("metadata", orDash(strings.Join(kv, " ")))
+	if u := sb.Usage; u != nil {
+		disk := "-"
+		if u.DiskBytes != nil {
+			disk = fmt.Sprintf("%.1f MiB", float64(*u.DiskBytes)/(1<<20))
+			if sb.DiskMiB > 0 {
+				disk += fmt.Sprintf(" of %d", sb.DiskMiB)
+			}
+		}
+		row("usage", fmt.Sprintf("memory %.1f MiB of %d, cpu %.2fs, %d tasks of %d, disk %s", float64(u.MemBytes)/(1<<20),
+			sb.MemMiB, u.CPUSeconds, u.Pids, sb.MaxProcs, disk))
+		if u.OOMKills > 0 {
+			row("oom kills", fmt.Sprint(u.OOMKills))
+		}
+	}
 	tw.Flush()
 }
 

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -169,5 +170,37 @@ func TestCLIAsUsersExpect(t *testing.T) {
 	}
 	if out, _, code := cli("set-timeout", id, "0"); code != 0 || !strings.Contains(out, "no timeout") {
 		t.Errorf("set-timeout 0: exit %d, %q", code, out)
+	}
+
+	// get shows what the sandbox uses now.
+	if out, _, code := cli("get", id); code != 0 || !strings.Contains(out, "usage:") || !strings.Contains(out, "memory ") {
+		t.Errorf("get: exit %d, %q: want a usage line", code, out)
+	}
+
+	// interrupt stops a run in progress; with nothing running it says so.
+	started := make(chan struct{})
+	done := make(chan *client.Execution, 1)
+	go func() {
+		var once sync.Once
+		ex, err := s.Client.RunCodeStream(ctxT(t), id, client.RunCodeRequest{Code: "import time\nprint('go', flush=True)\ntime.sleep(600)"},
+			func(client.Event) { once.Do(func() { close(started) }) })
+		if err != nil {
+			t.Errorf("run_code: %v", err)
+			once.Do(func() { close(started) })
+		}
+		done <- ex
+	}()
+	<-started
+	if out, errOut, code := cli("interrupt", id); code != 0 || !strings.Contains(out, "stopped 1 run_code and 0 exec") {
+		t.Errorf("interrupt: exit %d, %q %q", code, out, errOut)
+	}
+	if ex := <-done; ex == nil || !ex.Interrupted {
+		t.Errorf("the interrupted run: %+v", ex)
+	}
+	if out, _, code := cli("interrupt", id, "--only", "exec"); code != 0 || !strings.Contains(out, "nothing was running") {
+		t.Errorf("interrupt with nothing running: exit %d, %q", code, out)
+	}
+	if _, errOut, code := cli("interrupt", id, "--only", "all"); code == 0 || !strings.Contains(errOut, "--only") {
+		t.Errorf("interrupt --only all: exit %d, %q", code, errOut)
 	}
 }

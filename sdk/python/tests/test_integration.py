@@ -177,6 +177,31 @@ class TestIntegration(unittest.TestCase):
         with self.assertRaises(InvalidRequest):
             sb.run_code("1", env={"A=B": "x"})
 
+    def test_interrupt_stops_running_calls(self):
+        import threading
+
+        with Sandbox(metadata=META) as sb:
+            sb.run_code("x = 'kept'")
+            started = threading.Event()
+            result = {}
+
+            def cell():
+                result["r"] = sb.run_code("import time\nprint('started', flush=True)\nwhile True: time.sleep(0.05)",
+                                          on_stdout=lambda _: started.set())
+
+            t = threading.Thread(target=cell)
+            t.start()
+            self.assertTrue(started.wait(60))
+            self.assertEqual(sb.interrupt("run_code"), {"run_code": 1, "exec": 0})
+            t.join(60)
+            r = result["r"]
+            self.assertEqual(r.error.name, "KeyboardInterrupt")
+            self.assertTrue(r.interrupted)
+            self.assertEqual(sb.run_code("x").value, "'kept'")
+            self.assertEqual(sb.interrupt(), {"run_code": 0, "exec": 0})
+            with self.assertRaises(ValueError):
+                sb.interrupt("everything")
+
     def test_set_timeout_keeps_alive(self):
         with Sandbox(metadata=META, timeout_s=30) as sb:
             first = sb.info["expires_at"]

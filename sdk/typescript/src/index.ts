@@ -22,7 +22,7 @@ export {
 } from "./sandbox.js";
 export { Files, type FileData, type WriteOptions } from "./files.js";
 export { DEFAULT_API_URL, DEFAULT_REQUEST_TIMEOUT_S, retryPolicy, type ClientOptions } from "./http.js";
-export type { SandboxInfo, Execution, ExecutionError, CommandResult, Entry, DiffResult } from "./models.js";
+export type { SandboxInfo, Execution, ExecutionError, CommandResult, Entry, DiffResult, Interrupted } from "./models.js";
 export {
   RamifyError,
   AuthError,

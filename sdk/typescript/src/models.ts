@@ -39,6 +39,8 @@ export interface Execution {
   value: string | null;
   error: ExecutionError | null;
   executionCount: number | null;
+  /** True when `interrupt()` stopped the cell (`error` is then a `KeyboardInterrupt`). */
+  interrupted: boolean;
 }
 
 /** Result of `exec`. */
@@ -47,6 +49,14 @@ export interface CommandResult {
   stdout: string;
   stderr: string;
   timedOut: boolean;
+  /** True when `interrupt()` stopped the command. */
+  interrupted: boolean;
+}
+
+/** How many calls `interrupt()` stopped. */
+export interface Interrupted {
+  runCode: number;
+  exec: number;
 }
 
 /** A file-system entry (from `files.list` / `files.stat` / `files.mkdir`). */
@@ -87,6 +97,7 @@ export function executionFrom(d: Dict): Execution {
     value: d.value === undefined || d.value === null ? null : String(d.value),
     error: executionErrorFrom(d.error),
     executionCount: typeof ec === "number" ? ec : null,
+    interrupted: Boolean(d.interrupted),
   };
 }
 
@@ -97,6 +108,7 @@ export function commandResultFrom(d: Dict): CommandResult {
     stdout: str(d.stdout),
     stderr: str(d.stderr),
     timedOut: Boolean(d.timed_out),
+    interrupted: Boolean(d.interrupted),
   };
 }
 

@@ -15,6 +15,7 @@ import {
   type CommandResult,
   type DiffResult,
   type Execution,
+  type Interrupted,
   type SandboxInfo,
 } from "./models.js";
 
@@ -221,6 +222,23 @@ export class Sandbox {
     const info = await this._client.json<SandboxInfo | null>("POST", this._path("/timeout"), { json: { timeout_s: timeoutS } });
     if (info && typeof info === "object") this.info = info;
     return this.info;
+  }
+
+  /**
+   * Stop the `runCode` and `exec` calls in flight in this sandbox (`POST .../interrupt`), from anywhere: a
+   * running cell gets a `KeyboardInterrupt` (its variables survive), cells queued behind it end without running,
+   * and every `exec`'s command is killed with what it started. Each stopped call resolves with `interrupted`
+   * set. `what` limits it to `"run_code"` or `"exec"` calls. Resolves to how many calls were stopped.
+   */
+  async interrupt(what?: "run_code" | "exec"): Promise<Interrupted> {
+    this._check();
+    if (what !== undefined && what !== "run_code" && what !== "exec") {
+      throw new TypeError('what must be "run_code", "exec" or undefined');
+    }
+    const out = await this._client.json<{ interrupted?: { run_code?: number; exec?: number } } | null>(
+      "POST", this._path("/interrupt"), { json: what === undefined ? {} : { what } });
+    const n = out?.interrupted ?? {};
+    return { runCode: Number(n.run_code ?? 0), exec: Number(n.exec ?? 0) };
   }
 
   private runTimeout(timeoutS: number | undefined): number | null {

@@ -125,9 +125,31 @@ describe("integration: run_code and exec", { skip: SKIP }, () => {
       await assert.rejects(sb.setTimeout(1.5), TypeError);
     }, { timeoutS: 30 }));
 
+  test("interrupt stops a running cell, keeping its variables, and a running exec", () =>
+    withSandbox(async (sb) => {
+      await sb.runCode("x = 'kept'");
+      let started;
+      const running = new Promise((resolve) => (started = resolve));
+      const cell = sb.runCode("import time\nprint('started', flush=True)\nwhile True: time.sleep(0.05)", { onStdout: () => started() });
+      await running;
+      assert.deepEqual(await sb.interrupt("run_code"), { runCode: 1, exec: 0 });
+      const r = await cell;
+      assert.equal(r.error.name, "KeyboardInterrupt");
+      assert.equal(r.interrupted, true);
+      assert.equal((await sb.runCode("x")).value, "'kept'");
+      let began;
+      const execRunning = new Promise((resolve) => (began = resolve));
+      const cmd = sb.exec("echo started; sleep 600", { onStdout: () => began() });
+      await execRunning;
+      assert.deepEqual(await sb.interrupt(), { runCode: 0, exec: 1 });
+      const x = await cmd;
+      assert.equal(x.interrupted, true);
+      await assert.rejects(sb.interrupt("everything"), TypeError);
+    }));
+
   test("exec: exit codes, argv, env, cwd, stdin, timeout", () =>
     withSandbox(async (sb) => {
-      assert.deepEqual(await sb.exec("echo hi"), { exitCode: 0, stdout: "hi\n", stderr: "", timedOut: false });
+      assert.deepEqual(await sb.exec("echo hi"), { exitCode: 0, stdout: "hi\n", stderr: "", timedOut: false, interrupted: false });
       assert.equal((await sb.exec("exit 7")).exitCode, 7);
       assert.equal((await sb.exec(["sh", "-c", "kill -9 $$"])).exitCode, 137);
       assert.equal((await sb.exec(["printf", "%s|", "a b", "c"])).stdout, "a b|c|");

@@ -218,6 +218,7 @@ describe("run_code and exec", () => {
       value: null,
       error: { name: "ZeroDivisionError", value: "division by zero", traceback: "Traceback..." },
       executionCount: 3,
+      interrupted: false,
     });
   });
 
@@ -278,7 +279,7 @@ describe("run_code and exec", () => {
     const sb = await connected();
     stub.handler = (rec, res) => sendJson(res, 200, { exit_code: 3, stdout: "out", stderr: "err", timed_out: true });
     const r = await sb.exec("echo hi", { env: { A: "1" }, cwd: "/tmp", timeoutS: 2, stdin: "in" });
-    assert.deepEqual(r, { exitCode: 3, stdout: "out", stderr: "err", timedOut: true });
+    assert.deepEqual(r, { exitCode: 3, stdout: "out", stderr: "err", timedOut: true, interrupted: false });
     await sb.exec(["ls", "-l", "/"], { stdin: new TextEncoder().encode("bytes") });
     assert.deepEqual(json(stub.requests[0]), { cmd: "echo hi", env: { A: "1" }, cwd: "/tmp", timeout_s: 2, stdin: "in" });
     assert.deepEqual(json(stub.requests[1]), { argv: ["ls", "-l", "/"], stdin: "bytes" });
@@ -295,7 +296,7 @@ describe("run_code and exec", () => {
     const out = [];
     const r = await sb.exec("x", { onStdout: (d) => out.push(d) });
     assert.deepEqual(out, ["1", "2"]);
-    assert.deepEqual(r, { exitCode: 42, stdout: "12", stderr: "", timedOut: false });
+    assert.deepEqual(r, { exitCode: 42, stdout: "12", stderr: "", timedOut: false, interrupted: false });
   });
 });
 

@@ -321,6 +321,9 @@ class AsyncSandbox:
     async def set_timeout(self, timeout_s: int) -> Dict[str, Any]:
         return await _run(self._s().set_timeout, timeout_s)
 
+    async def interrupt(self, what: Optional[str] = None) -> Dict[str, int]:
+        return await _run(self._s().interrupt, what)
+
     # -- code ------------------------------------------------------------------------------------
     async def run_code(self, code: str, timeout_s: Optional[float] = None,
                        on_stdout: Optional[AsyncOutputCallback] = None,

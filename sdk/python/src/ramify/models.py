@@ -49,6 +49,8 @@ class Execution:
     value: Optional[str] = None
     error: Optional[ExecutionError] = None
     execution_count: Optional[int] = None
+    #: True when :meth:`Sandbox.interrupt` stopped the cell (``error`` is then a ``KeyboardInterrupt``).
+    interrupted: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -59,6 +61,7 @@ class Execution:
             value=d.get("value"),
             error=ExecutionError.from_dict(d.get("error")),
             execution_count=d.get("execution_count"),
+            interrupted=bool(d.get("interrupted")),
             raw=dict(d),
         )
 
@@ -91,10 +94,12 @@ class CommandResult:
     stdout: str = ""
     stderr: str = ""
     timed_out: bool = False
+    #: True when :meth:`Sandbox.interrupt` stopped the command.
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and not self.interrupted
 
 
 @dataclass

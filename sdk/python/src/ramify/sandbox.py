@@ -226,6 +226,20 @@ class Sandbox:
             self.info = info
         return self.info
 
+    def interrupt(self, what: Optional[str] = None) -> Dict[str, int]:
+        """Stop the ``run_code`` and ``exec`` calls in flight in this sandbox (``POST .../interrupt``), from
+        any thread or process: a running cell gets a ``KeyboardInterrupt`` (its variables survive), cells queued
+        behind it end without running, and every ``exec``'s command is killed with what it started. Each
+        stopped call returns with ``interrupted`` set. ``what`` is ``"run_code"`` or ``"exec"`` to stop only
+        those. Returns how many calls were stopped: ``{"run_code": n, "exec": m}``."""
+        self._check()
+        if what not in (None, "run_code", "exec"):
+            raise ValueError('what must be None, "run_code" or "exec"')
+        body = {} if what is None else {"what": what}
+        out = self._client.json("POST", self._path("/interrupt"), json_body=body)
+        counts = (out or {}).get("interrupted") or {}
+        return {"run_code": int(counts.get("run_code", 0)), "exec": int(counts.get("exec", 0))}
+
     def _run_timeout(self, timeout_s: Optional[float]) -> Optional[float]:
         rt = self._client.request_timeout
         if timeout_s == 0 or rt is None:
@@ -534,4 +548,5 @@ def _command_result(d: Dict[str, Any]) -> CommandResult:
         stdout=d.get("stdout") or "",
         stderr=d.get("stderr") or "",
         timed_out=bool(d.get("timed_out")),
+        interrupted=bool(d.get("interrupted")),
     )
