@@ -63,6 +63,11 @@ func New(c *client.Client, version string) *mcp.Server {
 				"Waits until it is paused unless wait=false."),
 		tool("resume", "Resume sandbox", lifecycleEdits("running"), additive(true), t.resume,
 			"Resume a paused sandbox. Waits until it is running unless wait=false."),
+		tool("set_timeout", "Keep sandbox alive", setTimeoutEdits, additive(true), t.setTimeout,
+			"Set when a running or paused sandbox times out: timeout_s seconds from now (0 = never), then its on_timeout action (destroy or pause)."),
+		tool("interrupt", "Interrupt running code", interruptEdits, destructive(true, false), t.interrupt,
+			"Stop the run_code and exec calls running in a sandbox (e.g. one stuck in a loop, called while it runs): "+
+				"the Python code gets a KeyboardInterrupt (its variables survive), commands are killed. Returns how many calls were stopped."),
 	} {
 		add(s)
 	}

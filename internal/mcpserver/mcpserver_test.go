@@ -22,7 +22,7 @@ import (
 )
 
 var allTools = []string{"create_sandbox", "list_sandboxes", "get_sandbox", "destroy_sandbox", "run_code", "exec",
-	"read_file", "write_file", "list_files", "fork", "merge_into", "diff", "pause", "resume"}
+	"read_file", "write_file", "list_files", "fork", "merge_into", "diff", "pause", "resume", "set_timeout", "interrupt"}
 
 // session is an MCP client session with `ramify mcp` run as a subprocess against a real server.
 type session struct {
@@ -376,6 +376,10 @@ func checkAnnotations(t *testing.T, tools map[string]*mcp.Tool) {
 		"pause":      {destructive: true, idempotent: true},
 		"merge_into": {destructive: true},
 		"run_code":   {destructive: true, openWorld: true}, "exec": {destructive: true, openWorld: true},
+		"set_timeout": {idempotent: true}, "interrupt": {destructive: true, idempotent: true},
+	}
+	if len(tools) != len(want) {
+		t.Errorf("%d tools, %d with expected hints: a tool was added without them", len(tools), len(want))
 	}
 	for name, w := range want {
 		a := tools[name].Annotations

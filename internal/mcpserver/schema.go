@@ -79,6 +79,10 @@ var listSandboxesEdits = edits{"status": oneOf(statuses...)}
 
 var runEdits = edits{"timeout_s": between(0, maxRunTimeoutS)} // run_code's and exec's
 
+var setTimeoutEdits = edits{"timeout_s": between(0, 30*24*3600)}
+
+var interruptEdits = edits{"what": oneOf("run_code", "exec")}
+
 var readFileEdits = edits{
 	"offset": withDefault(0, atLeast(0)),
 	"limit":  withDefault(MaxTextBytes, between(1, MaxReadBytes)),

@@ -104,9 +104,10 @@ func (t *tools) destroySandbox(ctx context.Context, _ *mcp.CallToolRequest, in I
 }
 
 type RunCodeInput struct {
-	ID       string `json:"id" jsonschema:"the sandbox id"`
-	Code     string `json:"code" jsonschema:"Python source; the value of a trailing expression is returned"`
-	TimeoutS *int   `json:"timeout_s,omitempty" jsonschema:"interrupt the code after this many seconds (server default 300; 0 = no limit)"`
+	ID       string            `json:"id" jsonschema:"the sandbox id"`
+	Code     string            `json:"code" jsonschema:"Python source; the value of a trailing expression is returned"`
+	TimeoutS *int              `json:"timeout_s,omitempty" jsonschema:"interrupt the code after this many seconds (server default 300; 0 = no limit)"`
+	Env      map[string]string `json:"env,omitempty" jsonschema:"environment variables set in os.environ for this call only (restored after)"`
 }
 
 // RunCodeOutput is client.Execution with the record of what was cut.
@@ -120,7 +121,7 @@ type RunCodeOutput struct {
 }
 
 func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeInput) (*mcp.CallToolResult, *RunCodeOutput, error) {
-	ex, err := t.c.RunCode(ctx, in.ID, client.RunCodeRequest{Code: in.Code, TimeoutS: in.TimeoutS})
+	ex, err := t.c.RunCode(ctx, in.ID, client.RunCodeRequest{Code: in.Code, TimeoutS: in.TimeoutS, Env: in.Env})
 	if err != nil {
 		return nil, nil, t.explain(err, in.ID)
 	}
@@ -413,4 +414,35 @@ func (t *tools) lifecycle(ctx context.Context, in LifecycleInput, sb *client.San
 		}
 	}
 	return nil, sandbox(sb), nil
+}
+
+type SetTimeoutInput struct {
+	ID       string `json:"id" jsonschema:"the sandbox id"`
+	TimeoutS int    `json:"timeout_s" jsonschema:"seconds from now after which the sandbox times out (its on_timeout action); 0 = never"`
+}
+
+func (t *tools) setTimeout(ctx context.Context, _ *mcp.CallToolRequest, in SetTimeoutInput) (*mcp.CallToolResult, *client.Sandbox, error) {
+	sb, err := t.c.SetTimeout(ctx, in.ID, in.TimeoutS)
+	if err != nil {
+		return nil, nil, t.explain(err, in.ID)
+	}
+	return nil, sandbox(sb), nil
+}
+
+type InterruptInput struct {
+	ID   string `json:"id" jsonschema:"the sandbox id"`
+	What string `json:"what,omitempty" jsonschema:"stop only run_code calls or only exec calls (default: both)"`
+}
+
+type InterruptOutput struct {
+	RunCode int `json:"run_code" jsonschema:"run_code calls stopped"`
+	Exec    int `json:"exec" jsonschema:"exec calls stopped"`
+}
+
+func (t *tools) interrupt(ctx context.Context, _ *mcp.CallToolRequest, in InterruptInput) (*mcp.CallToolResult, InterruptOutput, error) {
+	n, err := t.c.Interrupt(ctx, in.ID, in.What)
+	if err != nil {
+		return nil, InterruptOutput{}, t.explain(err, in.ID)
+	}
+	return nil, InterruptOutput{RunCode: n.RunCode, Exec: n.Exec}, nil
 }

@@ -21,7 +21,8 @@ if (!apiUrl || !apiKey) throw new Error("set RAMIFY_API_URL and RAMIFY_API_KEY (
 const MAX_TEXT = 32 << 10; // mcpserver.MaxTextBytes
 
 const ALL_TOOLS = ["create_sandbox", "list_sandboxes", "get_sandbox", "destroy_sandbox", "run_code", "exec",
-  "read_file", "write_file", "list_files", "fork", "merge_into", "diff", "pause", "resume"].sort();
+  "read_file", "write_file", "list_files", "fork", "merge_into", "diff", "pause", "resume", "set_timeout",
+  "interrupt"].sort();
 
 // connect starts `ramify mcp` as a subprocess speaking stdio, with env added to the default environment.
 async function connect(env) {
@@ -197,6 +198,22 @@ test("a session: create, run_code, files (relative and absolute), exec, fork, di
   const resuming = await call("resume", { id, wait: false });
   assert.ok(["resuming", "running"].includes(resuming.status), resuming.status);
   assert.equal((await call("resume", { id })).status, "running");
+  assert.equal((await call("run_code", { id, code: "x" })).value, "2");
+
+  // run_code env is for that call only; set_timeout moves the deadline; interrupt stops a cell in flight.
+  assert.equal((await call("run_code", { id, code: "import os; os.environ['E']", env: { E: "e" } })).value, "'e'");
+  assert.equal((await call("run_code", { id, code: "os.environ.get('E')" })).value, null);
+  const kept = await call("set_timeout", { id, timeout_s: 3600 });
+  assert.equal(kept.timeout_s, 3600);
+  assert.ok(kept.expires_at, "set_timeout sets expires_at");
+  assert.equal((await call("set_timeout", { id, timeout_s: 0 })).expires_at, null);
+  const stuck = call("run_code", { id, code: "import time\nwhile True: time.sleep(0.05)" });
+  let stopped = { run_code: 0, exec: 0 };
+  for (let i = 0; i < 500 && stopped.run_code === 0; i++) {
+    stopped = await call("interrupt", { id, what: "run_code" }); // until the cell is in flight
+  }
+  assert.deepEqual(stopped, { run_code: 1, exec: 0 });
+  assert.equal((await stuck).error.name, "KeyboardInterrupt");
   assert.equal((await call("run_code", { id, code: "x" })).value, "2");
 
   const ls = await call("list_sandboxes", { metadata: { suite: "mcp-node" }, status: "running" });
