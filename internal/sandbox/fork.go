@@ -11,6 +11,7 @@ import (
 
 	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/fsdiff"
 	"github.com/ramify-dev/ramify/internal/network"
 	"github.com/ramify-dev/ramify/internal/runtime"
@@ -168,6 +169,8 @@ func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPau
 	}
 	s.log.Info("sandbox forked", "sandbox", id, "family", e.rec.FamilyID, "n", n, "ms", time.Since(start).Milliseconds(),
 		"pause_ms", out.ParentPauseMs)
+	s.emit(events.Event{Type: events.Forked, Sandbox: id, Family: e.rec.FamilyID, Status: string(StatusRunning),
+		Children: out.Children, N: n, Ms: msSince(start), PauseMs: out.ParentPauseMs})
 	return out, nil
 }
 
@@ -224,6 +227,8 @@ func (s *Service) MergeInto(ctx context.Context, parentID, winnerID string) erro
 	s.retired[winnerID] = gone
 	s.mu.Unlock()
 	s.log.Info("sandbox merged", "sandbox", parentID, "winner", winnerID, "ms", time.Since(start).Milliseconds())
+	s.emit(events.Event{Type: events.Merged, Sandbox: parentID, Family: rec.FamilyID, Status: string(StatusRunning),
+		Winner: winnerID, Ms: msSince(start)})
 	return nil
 }
 
@@ -273,10 +278,12 @@ func (s *Service) Diff(ctx context.Context, aID, bID string, paths []string) (fs
 	s.mu.Lock()
 	ha, hb := a.handle, b.handle
 	s.mu.Unlock()
+	start := time.Now()
 	res, err := fsdiff.Compare(fsdiff.Layers{Upper: fk.UpperDir(ha), Lower: fk.LowerDir()},
 		fsdiff.Layers{Upper: fk.UpperDir(hb), Lower: fk.LowerDir()}, clean)
 	if err != nil {
 		return res, fmt.Errorf("diff %s %s: %w", aID, bID, err)
 	}
+	s.emit(events.Event{Type: events.Diffed, Sandbox: aID, Other: bID, Family: a.rec.FamilyID, Ms: msSince(start)})
 	return res, nil
 }

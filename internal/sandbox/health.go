@@ -53,10 +53,10 @@ func (s *Service) heal(h runtime.Healer, l runtime.Lost) {
 	})
 	s.mu.Lock()
 	if err != nil {
-		if serr := s.setStatus(e, StatusError); serr != nil {
+		e.rec.Error = "ramify's processes for this sandbox died (" + l.Reason + ") and it could not be restarted: " + err.Error()
+		if serr := s.setStatus(e, StatusError); serr != nil { // after setting Error: the error event says it
 			s.log.Warn("mark a lost sandbox error", "sandbox", e.rec.ID, "err", serr)
 		}
-		e.rec.Error = "ramify's processes for this sandbox died (" + l.Reason + ") and it could not be restarted: " + err.Error()
 	} else {
 		hj, _ := json.Marshal(nh)
 		e.handle, e.rec.Handle = nh, hj

@@ -19,6 +19,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/layertar"
 	"github.com/ramify-dev/ramify/internal/runtime"
 	"github.com/ramify-dev/ramify/internal/snapstore"
@@ -189,12 +190,12 @@ func (s *Service) pause(e *entry) {
 			fk.Thaw(ctx, h) //nolint:errcheck // best effort: it may not be frozen
 		}
 		s.mu.Lock()
+		pi := s.pauseInfo(e)
+		pi.Error = "pause failed: " + err.Error() // before setStatus: the pause_failed event says it
+		s.setPauseInfo(e, pi)
 		if err := s.setStatus(e, StatusRunning); err != nil {
 			s.log.Error("pause failed", "sandbox", id, "err", err)
 		}
-		pi := s.pauseInfo(e)
-		pi.Error = "pause failed: " + err.Error()
-		s.setPauseInfo(e, pi)
 		rec := e.rec
 		s.mu.Unlock()
 		s.cfg.Store.Put(ctx, rec) //nolint:errcheck // the in-memory state is right
@@ -274,6 +275,17 @@ func (s *Service) pause(e *entry) {
 		s.cfg.Snapshots.Delete(ctx, old) //nolint:errcheck // superseded
 	}
 	s.log.Info("sandbox paused", "sandbox", id, "bytes", size, "ms", time.Since(start).Milliseconds(), "not_saved", len(m.NotSaved))
+	s.emit(events.Event{Type: events.Paused, Sandbox: id, Family: rec.FamilyID, Status: string(StatusPaused),
+		Bytes: size, Ms: msSince(start)})
+}
+
+// snapshotBytes is the size of a snapshot's parts.
+func snapshotBytes(m Manifest) int64 {
+	var n int64
+	for _, p := range m.Parts {
+		n += p.Size
+	}
+	return n
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -456,10 +468,10 @@ func (s *Service) resume(e *entry) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 		defer cancel()
 		s.mu.Lock()
+		e.rec.Error = "resume failed: " + errdefs.Message(err) // before setStatus: the error event says it
 		if err := s.setStatus(e, StatusError); err != nil {
 			s.log.Error("resume failed", "sandbox", id, "err", err)
 		}
-		e.rec.Error = "resume failed: " + errdefs.Message(err)
 		rec := e.rec
 		s.mu.Unlock()
 		s.cfg.Store.Put(ctx, rec) //nolint:errcheck
@@ -538,6 +550,8 @@ func (s *Service) resume(e *entry) {
 	}
 	s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck // the sandbox runs again; its snapshot is spent
 	s.log.Info("sandbox resumed", "sandbox", id, "ms", time.Since(start).Milliseconds())
+	s.emit(events.Event{Type: events.Resumed, Sandbox: id, Family: rec.FamilyID, Status: string(StatusRunning),
+		Bytes: snapshotBytes(m), Ms: msSince(start)})
 }
 
 func (s *Service) readManifest(ctx context.Context, prefix string) (Manifest, error) {
@@ -685,6 +699,8 @@ func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused b
 	}
 	releaseKids()
 	s.log.Info("paused sandbox forked", "sandbox", parent.ID, "n", n)
+	s.emit(events.Event{Type: events.Forked, Sandbox: parent.ID, Family: parent.FamilyID, Status: string(StatusPaused),
+		Children: out.Children, N: n})
 	return out, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/runtime"
 )
 
@@ -109,6 +110,8 @@ func (s *Service) claimWarm(ctx context.Context, spec CreateRequest) (Info, bool
 	s.mu.Unlock()
 	s.armTimer(e)
 	s.log.Info("sandbox created", "sandbox", rec.ID, "ip", rec.IP, "warm", true, "ms", time.Since(start).Milliseconds())
+	s.emit(events.Event{Type: events.Created, Sandbox: rec.ID, Family: rec.FamilyID, Status: string(StatusRunning),
+		Ms: msSince(start)})
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.info(e), true

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/files"
 	"github.com/ramify-dev/ramify/internal/runtime"
 	"github.com/ramify-dev/ramify/internal/snapstore"
@@ -55,6 +56,8 @@ type Config struct {
 	MemOvercommit, CPUOvercommit float64
 	// HostCPUs and HostMemMiB override what the host is taken to have (0: read from the host).
 	HostCPUs, HostMemMiB int
+	// Events receives the lifecycle events (observe.go); nil: none are published.
+	Events *events.Hub
 }
 
 // DefaultCloseTimeout is Config.CloseTimeout's default.
@@ -629,6 +632,7 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 	}
 	s.armTimer(e)
 	s.log.Info("sandbox created", "sandbox", id, "ip", rec.IP, "ms", time.Since(start).Milliseconds())
+	s.emit(events.Event{Type: events.Created, Sandbox: id, Family: rec.FamilyID, Status: string(status), Ms: msSince(start)})
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.info(e), nil
@@ -705,6 +709,7 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 	s.retired[id] = gone
 	s.mu.Unlock()
 	s.log.Info("sandbox destroyed", "sandbox", id, "reason", reason)
+	s.emit(events.Event{Type: events.Destroyed, Sandbox: id, Family: h.FamilyID, Reason: reason})
 	return nil
 }
 

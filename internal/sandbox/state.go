@@ -112,13 +112,16 @@ func transition(id string, from, to Status) error {
 }
 
 // setStatus is the one place a sandbox's status changes: it consults the transition table, records the new
-// status and wakes whoever waits for a change of this sandbox (Wait). The caller holds s.mu.
+// status, wakes whoever waits for a change of this sandbox (Wait) and publishes the change's event (an error
+// event carries e.rec.Error: set it first). The caller holds s.mu.
 func (s *Service) setStatus(e *entry, to Status) error {
 	if err := transition(e.rec.ID, Status(e.rec.Status), to); err != nil {
 		return err
 	}
+	from := Status(e.rec.Status)
 	e.rec.Status = string(to)
 	s.notify(e)
+	s.emitStatus(e, from, to)
 	return nil
 }
 
