@@ -23,6 +23,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/api"
 	"github.com/ramify-dev/ramify/internal/cgroups"
+	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/image"
 	"github.com/ramify-dev/ramify/internal/layer"
 	"github.com/ramify-dev/ramify/internal/network"
@@ -60,6 +61,7 @@ func envOr(name, def string) string {
 type serveFlags struct {
 	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel  string
 	warmPool, spareAgents                                                     int
+	observe                                                                   observeFlags
 	spareIdle                                                                 time.Duration
 	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret string
 	s3Secure                                                                  bool
@@ -99,6 +101,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.s3Secret, "s3-secret-key", os.Getenv("RAMIFY_S3_SECRET_KEY"), "S3 secret key (env RAMIFY_S3_SECRET_KEY)")
 	fs.BoolVar(&f.s3Secure, "s3-tls", os.Getenv("RAMIFY_S3_TLS") == "1", "use HTTPS for S3 (env RAMIFY_S3_TLS=1)")
 	fs.StringVar(&f.runtimeBinary, "runtime-binary", os.Getenv("RAMIFY_RUNTIME_BINARY"), "static ramify binary to run as family init and agent (default: this one; set it when this one is not static, e.g. built with -race)")
+	f.observe.register(fs)
 	fs.StringVar(&f.logLevel, "log-level", envOr("RAMIFY_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -111,6 +114,9 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	}
 	if f.memOvercommit <= 0 || f.cpuOvercommit <= 0 {
 		return nil, fmt.Errorf("--mem-overcommit and --cpu-overcommit must be positive")
+	}
+	if err := f.observe.validate(); err != nil {
+		return nil, err
 	}
 	return f, nil
 }
@@ -272,19 +278,28 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)
 	}
+	hub := events.New(f.observe.eventHistory)
 	// The default local store lives in the data directory, which the lock makes this server's alone.
 	exclusive := f.s3Endpoint == "" && f.snapshotDir == ""
 	svc, err := sandbox.New(ctx, sandbox.Config{Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
 		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool,
-		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit})
+		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit, Events: hub})
 	if err != nil {
 		return err
 	}
 	defer svc.Close()
 	undo = nil // from here on sandboxes may use the layers: nothing is undone
 
-	srv := &http.Server{Handler: api.New(svc, key, version, log), ReadHeaderTimeout: 10 * time.Second,
+	apiSrv := api.New(svc, key, version, log)
+	f.observe.wire(svc, hub, apiSrv)
+	srv := &http.Server{Handler: apiSrv, ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute}
+	srv.RegisterOnShutdown(apiSrv.CloseStreams) // event streams would otherwise hold Shutdown for 30 s
+	stopMetrics, err := f.observe.serveMetrics(apiSrv, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	url := "http://" + ln.Addr().String()
 	fmt.Fprintf(os.Stderr, "\nramify %s serving on %s (layers: %s, cgroups v%d, snapshots: %s, image %s)\n", version, url, layers.Name(), cg.Version(), snaps.Name(), img.Rootfs)
 	// The key is printed in full only once, when it is generated: later starts (and their logs) say where it is.

@@ -82,7 +82,8 @@ func Main(args []string) error {
 	if err := json.Unmarshal([]byte(args[0]), &cfg); err != nil {
 		return fmt.Errorf("agent: config: %w", err)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// host= lets the server file the line under this sandbox (see runtime/namespaces logs.go).
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("host", cfg.Hostname)
 	if err := setupRoot(cfg); err != nil {
 		return fmt.Errorf("agent: set up root: %w", err)
 	}

@@ -41,6 +41,7 @@ type Server struct {
 	mux      *http.ServeMux
 	// patterns lists every pattern registered on mux, in order (the OpenAPI test compares them to the document).
 	patterns []string
+	obs      observer // events, metrics, logs (observe.go)
 }
 
 // New returns the API handler.
@@ -70,6 +71,7 @@ func (s *Server) routes() {
 	s.handle("GET /v1/sandboxes/{id}/files/archive", s.auth(s.downloadArchive))
 	s.handle("PUT /v1/sandboxes/{id}/files/archive", s.auth(s.uploadArchive))
 	s.extraRoutes(m)
+	s.observeRoutes()
 	s.docRoutes(m)
 }
 
@@ -108,6 +110,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mux.ServeHTTP(sw, r)
+	s.observeRequest(pattern, sw.code, time.Since(start))
 	s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", sw.code, "ms", time.Since(start).Milliseconds())
 }
 

@@ -103,6 +103,20 @@ type Usage struct {
 	DiskBytes, DiskLimitBytes int64
 }
 
+// LogLine is one line a sandbox's agent, or its fork family's init, wrote to its standard error.
+type LogLine struct {
+	Time time.Time `json:"time"`
+	// Source is "agent" (this sandbox's agent) or "family" (the family's init or an agent not yet claimed).
+	Source string `json:"source"`
+	Text   string `json:"text"`
+}
+
+// LogKeeper is a runtime that keeps each sandbox's recent log lines, found by the sandbox's hostname (which
+// follows its agent through a merge) and its family.
+type LogKeeper interface {
+	Logs(hostname, family string) []LogLine
+}
+
 // ForkResult describes a completed fork.
 type ForkResult struct {
 	Children    []Handle

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"sort"
 	"time"
 
@@ -98,4 +99,21 @@ func (s *Service) Usages(limit int) []SandboxUsage {
 		out = append(out, SandboxUsage{ID: o.id, Family: o.family, Usage: *usageOf(u)})
 	}
 	return out
+}
+
+// Logs returns the recent log lines of a sandbox's agent and of its fork family's init, oldest first (empty for a
+// sandbox that is not running, or when the runtime keeps no logs).
+func (s *Service) Logs(ctx context.Context, id string) ([]runtime.LogLine, error) {
+	e, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	host, family := e.rec.Hostname, e.rec.FamilyID
+	s.mu.Unlock()
+	out := []runtime.LogLine{}
+	if lk, ok := s.cfg.Runtime.(runtime.LogKeeper); ok {
+		out = append(out, lk.Logs(host, family)...)
+	}
+	return out, nil
 }
