@@ -267,6 +267,9 @@ func (s *Service) pause(e *entry) {
 	}
 	s.setPauseInfo(e, PauseInfo{NotSaved: m.NotSaved, SnapshotBytes: size, PauseMs: ms(time.Since(start)), PausedAt: &now})
 	rec := e.rec
+	// Under s.mu with the status change: whoever sees the sandbox paused can find the event.
+	s.emit(events.Event{Type: events.Paused, Sandbox: id, Family: rec.FamilyID, Status: string(StatusPaused),
+		Bytes: size, Ms: msSince(start)})
 	s.mu.Unlock()
 	if err := s.cfg.Store.Put(ctx, rec); err != nil {
 		s.log.Error("pause: record the snapshot", "sandbox", id, "err", err)
@@ -275,8 +278,6 @@ func (s *Service) pause(e *entry) {
 		s.cfg.Snapshots.Delete(ctx, old) //nolint:errcheck // superseded
 	}
 	s.log.Info("sandbox paused", "sandbox", id, "bytes", size, "ms", time.Since(start).Milliseconds(), "not_saved", len(m.NotSaved))
-	s.emit(events.Event{Type: events.Paused, Sandbox: id, Family: rec.FamilyID, Status: string(StatusPaused),
-		Bytes: size, Ms: msSince(start)})
 }
 
 // snapshotBytes is the size of a snapshot's parts.
@@ -543,6 +544,8 @@ func (s *Service) resume(e *entry) {
 	pi.NotRestored, pi.ResumeMs, pi.Error = notRestored, ms(time.Since(start)), ""
 	s.setPauseInfo(e, pi)
 	rec := e.rec
+	s.emit(events.Event{Type: events.Resumed, Sandbox: id, Family: rec.FamilyID, Status: string(StatusRunning),
+		Bytes: snapshotBytes(m), Ms: msSince(start)}) // under s.mu with the status change, as paused
 	s.mu.Unlock()
 	if err := s.cfg.Store.Put(ctx, rec); err != nil {
 		s.log.Error("resume: record", "sandbox", id, "err", err)
@@ -550,8 +553,6 @@ func (s *Service) resume(e *entry) {
 	}
 	s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck // the sandbox runs again; its snapshot is spent
 	s.log.Info("sandbox resumed", "sandbox", id, "ms", time.Since(start).Milliseconds())
-	s.emit(events.Event{Type: events.Resumed, Sandbox: id, Family: rec.FamilyID, Status: string(StatusRunning),
-		Bytes: snapshotBytes(m), Ms: msSince(start)})
 }
 
 func (s *Service) readManifest(ctx context.Context, prefix string) (Manifest, error) {
