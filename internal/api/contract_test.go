@@ -49,6 +49,44 @@ type exchange struct {
 	status       int
 	// invalid: the document itself says the request is wrong (the validator must refuse it, as the server does).
 	invalid bool
+	// until: the response is a stream that does not end (server-sent events): read it up to this text, then
+	// validate what was read.
+	until string
+}
+
+func init() {
+	openapi3filter.RegisterBodyDecoder("text/event-stream", decodeSSE)
+}
+
+// decodeSSE reads a server-sent event stream (as much of it as was read) and checks the data of every event
+// against the document's schema for it; it answers the last event's data.
+func decodeSSE(body io.Reader, _ http.Header, schema *openapi3.SchemaRef, _ openapi3filter.EncodingFn) (any, error) {
+	b, err := io.ReadAll(body)
+	if err != nil {
+		return nil, err
+	}
+	var last any
+	n := 0
+	for _, block := range strings.Split(string(b), "\n\n") {
+		for _, line := range strings.Split(block, "\n") {
+			data, ok := strings.CutPrefix(line, "data: ")
+			if !ok {
+				continue
+			}
+			var ev any
+			if err := json.Unmarshal([]byte(data), &ev); err != nil {
+				return nil, fmt.Errorf("event data %q is not JSON: %v", data, err)
+			}
+			if err := schema.Value.VisitJSON(ev, openapi3.EnableJSONSchema2020()); err != nil {
+				return nil, fmt.Errorf("event %s: %v", data, err)
+			}
+			last, n = ev, n+1
+		}
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("no event in %.300q", b)
+	}
+	return last, nil
 }
 
 func TestContractEveryOperation(t *testing.T) {
@@ -60,6 +98,7 @@ func TestContractEveryOperation(t *testing.T) {
 	c.files(ids.a)
 	c.forkMergeDiff(ids.a)
 	c.pauseResume(ids.a)
+	c.observe(ids.a)
 	c.deleteSandbox(ids.a)
 	c.methodsAndRoutes()
 	c.everyOperationCovered()
@@ -166,6 +205,20 @@ func ndjsonDecoder(body io.Reader, _ http.Header, schema *openapi3.SchemaRef, _ 
 	return last, sc.Err()
 }
 
+// readUntil reads r until what it read contains want (at most 1 MiB).
+func readUntil(r io.Reader, want string) ([]byte, error) {
+	var got []byte
+	buf := make([]byte, 4096)
+	for !bytes.Contains(got, []byte(want)) {
+		n, err := r.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil || len(got) > 1<<20 {
+			return got, fmt.Errorf("the stream ended (%v) before %q: %.300s", err, want, got)
+		}
+	}
+	return got, nil
+}
+
 func get(t *testing.T, url string) []byte {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -195,6 +248,14 @@ func (c *contract) doWhile(x exchange, during func()) (http.Header, []byte) {
 	}
 	defer resp.Body.Close()
 	var first []byte
+	if x.until != "" {
+		first, err = readUntil(resp.Body, x.until)
+		if err != nil {
+			t.Fatalf("%s: %v", label, err)
+		}
+		resp.Body.Close() // the stream does not end: stop reading here
+		resp.Body = io.NopCloser(bytes.NewReader(nil))
+	}
 	if during != nil {
 		first, err = bufio.NewReader(io.LimitReader(resp.Body, 1<<20)).ReadBytes('\n')
 		if err != nil {
@@ -613,4 +674,25 @@ func (c *contract) everyOperationCovered() {
 		sort.Strings(missing)
 		c.t.Errorf("operations of openapi.json the contract test does not drive:\n  %s", strings.Join(missing, "\n  "))
 	}
+}
+
+// observe drives the metrics, the event stream (read up to a replayed event of the sandbox) and the logs.
+func (c *contract) observe(id string) {
+	_, b := c.do(exchange{method: "GET", path: "/metrics", status: 200})
+	if !strings.Contains(string(b), "ramify_sandboxes{") {
+		c.t.Errorf("/metrics: no ramify_sandboxes series in %.300s", b)
+	}
+	c.do(exchange{method: "GET", path: "/metrics", noAuth: true, status: 401, invalid: true})
+	// An id from before this server's run: the whole history is replayed, the sandbox's creation included.
+	c.do(exchange{method: "GET", path: "/v1/events?sandbox=" + id + "&last_event_id=1", status: 200,
+		until: "event: created"})
+	c.do(exchange{method: "GET", path: "/v1/events", header: map[string]string{"Last-Event-ID": "1"}, status: 200,
+		until: "event: created"})
+	c.do(exchange{method: "GET", path: "/v1/events?sandbox=not-an-id", status: 400})
+	c.do(exchange{method: "GET", path: "/v1/events?last_event_id=x", status: 400, invalid: true})
+	_, b = c.do(exchange{method: "GET", path: "/v1/sandboxes/" + id + "/logs", status: 200})
+	if !strings.Contains(string(b), `"lines":`) {
+		c.t.Errorf("logs: %s", b)
+	}
+	c.do(exchange{method: "GET", path: "/v1/sandboxes/" + unknownID + "/logs", status: 404})
 }
