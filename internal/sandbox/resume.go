@@ -1,0 +1,247 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/crashpoint"
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/events"
+	"github.com/ramify-dev/ramify/internal/runtime"
+	"github.com/ramify-dev/ramify/internal/store"
+)
+
+// Resume starts resuming a paused (or failed) sandbox. accepted is false when it was already running.
+func (s *Service) Resume(ctx context.Context, id string) (info Info, accepted bool, err error) {
+	hasSnapshot := func(e *entry) error {
+		if e.rec.Snapshot == "" {
+			return errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error (it has no snapshot to resume)")
+		}
+		return s.admitLocked(e.spec, 1) // called under s.mu
+	}
+	return s.startLifecycle(ctx, id, OpResume, StatusRunning, StatusResuming, hasSnapshot, s.resume)
+}
+
+// resume does the work on the service's context (Close cancels it: the resume then fails, the snapshot is kept);
+// the caller holds e.op exclusively. Its phases: bring the sandbox back from its snapshot (restore), then commit
+// (commitResume); a failure marks the sandbox error with its snapshot kept, so it can be resumed again
+// (failResume).
+func (s *Service) resume(e *entry) {
+	start := time.Now()
+	s.mu.Lock()
+	id, prefix := e.rec.ID, e.rec.Snapshot
+	s.mu.Unlock()
+	m, h, notRestored, err := s.restore(s.ctx, e, start)
+	if err != nil {
+		s.failResume(e, err)
+		return
+	}
+	s.commitResume(e, h, prefix, m, notRestored, start)
+	s.log.Info("sandbox resumed", "sandbox", id, "ms", time.Since(start).Milliseconds())
+}
+
+// restore creates a paused sandbox afresh from its snapshot: its layer extracted into a new one, its
+// interpreter's session loaded into the new interpreter. On failure nothing of it is left running.
+func (s *Service) restore(ctx context.Context, e *entry, start time.Time) (Manifest, runtime.Handle, []agent.Skipped, error) {
+	s.mu.Lock()
+	id, prefix, spec, ipStr, hostname := e.rec.ID, e.rec.Snapshot, e.spec, e.rec.IP, e.rec.Hostname
+	s.mu.Unlock()
+	m, err := s.readManifest(ctx, prefix)
+	if err != nil {
+		return Manifest{}, runtime.Handle{}, nil, err
+	}
+	_, streamed := m.Parts["session.bin"]
+	// Nothing of this id may exist while it is paused; clear what a crash may have left (a layer, a cgroup).
+	s.cfg.Runtime.Destroy(ctx, runtime.Handle{ID: id}) //nolint:errcheck // usually there is nothing to remove
+	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
+		ID: id, Hostname: hostname, IP: parseIP(ipStr), VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
+		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
+		Egress: spec.Egress,
+		Populate: func(upper string) error {
+			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
+				return err
+			}
+			if streamed {
+				return nil
+			}
+			sd := filepath.Join(upper, sessionDir)
+			if err := os.Mkdir(sd, 0o700); err != nil {
+				return err
+			}
+			os.Lchown(sd, s.cfg.HostUID, s.cfg.HostGID) //nolint:errcheck // extract sets what the tar says
+			return s.extractPart(ctx, prefix, "session.tar", m, sd)
+		},
+	})
+	if err != nil {
+		return Manifest{}, runtime.Handle{}, nil, err
+	}
+	s.log.Debug("resume phase", "sandbox", id, "phase", "sandbox created", "ms", ms(time.Since(start)))
+	crashpoint.Hit(crashpoint.ResumeAfterCreate)
+	c, err := s.cfg.Runtime.Agent(id)
+	var notRestored []agent.Skipped
+	switch {
+	case err != nil:
+	case streamed:
+		notRestored, err = s.loadSession(ctx, c, prefix, m)
+	default:
+		notRestored, err = c.RestoreSessionDir(ctx, sessionDir)
+		if err == nil {
+			_, err = c.Exec(ctx, agent.ExecRequest{Argv: []string{"rm", "-rf", sessionDir}}, nil)
+		}
+	}
+	if err != nil {
+		s.cfg.Runtime.Destroy(context.WithoutCancel(ctx), h) //nolint:errcheck // undo the half-resumed sandbox
+		return Manifest{}, runtime.Handle{}, nil, fmt.Errorf("restore the interpreter: %w", err)
+	}
+	s.log.Debug("resume phase", "sandbox", id, "phase", "interpreter restored", "ms", ms(time.Since(start)))
+	return m, h, notRestored, nil
+}
+
+// failResume marks a sandbox whose resume failed error, with the reason; its snapshot is kept.
+func (s *Service) failResume(e *entry, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), rollbackTimeout)
+	defer cancel()
+	s.mu.Lock()
+	id := e.rec.ID
+	s.log.Warn("resume failed; the snapshot is kept, resume may be retried", "sandbox", id, "err", err)
+	e.rec.Error = "resume failed: " + errdefs.Message(err) // before setStatus: the error event says it
+	if err := s.setStatus(e, StatusError); err != nil {
+		s.log.Error("resume failed", "sandbox", id, "err", err)
+	}
+	rec := e.rec
+	s.mu.Unlock()
+	s.cfg.Store.Put(ctx, rec) //nolint:errcheck
+}
+
+// commitResume records a resumed sandbox as running (even if Close cancels now) and deletes its spent snapshot.
+func (s *Service) commitResume(e *entry, h runtime.Handle, prefix string, m Manifest, notRestored []agent.Skipped, start time.Time) {
+	ctx := context.WithoutCancel(s.ctx)
+	hj, _ := json.Marshal(h)
+	s.mu.Lock()
+	id := e.rec.ID
+	e.handle = h
+	e.rec.Handle = hj
+	if err := s.setStatus(e, StatusRunning); err != nil {
+		s.log.Error("resume", "sandbox", id, "err", err)
+	}
+	e.rec.Error = ""
+	e.rec.FamilyID = h.FamilyID
+	e.rec.Snapshot = ""
+	pi := s.pauseInfo(e)
+	pi.NotRestored, pi.ResumeMs, pi.Error = notRestored, ms(time.Since(start)), ""
+	s.setPauseInfo(e, pi)
+	rec := e.rec
+	s.emit(events.Event{Type: events.Resumed, Sandbox: id, Family: rec.FamilyID, Status: string(StatusRunning),
+		Bytes: snapshotBytes(m), Ms: msSince(start)}) // under s.mu with the status change, as paused
+	s.mu.Unlock()
+	if err := s.cfg.Store.Put(ctx, rec); err != nil {
+		s.log.Error("resume: record", "sandbox", id, "err", err)
+		return
+	}
+	s.cfg.Snapshots.Delete(ctx, prefix) //nolint:errcheck // the sandbox runs again; its snapshot is spent
+}
+
+// forkPaused makes n new sandboxes from a byte-identical copy of a paused sandbox's snapshot, all or nothing:
+// every child's snapshot is copied, then every child's record is written in one transaction (the commit point);
+// a failure before that undoes what was done. The children are paused; unless startPaused, each then resumes
+// (in the background: a failed resume leaves that child in error, like any resume). The caller holds e.
+// A non-nil egress gives the children that egress list instead of the parent's.
+func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused bool, egress *[]string) (ForkResult, error) {
+	s.mu.Lock()
+	parent := e.rec
+	spec := e.spec
+	s.mu.Unlock()
+	childSpec := parent.Spec
+	if egress != nil {
+		spec.Egress = *egress
+		childSpec, _ = json.Marshal(spec)
+	}
+	out := ForkResult{Note: "forked from a paused sandbox's snapshot: each child is an independent sandbox with its own id and address"}
+	var undo undoStack
+	fail := func(err error) (ForkResult, error) {
+		return ForkResult{}, s.fail(ctx, &undo, fmt.Errorf("fork %s: %w", parent.ID, err))
+	}
+	m, err := s.readManifest(ctx, parent.Snapshot)
+	if err != nil {
+		return fail(err)
+	}
+	parts := make([]string, 0, len(m.Parts)+1)
+	for name := range m.Parts {
+		parts = append(parts, name)
+	}
+	sort.Strings(parts)
+	parts = append(parts, "manifest.json") // the manifest last, as a pause writes it
+	kids := make([]*entry, n)
+	for i := range kids {
+		cid := NewID()
+		prefix := fmt.Sprintf("%s/%d/", cid, time.Now().UnixNano())
+		undo.push("snapshot copy "+prefix, func(ctx context.Context) error { return s.cfg.Snapshots.Delete(ctx, prefix) })
+		for _, part := range parts {
+			if err := s.cfg.Snapshots.Copy(ctx, parent.Snapshot+part, prefix+part); err != nil {
+				return fail(fmt.Errorf("copy snapshot: %w", err))
+			}
+		}
+		kids[i] = &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusPaused), FamilyID: "fam_" + cid[4:],
+			ForkedFrom: parent.ID, Hostname: hostnameOf(cid), CreatedAt: time.Now().UTC(),
+			Spec: childSpec, Snapshot: prefix, Pause: parent.Pause}}
+	}
+	crashpoint.Hit(crashpoint.ForkPausedAfterCopies)
+	// The children are held until their records are saved: no call on one can start before it exists.
+	var held []*entry
+	releaseKids := func() {
+		for _, k := range held {
+			k.op.Unlock()
+		}
+		held = nil
+	}
+	defer releaseKids()
+	recs := make([]store.Record, n)
+	s.mu.Lock()
+	for i, k := range kids {
+		ip, err := s.allocateIP()
+		if err != nil {
+			s.mu.Unlock()
+			return fail(err)
+		}
+		k.rec.IP = ip.String()
+		k.op.Lock() // new: nobody else holds it
+		held = append(held, k)
+		s.items[k.rec.ID] = k // reserves the address
+		recs[i] = k.rec
+		undo.push("reserve "+k.rec.ID, func(context.Context) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.retire(k)
+			return nil
+		})
+	}
+	s.mu.Unlock()
+	if err := s.cfg.Store.PutMany(ctx, recs, nil); err != nil {
+		return fail(err)
+	}
+	for _, k := range kids {
+		out.Children = append(out.Children, k.rec.ID)
+	}
+	releaseKids()
+	s.log.Info("paused sandbox forked", "sandbox", parent.ID, "n", n)
+	s.emit(events.Event{Type: events.Forked, Sandbox: parent.ID, Family: parent.FamilyID, Status: string(StatusPaused),
+		Children: out.Children, N: n})
+	return out, nil
+}
+
+// resumeForked resumes the children of a fork of a paused sandbox (start_paused false). The caller no longer
+// holds the parent: a resume takes its child exclusively, and another call holding that child while it waits
+// for the parent (a merge, say) would otherwise deadlock with the fork.
+func (s *Service) resumeForked(ctx context.Context, children []string) {
+	for _, cid := range children {
+		if _, _, err := s.Resume(ctx, cid); err != nil {
+			s.log.Warn("fork of a paused sandbox: resume a child", "sandbox", cid, "err", err)
+		}
+	}
+}

@@ -1,0 +1,279 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/layertar"
+	"github.com/ramify-dev/ramify/internal/snapstore"
+)
+
+// A pause writes a snapshot to the snapshot store and frees the host: three objects under one key prefix,
+//
+//	session.bin    the interpreter's session as a session stream (see repl.py): one dill pickle per variable,
+//	               large numpy arrays as raw out-of-band buffers, plus cwd, env, execution count
+//	layer.tar      the sandbox's writable layer (its overlay upper directory)
+//	manifest.json  the sandbox's spec, what could not be saved, and the size and SHA-256 of the other two
+//
+// The session goes from the interpreter's memory through a pipe straight into the store: nothing of it touches
+// the sandbox's disk. The manifest is written last: a snapshot without one is incomplete and never resumed. A
+// resume checks every part against the manifest as it streams it in, so a corrupt or missing part fails the
+// resume with a clear error and leaves the snapshot untouched. (Snapshots made before session streams hold a
+// session.tar of pickle files instead; resume still reads them.)
+
+// sessionDir is where, inside the sandbox, an older snapshot's session.tar is unpacked for the interpreter.
+const sessionDir = "/.ramify-session"
+
+// Part is one object of a snapshot.
+type Part struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Manifest describes a snapshot.
+type Manifest struct {
+	Version   int                `json:"version"`
+	Sandbox   string             `json:"sandbox"`
+	CreatedAt time.Time          `json:"created_at"`
+	Spec      json.RawMessage    `json:"spec"`
+	Parts     map[string]Part    `json:"parts"`
+	NotSaved  []agent.Skipped    `json:"not_saved"`
+	Extra     map[string]float64 `json:"extra,omitempty"`
+}
+
+// snapshotBytes is the size of a snapshot's parts.
+func snapshotBytes(m Manifest) int64 {
+	var n int64
+	for _, p := range m.Parts {
+		n += p.Size
+	}
+	return n
+}
+
+type bytesReaderT struct {
+	b []byte
+	i int
+}
+
+func (r *bytesReaderT) Read(p []byte) (int, error) {
+	if r.i >= len(r.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b[r.i:])
+	r.i += n
+	return n, nil
+}
+
+func bytesReader(b []byte) io.Reader { return &bytesReaderT{b: b} }
+
+// newPipe returns a pipe with a 1 MiB buffer (fewer wake-ups when a session of gigabytes goes through it).
+func newPipe() (r, w *os.File, err error) {
+	r, w, err = os.Pipe()
+	if err == nil {
+		unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, 1<<20) //nolint:errcheck // a smaller pipe only costs speed
+	}
+	return r, w, err
+}
+
+// saveSession has the interpreter write its session as a session stream into a pipe whose other end goes
+// straight into the snapshot store under key. It returns the stored part and what could not be saved.
+func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) (Part, []agent.Skipped, error) {
+	pr, pw, err := newPipe()
+	if err != nil {
+		return Part{}, nil, err
+	}
+	type put struct {
+		obj snapstore.Object
+		err error
+	}
+	done := make(chan put, 1)
+	go func() {
+		obj, err := s.cfg.Snapshots.Put(ctx, key, pr)
+		pr.Close() // a failed store stops the interpreter's writes (EPIPE)
+		done <- put{obj, err}
+	}()
+	skipped, err := c.SnapshotSession(ctx, pw)
+	p := <-done
+	if err != nil {
+		return Part{}, nil, err
+	}
+	if p.err != nil {
+		return Part{}, nil, fmt.Errorf("write session.bin: %w", p.err)
+	}
+	return Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, skipped, nil
+}
+
+// fileOpener is a snapshot store that can hand out an object's file (the local store).
+type fileOpener interface {
+	OpenFile(ctx context.Context, key string) (*os.File, error)
+}
+
+// loadSession has the interpreter load the snapshot's session.bin while the server checks its size and SHA-256
+// against the manifest; a mismatch fails the load (the caller then discards the sandbox). From a local store the
+// interpreter gets the file itself (read-only) and reads it with direct I/O while the server hashes it
+// alongside; from any other store the part streams through a pipe, hashed on the way.
+func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix string, m Manifest) ([]agent.Skipped, error) {
+	want := m.Parts["session.bin"]
+	key := prefix + "session.bin"
+	rc, err := s.cfg.Snapshots.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot part session.bin is missing: %w", err)
+	}
+	var give, pw *os.File
+	if fo, ok := s.cfg.Snapshots.(fileOpener); ok {
+		give, err = fo.OpenFile(ctx, key)
+	} else {
+		give, pw, err = newPipe()
+	}
+	if err != nil {
+		rc.Close()
+		return nil, fmt.Errorf("snapshot part session.bin: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer rc.Close()
+		h := sha256.New()
+		var n int64
+		var werr error
+		if pw != nil {
+			n, werr = copyHashed(pw, rc, h)
+			pw.Close()
+		} else {
+			n, werr = copyHashed(io.Discard, rc, h)
+		}
+		if err := checkPart("session.bin", n, h, want); err != nil {
+			done <- err
+			return
+		}
+		if werr != nil && !errors.Is(werr, errReaderGone) {
+			done <- werr
+			return
+		}
+		done <- nil
+	}()
+	skipped, err := c.RestoreSession(ctx, give)
+	if cerr := <-done; cerr != nil {
+		return skipped, cerr // the cause, when the interpreter choked on a corrupt stream
+	}
+	return skipped, err
+}
+
+var errReaderGone = errors.New("the interpreter stopped reading")
+
+// copyHashed copies r to w through h with a large buffer. When w fails (the interpreter stopped reading) it
+// goes on reading r into h, so that the caller can still tell a corrupt part from a refused one.
+func copyHashed(w io.Writer, r io.Reader, h io.Writer) (int64, error) {
+	buf := make([]byte, 1<<20)
+	var n int64
+	var werr error
+	for {
+		k, err := r.Read(buf)
+		if k > 0 {
+			h.Write(buf[:k])
+			n += int64(k)
+			if werr == nil {
+				if _, err := w.Write(buf[:k]); err != nil {
+					werr = errReaderGone
+				}
+			}
+		}
+		if err == io.EOF {
+			return n, werr
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
+// putTar streams a tar of dir into the snapshot store.
+func (s *Service) putTar(ctx context.Context, key, dir string, skip func(string) bool) (Part, error) {
+	if _, err := os.Stat(dir); err != nil {
+		return Part{}, err
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := layertar.Write(pw, dir, skip)
+		pw.CloseWithError(err)
+	}()
+	obj, err := s.cfg.Snapshots.Put(ctx, key, pr)
+	pr.CloseWithError(err)
+	if err != nil {
+		return Part{}, err
+	}
+	return Part{Size: obj.Size, SHA256: obj.SHA256}, nil
+}
+
+func (s *Service) readManifest(ctx context.Context, prefix string) (Manifest, error) {
+	var m Manifest
+	rc, err := s.cfg.Snapshots.Get(ctx, prefix+"manifest.json")
+	if err != nil {
+		return m, fmt.Errorf("snapshot %s has no manifest: %w", prefix, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, 16<<20))
+	if err != nil {
+		return m, fmt.Errorf("read manifest: %w", err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m.Version != 1 {
+		return m, errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot %s: corrupt manifest", prefix))
+	}
+	return m, nil
+}
+
+// extractPart streams a part into dir, checking its size and SHA-256 against the manifest.
+func (s *Service) extractPart(ctx context.Context, prefix, name string, m Manifest, dir string) error {
+	want, ok := m.Parts[name]
+	if !ok {
+		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot %s: manifest lists no %s", prefix, name))
+	}
+	rc, err := s.cfg.Snapshots.Get(ctx, prefix+name)
+	if err != nil {
+		return fmt.Errorf("snapshot part %s is missing: %w", name, err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	cr := &countingReader{r: io.TeeReader(rc, h)}
+	_, xerr := layertar.Extract(cr, dir)
+	// Read the rest (tar padding after the end marker counts too; after a failed extract, it tells a corrupt
+	// part from a bad one).
+	io.Copy(io.Discard, cr) //nolint:errcheck
+	if err := checkPart(name, cr.n, h, want); err != nil {
+		return err
+	}
+	if xerr != nil {
+		return fmt.Errorf("snapshot part %s: %w", name, xerr)
+	}
+	return nil
+}
+
+// checkPart compares n bytes read with SHA-256 state h against what the manifest says of part name.
+func checkPart(name string, n int64, h hash.Hash, want Part) error {
+	if got := hex.EncodeToString(h.Sum(nil)); n != want.Size || got != want.SHA256 {
+		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot part %s is corrupt: %d bytes with sha256 %s, manifest says %d bytes with sha256 %s", name, n, got, want.Size, want.SHA256))
+	}
+	return nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
