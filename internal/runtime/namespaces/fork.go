@@ -63,7 +63,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, fmt.Errorf("thaw parent: %w", terr)
 	}
 
-	r.log.Debug("fork phase", "phase", "snapshot", "ms", time.Since(start).Milliseconds())
+	r.log.Debug("fork phase", "phase", "snapshot", "ms", msSince(start))
 	// 2. Children's layers and agents, in parallel.
 	type child struct {
 		spec  runtime.Spec
@@ -111,7 +111,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		}
 	}
 
-	r.log.Debug("fork phase", "phase", "children spawned", "ms", time.Since(start).Milliseconds())
+	r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
 	crashpoint.Hit(crashpoint.ForkAfterChildren)
 	// 3. Fork the parent's interpreter, one child per target.
 	targets := make([]agent.ForkTarget, len(kids))
@@ -138,6 +138,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	if err != nil {
 		return res, fmt.Errorf("fork interpreter: %w", err)
 	}
+	r.log.Debug("fork phase", "phase", "interpreter forked", "ms", msSince(start))
 	// The forked interpreters start in the parent's cgroup; move each into its own before it enters its sandbox
 	// (it waits for that move).
 	procs, err := psb.cg.Procs()
@@ -154,7 +155,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 			return res, fmt.Errorf("move forked interpreter to %s: %w", c.spec.ID, err)
 		}
 	}
-	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", time.Since(start).Milliseconds())
+	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", msSince(start))
 	crashpoint.Hit(crashpoint.ForkAfterInterpreters)
 	// 4. Each child's agent waits for its interpreter to attach, then applies env and cwd.
 	errs := make([]error, len(kids))
@@ -170,7 +171,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, fmt.Errorf("start fork children: %w", err)
 	}
 
-	r.log.Debug("fork phase", "phase", "children attached", "ms", time.Since(start).Milliseconds())
+	r.log.Debug("fork phase", "phase", "children attached", "ms", msSince(start))
 	r.mu.Lock()
 	for _, c := range kids {
 		f.members[c.spec.ID] = true
@@ -182,6 +183,9 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	r.refillSpares(f, len(kids))
 	return res, nil
 }
+
+// msSince is the time since t in milliseconds, to the microsecond (for phase logs).
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 
 // refillSpares has the family's init start spares, in the background, for a next fork like this one: a family
 // that forked n children once is likely to do so again (search rounds, fork and merge loops).
