@@ -268,6 +268,13 @@ def _setns(fd, nstype):
 
 
 _CAPS = os.environ.pop("RAMIFY_CAPS", "")
+# The allocator settings ramify started this interpreter with (see heapEnv in repl.go) are not the sandbox's
+# environment: os.environ, and the processes this interpreter starts, get the sandbox's own values (or none).
+for _k, _v in json.loads(os.environ.pop("RAMIFY_HEAP_ENV", "{}")).items():
+    if _v is None:
+        os.environ.pop(_k, None)
+    else:
+        os.environ[_k] = _v
 
 
 def _confine():
