@@ -154,10 +154,14 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	if err != nil {
 		return res, fmt.Errorf("parent cgroup: %w", err)
 	}
+	byNsPid := make(map[int]int, len(procs)) // one /proc read per process, not one per process and copy
+	for _, p := range procs {
+		byNsPid[nsPidOf(p)] = p
+	}
 	for i, c := range kids {
-		hostPid, err := findByNsPid(procs, pids[i])
-		if err != nil {
-			return res, fmt.Errorf("find forked interpreter: %w", err)
+		hostPid := byNsPid[pids[i]]
+		if hostPid == 0 {
+			return res, fmt.Errorf("find forked interpreter: namespace pid %d not found", pids[i])
 		}
 		undo.add(func() { syscall.Kill(hostPid, syscall.SIGKILL) })
 		if err := c.sb.cg.Add(hostPid); err != nil {
