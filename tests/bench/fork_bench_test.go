@@ -58,11 +58,12 @@ func BenchmarkForkFloor(b *testing.B) {
 		must(c.RunCode(ctx, parent, client.RunCodeRequest{Code: st.setup}))
 		rss, huge := interpreterMemKiB(parent)
 		p("### parent: %s (interpreter RSS %.0f MiB, AnonHugePages %.0f MiB)\n", st.name, float64(rss)/1024, float64(huge)/1024)
-		p("| n | fork until every child answers, p50 | p99 | first fork of the family | floor: n bare os.fork (p50 of 3) | p50 / floor | CPU in the parent's cgroup, p50 | server CPU, p50 | server phases, p50 (ms since the fork began) |")
-		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+		p("| n | fork until every child answers, p50 | p99 | first fork of the family | floor: n bare os.fork (p50 of 3) | p50 / floor | CPU in the parent's cgroup, p50 | server CPU, p50 | USS per child (mean) | server phases, p50 (ms since the fork began) |")
+		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 		first := true
 		for _, n := range ns {
 			var tot, pcpu, scpu stats
+			ussSum, ussN = 0, 0
 			firstS := "-"
 			for r := 0; r < reps+1; r++ {
 				d, pc, sc := forkReady(ctx, b, s, c, parent, n)
@@ -79,8 +80,8 @@ func BenchmarkForkFloor(b *testing.B) {
 			}
 			floor := bareFork(ctx, b, c, parent, n)
 			rows = append(rows, row{key{st.name, n, false}, len(out.String())})
-			p("| %d | %s | %s | %s | %.1f ms | %.1fx | %s | %s |", n, ms(tot.pct(.5)), ms(tot.pct(.99)), firstS, floor,
-				float64(tot.pct(.5).Microseconds())/1000/floor, ms(pcpu.pct(.5)), ms(scpu.pct(.5)))
+			p("| %d | %s | %s | %s | %.1f ms | %.1fx | %s | %s | %.1f MiB |", n, ms(tot.pct(.5)), ms(tot.pct(.99)), firstS, floor,
+				float64(tot.pct(.5).Microseconds())/1000/floor, ms(pcpu.pct(.5)), ms(scpu.pct(.5)), float64(ussSum)/1024/float64(max(ussN, 1)))
 		}
 		c.Delete(ctx, parent)
 		p("")
@@ -99,6 +100,9 @@ func BenchmarkForkFloor(b *testing.B) {
 		os.WriteFile(f, []byte(out.String()), 0o644)
 	}
 }
+
+// ussSum and ussN add up the private memory (USS) of every fork child, measured once it has answered.
+var ussSum, ussN int
 
 type key struct {
 	state string
@@ -129,6 +133,9 @@ func forkReady(ctx context.Context, b *testing.B, s *testserver.Server, c *clien
 	}
 	wg.Wait()
 	wall, parentCPU, serverCPU = time.Since(t), cgroupCPU(parent)-pc0, processCPU(s.Pid())-sc0
+	for _, k := range res.children {
+		ussSum, ussN = ussSum+ussKiB(k), ussN+1
+	}
 	for _, k := range res.children {
 		wg.Add(1)
 		go func(k string) { defer wg.Done(); c.Delete(ctx, k) }(k)
