@@ -261,7 +261,7 @@ func (a *Agent) supervise(fd int) {
 }
 
 // maxPassedFDs is the most descriptors one message may carry (the kernel's SCM_MAX_FD): a fork of 32 children
-// passes 4 namespace descriptors per child.
+// passes 5 descriptors per child (4 namespaces and a pipe).
 const maxPassedFDs = 253
 
 // recvFDs reads one message from c with the descriptors passed along with it.

@@ -58,12 +58,15 @@ type ForkTarget struct {
 	AgentPid int    `json:"agent_pid"` // the child agent's pid in the family's PID namespace
 	Token    string `json:"token"`     // proves to the child agent that this interpreter is the one expected
 	Cwd      string `json:"cwd"`
-	// Cgroup is a fragment of /proc/self/cgroup the forked interpreter waits to see (the server moving it into
-	// the child's cgroup) before it enters the child's namespaces.
+	// Cgroup is a fragment of /proc/self/cgroup the forked interpreter checks (every ramify line must show it)
+	// before it enters the child's namespaces: once told it was moved, or (an interpreter started by an older
+	// ramify, which ignores the fifth descriptor) by polling for it.
 	Cgroup string `json:"cgroup"`
-	// NS is the index, among the descriptors sent with fork_repl, of the first of the child agent's IPC, UTS,
-	// network and mount namespaces (in that order), which the forked interpreter joins: it cannot open them
-	// through /proc, the agent being out of its reach.
+	// NS is the index, among the descriptors sent with fork_repl, of the first of five: the child agent's IPC,
+	// UTS, network and mount namespaces (in that order), which the forked interpreter joins (it cannot open them
+	// through /proc, the agent being out of its reach), and the read end of a pipe to which the server writes
+	// one byte once it has moved the forked interpreter into the child's cgroup. The forked interpreter blocks
+	// on that pipe before it enters the sandbox; end of file without the byte means the fork failed.
 	NS int `json:"ns"`
 }
 

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,6 +109,7 @@ func (p *repl) spawn() (int, error) {
 	cmd := exec.Command("python3", "-u", "-c", replBootstrap)
 	cmd.Env = append(a.environ(nil), "RAMIFY_SECCOMP_BPF="+hex.EncodeToString(a.bpf),
 		"RAMIFY_SECCOMP_FLAGS="+strconv.Itoa(seccomp.FilterFlags), interpreterCapsEnv())
+	cmd.Env = heapEnv(cmd.Env)
 	cmd.Dir = a.workdir("")
 	if _, err := os.Stat(cmd.Dir); err != nil {
 		cmd.Dir = "/"
@@ -146,6 +148,37 @@ func (p *repl) spawn() (int, error) {
 	}
 	p.install(conn, r, cmd.Process.Pid, cmd)
 	return cmd.Process.Pid, nil
+}
+
+// interpreterHeap is the environment that gives the interpreter's heap transparent huge pages: every Python
+// object through glibc's malloc (not pymalloc's 1 MiB arenas, which the kernel cannot back with huge pages),
+// and malloc asking for huge pages for its heap (madvise, glibc >= 2.35). A fork copies a huge page's page
+// table entry instead of 512 small ones: 5 forks of an interpreter holding 200 MB of dicts, lists and strings
+// take ~10 ms of CPU instead of ~100 ms. The price: ~30% more memory for a heap of small objects (malloc's
+// per-object header), a little slower allocation, ~2 MiB more per idle interpreter. It needs THP in "madvise"
+// or "always" mode (/sys/kernel/mm/transparent_hugepage/enabled); with "never" it changes nothing but the
+// allocator. It applies whatever the sandbox's env says: a warm sandbox's interpreter starts before its env is
+// known, and one allocator for all keeps fork and memory figures predictable.
+var interpreterHeap = [][2]string{{"PYTHONMALLOC", "malloc"}, {"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"}}
+
+// heapEnv returns env with the interpreterHeap settings in force, and RAMIFY_HEAP_ENV telling the interpreter
+// what its os.environ should say for them once started (the sandbox's own values, or nothing): the sandbox's
+// environment stays as it was for user code and for the processes it starts.
+func heapEnv(env []string) []string {
+	sandbox := map[string]*string{}
+	for _, kv := range interpreterHeap {
+		sandbox[kv[0]] = nil
+		env = slices.DeleteFunc(env, func(e string) bool {
+			if v, ok := strings.CutPrefix(e, kv[0]+"="); ok {
+				sandbox[kv[0]] = &v
+				return true
+			}
+			return false
+		})
+		env = append(env, kv[0]+"="+kv[1])
+	}
+	restore, _ := json.Marshal(sandbox)
+	return append(env, "RAMIFY_HEAP_ENV="+string(restore))
 }
 
 func (p *repl) install(conn net.Conn, r *bufio.Reader, pid int, cmd *exec.Cmd) {

@@ -1,7 +1,7 @@
 # ramify's in-sandbox Python interpreter loop (embedded in the ramify binary, run as `python3 -c`).
 # It talks JSON lines with the sandbox agent over the socket on fd 3 (or, in a forked child, over a socket it
 # connects itself): {"op": "run", "code": ...} -> stream events, then one {"type": "result", ...}.
-import array, ast, ctypes, fcntl, io, json, linecache, mmap, os, signal, socket, stat, struct, sys, time, traceback
+import array, ast, ctypes, fcntl, io, json, linecache, mmap, os, signal, socket, stat, struct, sys, traceback
 
 _sock = None
 _rfile = None
@@ -268,6 +268,13 @@ def _setns(fd, nstype):
 
 
 _CAPS = os.environ.pop("RAMIFY_CAPS", "")
+# The allocator settings ramify started this interpreter with (see heapEnv in repl.go) are not the sandbox's
+# environment: os.environ, and the processes this interpreter starts, get the sandbox's own values (or none).
+for _k, _v in json.loads(os.environ.pop("RAMIFY_HEAP_ENV", "{}")).items():
+    if _v is None:
+        os.environ.pop(_k, None)
+    else:
+        os.environ[_k] = _v
 
 
 def _confine():
@@ -350,7 +357,7 @@ def _reopen(files):
 
 def _fork(req):
     """Fork this interpreter once per target; each child moves into its target sandbox's namespaces, which come
-    as descriptors with the request (4 per target, from index t["ns"])."""
+    as descriptors with the request (5 per target, from index t["ns"]: 4 namespaces and the "moved" pipe)."""
     nsfds, _rfile.fds = _rfile.fds, []
     try:
         files = _open_files()
@@ -360,7 +367,7 @@ def _fork(req):
             pid = os.fork()
             if pid == 0:
                 try:
-                    own = nsfds[t["ns"]:t["ns"] + 4]
+                    own = nsfds[t["ns"]:t["ns"] + 5]
                     for fd in nsfds:
                         if fd not in own:
                             os.close(fd)
@@ -388,19 +395,20 @@ def _become_child(t, files, nsfds):
     global _sock, _rfile, _emit_sync
     _emit_sync = False
     old = _sock
-    # Wait until the server has moved this process into the child's cgroup.
+    # Wait until the server has moved this process into the child's cgroup: it writes one byte to this pipe
+    # after the move (end of file instead: the fork failed). Blocked in read, a child costs no CPU while it waits.
+    moved = nsfds.pop()
+    if os.read(moved, 1) != b"\x01":
+        _log_failure("not moved into cgroup %s: the fork was abandoned" % t.get("cgroup"))
+        os._exit(72)
+    os.close(moved)
+    # The move writes one controller after another: every ramify controller line must show it.
     marker = t.get("cgroup") or ""
-    deadline = time.monotonic() + 30
-    while marker:
-        # The move writes one controller after another: wait until every ramify controller line shows it.
-        with open("/proc/self/cgroup") as f:
-            lines = [l for l in f.read().splitlines() if "/ramify" in l or marker in l]
-        if lines and all(marker in l for l in lines):
-            break
-        if time.monotonic() > deadline:
-            _log_failure("not moved into cgroup %s within 30s" % marker)
-            os._exit(72)
-        time.sleep(0.0005)
+    with open("/proc/self/cgroup") as f:
+        lines = [l for l in f.read().splitlines() if "/ramify" in l or marker in l]
+    if not marker or not lines or not all(marker in l for l in lines):
+        _log_failure("told it was moved, but not in cgroup %s: %r" % (marker, lines))
+        os._exit(72)
     # Join the target's IPC, UTS, network and mount namespaces (the mount namespace last).
     for fd, flag in zip(nsfds, (0x08000000, 0x04000000, 0x40000000, 0x00020000)):
         _setns(fd, flag)

@@ -63,7 +63,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, fmt.Errorf("thaw parent: %w", terr)
 	}
 
-	r.log.Debug("fork phase", "phase", "snapshot", "ms", time.Since(start).Milliseconds())
+	r.log.Debug("fork phase", "phase", "snapshot", "ms", msSince(start))
 	// 2. Children's layers and agents, in parallel.
 	type child struct {
 		spec  runtime.Spec
@@ -111,52 +111,72 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		}
 	}
 
-	r.log.Debug("fork phase", "phase", "children spawned", "ms", time.Since(start).Milliseconds())
+	r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
 	crashpoint.Hit(crashpoint.ForkAfterChildren)
-	// 3. Fork the parent's interpreter, one child per target.
+	// 3. Fork the parent's interpreter, one child per target. Each forked interpreter waits on a pipe of its own
+	// until the server has moved it into its child's cgroup (step 4), then enters the child's namespaces.
 	targets := make([]agent.ForkTarget, len(kids))
-	var nsFiles []*os.File
-	for i, c := range kids {
-		targets[i] = agent.ForkTarget{AgentPid: c.sb.h.AgentNsPid, Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID), NS: len(nsFiles)}
-		fs, err := namespaceFiles(c.sb.h.AgentPid)
-		if err != nil {
-			for _, f := range nsFiles {
-				f.Close()
+	var passed []*os.File // taken (sent and closed) by ForkInterpreter
+	moved := make([]*os.File, len(kids))
+	defer func() { // a forked interpreter whose pipe closes unwritten exits
+		for _, w := range moved {
+			if w != nil {
+				w.Close()
 			}
+		}
+	}()
+	for i, c := range kids {
+		targets[i] = agent.ForkTarget{AgentPid: c.sb.h.AgentNsPid, Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID), NS: len(passed)}
+		fs, err := namespaceFiles(c.sb.h.AgentPid)
+		if err == nil {
+			var pr *os.File
+			pr, moved[i], err = os.Pipe()
+			fs = append(fs, pr)
+		}
+		passed = append(passed, fs...)
+		if err != nil {
+			closeFiles(passed)
 			return res, fmt.Errorf("fork child %s: %w", c.spec.ID, err)
 		}
-		nsFiles = append(nsFiles, fs...)
 	}
 	pc, err := r.Agent(parent.ID)
 	if err != nil {
-		for _, f := range nsFiles {
-			f.Close()
-		}
+		closeFiles(passed)
 		return res, err
 	}
-	pids, err := pc.ForkInterpreter(ctx, targets, nsFiles)
+	pids, err := pc.ForkInterpreter(ctx, targets, passed)
 	if err != nil {
 		return res, fmt.Errorf("fork interpreter: %w", err)
 	}
-	// The forked interpreters start in the parent's cgroup; move each into its own before it enters its sandbox
-	// (it waits for that move).
+	r.log.Debug("fork phase", "phase", "interpreter forked", "ms", msSince(start))
+	// 4. The forked interpreters start in the parent's cgroup: move each into its own, then tell it so.
 	procs, err := psb.cg.Procs()
 	if err != nil {
 		return res, fmt.Errorf("parent cgroup: %w", err)
 	}
+	byNsPid := make(map[int]int, len(procs)) // one /proc read per process, not one per process and copy
+	for _, p := range procs {
+		byNsPid[nsPidOf(p)] = p
+	}
 	for i, c := range kids {
-		hostPid, err := findByNsPid(procs, pids[i])
-		if err != nil {
-			return res, fmt.Errorf("find forked interpreter: %w", err)
+		hostPid := byNsPid[pids[i]]
+		if hostPid == 0 {
+			return res, fmt.Errorf("find forked interpreter: namespace pid %d not found", pids[i])
 		}
 		undo.add(func() { syscall.Kill(hostPid, syscall.SIGKILL) })
 		if err := c.sb.cg.Add(hostPid); err != nil {
 			return res, fmt.Errorf("move forked interpreter to %s: %w", c.spec.ID, err)
 		}
+		_, err = moved[i].Write([]byte{1})
+		moved[i].Close()
+		moved[i] = nil
+		if err != nil {
+			return res, fmt.Errorf("tell forked interpreter of %s it was moved: %w", c.spec.ID, err)
+		}
 	}
-	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", time.Since(start).Milliseconds())
+	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", msSince(start))
 	crashpoint.Hit(crashpoint.ForkAfterInterpreters)
-	// 4. Each child's agent waits for its interpreter to attach, then applies env and cwd.
+	// 5. Each child's agent waits for its interpreter to attach, then applies env and cwd.
 	errs := make([]error, len(kids))
 	for i, c := range kids {
 		wg.Add(1)
@@ -170,7 +190,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, fmt.Errorf("start fork children: %w", err)
 	}
 
-	r.log.Debug("fork phase", "phase", "children attached", "ms", time.Since(start).Milliseconds())
+	r.log.Debug("fork phase", "phase", "children attached", "ms", msSince(start))
 	r.mu.Lock()
 	for _, c := range kids {
 		f.members[c.spec.ID] = true
@@ -182,6 +202,9 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	r.refillSpares(f, len(kids))
 	return res, nil
 }
+
+// msSince is the time since t in milliseconds, to the microsecond (for phase logs).
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 
 // refillSpares has the family's init start spares, in the background, for a next fork like this one: a family
 // that forked n children once is likely to do so again (search rounds, fork and merge loops).
@@ -201,6 +224,12 @@ func (r *Runtime) refillSpares(f *family, n int) {
 	}()
 }
 
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
+
 // namespaceFiles opens the IPC, UTS, network and mount namespaces of the agent with host pid pid, in the order
 // a forked interpreter joins them (agent.ForkTarget.NS).
 func namespaceFiles(pid int) ([]*os.File, error) {
@@ -218,8 +247,8 @@ func namespaceFiles(pid int) ([]*os.File, error) {
 	return out, nil
 }
 
-// cgroupMarker is the path fragment a forked interpreter waits to see in /proc/self/cgroup before it enters
-// its sandbox: proof that the server moved it into the child's cgroup.
+// cgroupMarker is the path fragment a forked interpreter checks in /proc/self/cgroup, once told it was moved,
+// before it enters its sandbox (interpreters started by an older ramify poll for it instead of being told).
 func cgroupMarker(id string) string { return "/" + id }
 
 // Swap implements runtime.Forker (merge_into): the parent's old processes, cgroup, network and layer are

@@ -142,13 +142,3 @@ func nsPidOf(pid int) int {
 	}
 	return 0
 }
-
-// findByNsPid finds, among pids, the one whose namespace pid is nsPid.
-func findByNsPid(pids []int, nsPid int) (int, error) {
-	for _, p := range pids {
-		if nsPidOf(p) == nsPid {
-			return p, nil
-		}
-	}
-	return 0, fmt.Errorf("namespace pid %d not found", nsPid)
-}

@@ -1,0 +1,220 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+// forkStates are the parent states BenchmarkForkFloor forks: a numpy array (which numpy backs with transparent
+// huge pages where the kernel allows them) and the same size in ordinary Python objects (pymalloc arenas and
+// malloc: what most agents' state looks like).
+var forkStates = []struct{ name, setup string }{
+	{"200 MB numpy array", "import numpy as np\ndata = np.ones(25_000_000)\nint(data.nbytes)"},
+	{"~200 MB of Python objects (dicts, lists, strings)",
+		"data = [{'k': i, 's': 'v%08d' % i, 'l': [i, i + 1]} for i in range(600_000)]\nlen(data)"},
+}
+
+// BenchmarkForkFloor times fork(n) until every child has answered its first run_code, beside its floor measured
+// in the same run (n bare os.fork() of the same interpreter, inside the parent's sandbox), for each kind of
+// parent state, and summarizes the server's fork phases (debug logs). n and the repetitions come from
+// RAMIFY_BENCH_FORK_N (default "1,5,32") and RAMIFY_BENCH_FORK_REPS (default 5). Run with
+// `make bench BENCH=ForkFloor`.
+func BenchmarkForkFloor(b *testing.B) {
+	ns := []int{1, 5, 32}
+	if v := os.Getenv("RAMIFY_BENCH_FORK_N"); v != "" {
+		ns = nil
+		for _, f := range strings.Split(v, ",") {
+			ns = append(ns, must(strconv.Atoi(strings.TrimSpace(f))))
+		}
+	}
+	reps := 5
+	if v := os.Getenv("RAMIFY_BENCH_FORK_REPS"); v != "" {
+		reps = must(strconv.Atoi(v))
+	}
+	s := testserver.Start(b, append([]string{"--log-level", "debug"}, strings.Fields(os.Getenv("RAMIFY_BENCH_EXTRA_ARGS"))...)...)
+	c := s.Client
+	ctx := context.Background()
+	out := &strings.Builder{}
+	p := func(format string, a ...any) { fmt.Fprintf(out, format+"\n", a...) }
+	var forkNs []key // every fork of the run, in order
+	var rows []row   // where each table row begins in out
+	load, _ := os.ReadFile("/proc/loadavg")
+	p("\n## fork beside its floor (%s, load %s)\n", time.Now().UTC().Format(time.RFC3339), strings.Join(strings.Fields(string(load))[:3], " "))
+	for _, st := range forkStates {
+		// 2 GiB each: 33 sandboxes of that stay within the server's default memory overcommit.
+		parent := must(c.Create(ctx, client.CreateRequest{MemMiB: 2048})).ID
+		must(c.RunCode(ctx, parent, client.RunCodeRequest{Code: st.setup}))
+		rss, huge := interpreterMemKiB(parent)
+		p("### parent: %s (interpreter RSS %.0f MiB, AnonHugePages %.0f MiB)\n", st.name, float64(rss)/1024, float64(huge)/1024)
+		p("| n | fork until every child answers, p50 | p99 | first fork of the family | floor: n bare os.fork (p50 of 3) | p50 / floor | CPU in the parent's cgroup, p50 | server CPU, p50 | USS per child (mean) | server phases, p50 (ms since the fork began) |")
+		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+		first := true
+		for _, n := range ns {
+			var tot, pcpu, scpu stats
+			ussSum, ussN = 0, 0
+			firstS := "-"
+			for r := 0; r < reps+1; r++ {
+				d, pc, sc := forkReady(ctx, b, s, c, parent, n)
+				forkNs = append(forkNs, key{st.name, n, r == 0})
+				if r == 0 {
+					// The family's first fork starts an agent per child; later ones find spares.
+					if first {
+						firstS = ms(d)
+					}
+					first = false
+					continue
+				}
+				tot, pcpu, scpu = append(tot, d), append(pcpu, pc), append(scpu, sc)
+			}
+			floor := bareFork(ctx, b, c, parent, n)
+			rows = append(rows, row{key{st.name, n, false}, len(out.String())})
+			p("| %d | %s | %s | %s | %.1f ms | %.1fx | %s | %s | %.1f MiB |", n, ms(tot.pct(.5)), ms(tot.pct(.99)), firstS, floor,
+				float64(tot.pct(.5).Microseconds())/1000/floor, ms(pcpu.pct(.5)), ms(scpu.pct(.5)), float64(ussSum)/1024/float64(max(ussN, 1)))
+		}
+		c.Delete(ctx, parent)
+		p("")
+	}
+	// Each row's last column: the server's fork phases of that row's forks (they ran one at a time, in order).
+	phases := forkPhases(s.Log(), forkNs)
+	text := out.String()
+	for i := len(rows) - 1; i >= 0; i-- {
+		at := rows[i].at + strings.IndexByte(text[rows[i].at:], '\n')
+		text = text[:at] + " " + phases[rows[i].key] + " |" + text[at:]
+	}
+	fmt.Print(text)
+	out.Reset()
+	out.WriteString(text)
+	if f := os.Getenv("RAMIFY_BENCH_OUT"); f != "" {
+		os.WriteFile(f, []byte(out.String()), 0o644)
+	}
+}
+
+// ussSum and ussN add up the private memory (USS) of every fork child, measured once it has answered.
+var ussSum, ussN int
+
+type key struct {
+	state string
+	n     int
+	first bool
+}
+
+type row struct {
+	key key
+	at  int
+}
+
+// forkReady forks parent into n children and returns the time until every child has answered a run_code, with
+// the CPU time charged meanwhile to the parent's cgroup (its interpreter's forking, and the forked interpreters
+// until they are moved out) and used by the server process; the children are deleted afterwards, and the
+// family's spare agents given time to be started again.
+func forkReady(ctx context.Context, b *testing.B, s *testserver.Server, c *client.Client, parent string, n int) (wall, parentCPU, serverCPU time.Duration) {
+	pc0, sc0 := cgroupCPU(parent), processCPU(s.Pid())
+	t := time.Now()
+	res, err := forkRaw(ctx, s, parent, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for _, k := range res.children {
+		wg.Add(1)
+		go func(k string) { defer wg.Done(); must(c.RunCode(ctx, k, client.RunCodeRequest{Code: "1"})) }(k)
+	}
+	wg.Wait()
+	wall, parentCPU, serverCPU = time.Since(t), cgroupCPU(parent)-pc0, processCPU(s.Pid())-sc0
+	for _, k := range res.children {
+		ussSum, ussN = ussSum+ussKiB(k), ussN+1
+	}
+	for _, k := range res.children {
+		wg.Add(1)
+		go func(k string) { defer wg.Done(); c.Delete(ctx, k) }(k)
+	}
+	wg.Wait()
+	time.Sleep(time.Duration(300+20*n) * time.Millisecond) // spares refill in the background after a fork
+	return wall, parentCPU, serverCPU
+}
+
+// cgroupCPU is the CPU time used so far by sandbox id's cgroup (cgroup v1 cpuacct).
+func cgroupCPU(id string) time.Duration {
+	files, _ := filepath.Glob("/sys/fs/cgroup/cpuacct/ramify/*/" + id + "/cpuacct.usage")
+	if len(files) == 0 {
+		return 0
+	}
+	b, _ := os.ReadFile(files[0])
+	v, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return time.Duration(v)
+}
+
+// processCPU is the user and system CPU time used so far by process pid (all its threads).
+func processCPU(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * (time.Second / 100) // USER_HZ
+}
+
+// interpreterMemKiB is the RSS and AnonHugePages of the python3 process in sandbox id's cgroup.
+func interpreterMemKiB(id string) (rss, huge int) {
+	for _, pid := range testserver.SandboxPids(id) {
+		p := strconv.Itoa(pid)
+		if cmd, _ := os.ReadFile("/proc/" + p + "/cmdline"); strings.HasPrefix(string(cmd), "python3") {
+			return smapsField(p, "Rss:"), smapsField(p, "AnonHugePages:")
+		}
+	}
+	return 0, 0
+}
+
+var phaseLine = regexp.MustCompile(`msg="fork phase" phase="?([^"=]+?)"? ms=([0-9.]+)`)
+
+// forkPhases summarizes the server's "fork phase" debug lines per kind of fork (forks is every fork of the run,
+// in order; each began with a "snapshot" phase): each phase's median time since its fork began.
+func forkPhases(log string, forks []key) map[key]string {
+	byKey := map[key]map[string][]float64{}
+	var order []string
+	seen := map[string]bool{}
+	f := -1
+	for _, m := range phaseLine.FindAllStringSubmatch(log, -1) {
+		if m[1] == "snapshot" {
+			f++
+		}
+		if f < 0 || f >= len(forks) {
+			continue
+		}
+		v, _ := strconv.ParseFloat(m[2], 64)
+		if !seen[m[1]] {
+			seen[m[1]] = true
+			order = append(order, m[1])
+		}
+		if byKey[forks[f]] == nil {
+			byKey[forks[f]] = map[string][]float64{}
+		}
+		byKey[forks[f]][m[1]] = append(byKey[forks[f]][m[1]], v)
+	}
+	out := map[key]string{}
+	for k, phases := range byKey {
+		var parts []string
+		for _, ph := range order {
+			if v := phases[ph]; len(v) > 0 {
+				sort.Float64s(v)
+				parts = append(parts, fmt.Sprintf("%s %.1f", ph, v[len(v)/2]))
+			}
+		}
+		out[k] = strings.Join(parts, ", ")
+	}
+	return out
+}
