@@ -45,38 +45,89 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 			undo.run()
 		}
 	}()
+	// 1. The parent's layer at one instant.
+	base, pause, err := r.snapshotParent(ctx, psb, parent)
+	if err != nil {
+		return res, err
+	}
+	res.PauseWindow = pause
+	defer r.cfg.Layers.Remove(context.Background(), base) //nolint:errcheck // the base is only a staging copy
+	r.log.Debug("fork phase", "phase", "snapshot", "ms", msSince(start))
+	// 2. Each child's layer (a clone of the base) and agent.
+	kids, err := r.makeChildren(ctx, f, base, children, &undo)
+	if err != nil {
+		return res, err
+	}
+	r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
+	crashpoint.Hit(crashpoint.ForkAfterChildren)
+	// 3. The parent's interpreter forked once per child.
+	pids, moved, err := r.forkInterpreter(ctx, parent.ID, kids)
+	defer closeFiles(moved) // a forked interpreter whose pipe closes unwritten exits
+	if err != nil {
+		return res, err
+	}
+	r.log.Debug("fork phase", "phase", "interpreter forked", "ms", msSince(start))
+	// 4. Each forked interpreter moved into its child's cgroup, and told so.
+	if err := r.moveForked(psb, kids, pids, moved, &undo); err != nil {
+		return res, err
+	}
+	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", msSince(start))
+	crashpoint.Hit(crashpoint.ForkAfterInterpreters)
+	// 5. Each child's agent waits for its interpreter to attach, then applies env and cwd.
+	if err := startForked(ctx, kids); err != nil {
+		return res, err
+	}
+	r.log.Debug("fork phase", "phase", "children attached", "ms", msSince(start))
+	r.mu.Lock()
+	for _, c := range kids {
+		f.members[c.spec.ID] = true
+		r.sandboxes[c.spec.ID] = c.sb
+		res.Children = append(res.Children, c.sb.h)
+	}
+	r.mu.Unlock()
+	res.Total = time.Since(start)
+	r.refillSpares(f, len(kids))
+	return res, nil
+}
 
-	// 1. Snapshot the parent's layer at one instant: freeze, snapshot, thaw.
+// forkChild is one child of a fork being made.
+type forkChild struct {
+	spec  runtime.Spec
+	token string // proves to the child's agent that the interpreter attaching is the one forked for it
+	sb    *sandbox
+	err   error
+}
+
+// snapshotParent clones the parent's layer into a staging layer at one instant (frozen around the clone) and
+// returns its name and how long the parent was frozen. The caller removes the staging layer.
+func (r *Runtime) snapshotParent(ctx context.Context, psb *sandbox, parent runtime.Handle) (string, time.Duration, error) {
 	base := "fork-" + newToken()[:16]
 	if err := psb.cg.Freeze(ctx); err != nil {
-		return res, fmt.Errorf("freeze parent: %w", err)
+		return "", 0, fmt.Errorf("freeze parent: %w", err)
 	}
 	frozen := time.Now()
 	_, cerr := r.cfg.Layers.Clone(ctx, parent.Layer(), base)
 	terr := psb.cg.Thaw(context.Background())
-	res.PauseWindow = time.Since(frozen)
+	pause := time.Since(frozen)
 	if cerr != nil {
-		return res, fmt.Errorf("snapshot parent layer: %w", cerr)
+		return "", pause, fmt.Errorf("snapshot parent layer: %w", cerr)
 	}
-	defer r.cfg.Layers.Remove(context.Background(), base) //nolint:errcheck // the base is only a staging copy
 	if terr != nil {
-		return res, fmt.Errorf("thaw parent: %w", terr)
+		r.cfg.Layers.Remove(context.Background(), base) //nolint:errcheck
+		return "", pause, fmt.Errorf("thaw parent: %w", terr)
 	}
+	return base, pause, nil
+}
 
-	r.log.Debug("fork phase", "phase", "snapshot", "ms", msSince(start))
-	// 2. Children's layers and agents, in parallel.
-	type child struct {
-		spec  runtime.Spec
-		token string
-		sb    *sandbox
-		err   error
-	}
-	kids := make([]*child, len(children))
+// makeChildren clones the base layer and spawns an agent for each child, in parallel. What it made is undone
+// by undo when the fork fails later; when it fails itself, it has already been added to undo.
+func (r *Runtime) makeChildren(ctx context.Context, f *family, base string, children []runtime.Spec, undo *cleanup) ([]*forkChild, error) {
+	kids := make([]*forkChild, len(children))
 	var wg sync.WaitGroup
 	for i, spec := range children {
-		kids[i] = &child{spec: spec, token: newToken()}
+		kids[i] = &forkChild{spec: spec, token: newToken()}
 		wg.Add(1)
-		go func(c *child) {
+		go func(c *forkChild) {
 			defer wg.Done()
 			dir, err := r.cfg.Layers.Clone(ctx, base, c.spec.ID)
 			if err != nil {
@@ -107,24 +158,20 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	})
 	for _, c := range kids {
 		if c.err != nil {
-			return res, fmt.Errorf("fork child %s: %w", c.spec.ID, c.err)
+			return nil, fmt.Errorf("fork child %s: %w", c.spec.ID, c.err)
 		}
 	}
+	return kids, nil
+}
 
-	r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
-	crashpoint.Hit(crashpoint.ForkAfterChildren)
-	// 3. Fork the parent's interpreter, one child per target. Each forked interpreter waits on a pipe of its own
-	// until the server has moved it into its child's cgroup (step 4), then enters the child's namespaces.
+// forkInterpreter forks the parent's interpreter, one copy per child. Each copy gets its child's namespaces and
+// the read end of a pipe on which it waits, until the server has moved it into its child's cgroup (moveForked),
+// before it enters them. It returns the copies' pids (family PID namespace) and the pipes' write ends, which the
+// caller closes (a copy whose pipe closes unwritten exits).
+func (r *Runtime) forkInterpreter(ctx context.Context, parentID string, kids []*forkChild) ([]int, []*os.File, error) {
 	targets := make([]agent.ForkTarget, len(kids))
 	var passed []*os.File // taken (sent and closed) by ForkInterpreter
 	moved := make([]*os.File, len(kids))
-	defer func() { // a forked interpreter whose pipe closes unwritten exits
-		for _, w := range moved {
-			if w != nil {
-				w.Close()
-			}
-		}
-	}()
 	for i, c := range kids {
 		targets[i] = agent.ForkTarget{AgentPid: c.sb.h.AgentNsPid, Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID), NS: len(passed)}
 		fs, err := namespaceFiles(c.sb.h.AgentPid)
@@ -136,23 +183,27 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		passed = append(passed, fs...)
 		if err != nil {
 			closeFiles(passed)
-			return res, fmt.Errorf("fork child %s: %w", c.spec.ID, err)
+			return nil, moved, fmt.Errorf("fork child %s: %w", c.spec.ID, err)
 		}
 	}
-	pc, err := r.Agent(parent.ID)
+	pc, err := r.Agent(parentID)
 	if err != nil {
 		closeFiles(passed)
-		return res, err
+		return nil, moved, err
 	}
 	pids, err := pc.ForkInterpreter(ctx, targets, passed)
 	if err != nil {
-		return res, fmt.Errorf("fork interpreter: %w", err)
+		return nil, moved, fmt.Errorf("fork interpreter: %w", err)
 	}
-	r.log.Debug("fork phase", "phase", "interpreter forked", "ms", msSince(start))
-	// 4. The forked interpreters start in the parent's cgroup: move each into its own, then tell it so.
+	return pids, moved, nil
+}
+
+// moveForked moves each forked interpreter, which starts in the parent's cgroup, into its child's, then writes
+// its pipe; a failure kills the copies moved so far (through undo). Each pipe written is closed and cleared.
+func (r *Runtime) moveForked(psb *sandbox, kids []*forkChild, pids []int, moved []*os.File, undo *cleanup) error {
 	procs, err := psb.cg.Procs()
 	if err != nil {
-		return res, fmt.Errorf("parent cgroup: %w", err)
+		return fmt.Errorf("parent cgroup: %w", err)
 	}
 	byNsPid := make(map[int]int, len(procs)) // one /proc read per process, not one per process and copy
 	for _, p := range procs {
@@ -161,46 +212,38 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	for i, c := range kids {
 		hostPid := byNsPid[pids[i]]
 		if hostPid == 0 {
-			return res, fmt.Errorf("find forked interpreter: namespace pid %d not found", pids[i])
+			return fmt.Errorf("find forked interpreter: namespace pid %d not found", pids[i])
 		}
 		undo.add(func() { syscall.Kill(hostPid, syscall.SIGKILL) })
 		if err := c.sb.cg.Add(hostPid); err != nil {
-			return res, fmt.Errorf("move forked interpreter to %s: %w", c.spec.ID, err)
+			return fmt.Errorf("move forked interpreter to %s: %w", c.spec.ID, err)
 		}
 		_, err = moved[i].Write([]byte{1})
 		moved[i].Close()
 		moved[i] = nil
 		if err != nil {
-			return res, fmt.Errorf("tell forked interpreter of %s it was moved: %w", c.spec.ID, err)
+			return fmt.Errorf("tell forked interpreter of %s it was moved: %w", c.spec.ID, err)
 		}
 	}
-	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", msSince(start))
-	crashpoint.Hit(crashpoint.ForkAfterInterpreters)
-	// 5. Each child's agent waits for its interpreter to attach, then applies env and cwd.
+	return nil
+}
+
+// startForked has each child's agent wait for its interpreter to attach and give it the child's env and cwd.
+func startForked(ctx context.Context, kids []*forkChild) error {
 	errs := make([]error, len(kids))
+	var wg sync.WaitGroup
 	for i, c := range kids {
 		wg.Add(1)
-		go func(i int, c *child) {
+		go func(i int, c *forkChild) {
 			defer wg.Done()
 			errs[i] = c.sb.client.Start(ctx, agent.StartRequest{Env: c.spec.Env, Cwd: c.spec.Cwd})
 		}(i, c)
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return res, fmt.Errorf("start fork children: %w", err)
+		return fmt.Errorf("start fork children: %w", err)
 	}
-
-	r.log.Debug("fork phase", "phase", "children attached", "ms", msSince(start))
-	r.mu.Lock()
-	for _, c := range kids {
-		f.members[c.spec.ID] = true
-		r.sandboxes[c.spec.ID] = c.sb
-		res.Children = append(res.Children, c.sb.h)
-	}
-	r.mu.Unlock()
-	res.Total = time.Since(start)
-	r.refillSpares(f, len(kids))
-	return res, nil
+	return nil
 }
 
 // msSince is the time since t in milliseconds, to the microsecond (for phase logs).
