@@ -138,3 +138,9 @@ func (c *Client) Diff(ctx context.Context, a, b string, paths []string) (*Diff, 
 	}
 	return &d, nil
 }
+
+// PortURL is the API's URL of a port of an ingress-enabled sandbox: requests to it (and to paths under it) go to
+// that port inside the sandbox, with the API key in Authorization or X-Api-Key (which is not forwarded).
+func (c *Client) PortURL(id string, port int) string {
+	return c.base + sandboxPath(id, "/ports/"+strconv.Itoa(port)+"/")
+}

@@ -2,6 +2,8 @@ package client
 
 import (
 	"encoding/json"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -26,6 +28,7 @@ type Sandbox struct {
 	MaxProcs  int               `json:"max_procs"`
 	DiskMiB   int               `json:"disk_mib"`
 	Egress    []string          `json:"egress"` // nil: the server's default policy (public internet only)
+	Ingress   Ingress           `json:"ingress"`
 	Shape     string            `json:"shape"`
 	TimeoutS  int               `json:"timeout_s"`
 	OnTimeout string            `json:"on_timeout"`
@@ -89,6 +92,27 @@ type CreateRequest struct {
 	// Egress is the outbound allowlist (CIDRs, IPs, hostnames, optionally with :port): nil means the server's
 	// default policy (the public internet), an empty non-nil slice means no outbound traffic at all.
 	Egress []string `json:"-"`
+	// IngressEnabled makes the sandbox's ports reachable over HTTP: through the server's ingress listener
+	// (Sandbox.Ingress.URL) and through the API (Client.PortURL). Fork children inherit it.
+	IngressEnabled bool `json:"ingress_enabled,omitempty"`
+}
+
+// Ingress says whether a sandbox's ports are reachable over HTTP, and where ("{port}" stands for the port).
+type Ingress struct {
+	Enabled bool `json:"enabled"`
+	// URLTemplate is the ingress listener's URL ("http://{port}-<id without sbx_>.localhost:7080/"), no key
+	// needed; empty when the server has no ingress listener.
+	URLTemplate string `json:"url_template,omitempty"`
+	// PathTemplate is the API's route ("/v1/sandboxes/<id>/ports/{port}/"), with the API key.
+	PathTemplate string `json:"path_template,omitempty"`
+}
+
+// URL is the ingress listener's URL of port, or "" when there is none (ingress off, or no listener).
+func (g Ingress) URL(port int) string {
+	if g.URLTemplate == "" {
+		return ""
+	}
+	return strings.Replace(g.URLTemplate, "{port}", strconv.Itoa(port), 1)
 }
 
 // MarshalJSON sends egress only when set, keeping an empty list (no outbound traffic) apart from none.

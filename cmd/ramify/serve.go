@@ -62,6 +62,7 @@ type serveFlags struct {
 	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel  string
 	warmPool, spareAgents                                                     int
 	observe                                                                   observeFlags
+	ingress                                                                   ingressFlags
 	spareIdle                                                                 time.Duration
 	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret string
 	s3Secure                                                                  bool
@@ -102,6 +103,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.BoolVar(&f.s3Secure, "s3-tls", os.Getenv("RAMIFY_S3_TLS") == "1", "use HTTPS for S3 (env RAMIFY_S3_TLS=1)")
 	fs.StringVar(&f.runtimeBinary, "runtime-binary", os.Getenv("RAMIFY_RUNTIME_BINARY"), "static ramify binary to run as family init and agent (default: this one; set it when this one is not static, e.g. built with -race)")
 	f.observe.register(fs)
+	f.ingress.register(fs)
 	fs.StringVar(&f.logLevel, "log-level", envOr("RAMIFY_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -116,6 +118,9 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 		return nil, fmt.Errorf("--mem-overcommit and --cpu-overcommit must be positive")
 	}
 	if err := f.observe.validate(); err != nil {
+		return nil, err
+	}
+	if err := f.ingress.validate(); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -281,7 +286,11 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	hub := events.New(f.observe.eventHistory)
 	// The default local store lives in the data directory, which the lock makes this server's alone.
 	exclusive := f.s3Endpoint == "" && f.snapshotDir == ""
-	svc, err := sandbox.New(ctx, sandbox.Config{Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
+	ingressHost, err := f.ingress.open()
+	if err != nil {
+		return err
+	}
+	svc, err := sandbox.New(ctx, sandbox.Config{IngressHost: ingressHost, Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
 		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool,
 		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit, Events: hub})
 	if err != nil {
@@ -300,6 +309,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	defer stopMetrics()
+	defer f.ingress.serve(apiSrv, log)()
 	url := "http://" + ln.Addr().String()
 	fmt.Fprintf(os.Stderr, "\nramify %s serving on %s (layers: %s, cgroups v%d, snapshots: %s, image %s)\n", version, url, layers.Name(), cg.Version(), snaps.Name(), img.Rootfs)
 	// The key is printed in full only once, when it is generated: later starts (and their logs) say where it is.

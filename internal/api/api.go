@@ -71,6 +71,7 @@ func (s *Server) routes() {
 	s.handle("GET /v1/sandboxes/{id}/files/archive", s.auth(s.downloadArchive))
 	s.handle("PUT /v1/sandboxes/{id}/files/archive", s.auth(s.uploadArchive))
 	s.extraRoutes(m)
+	s.ingressRoutes()
 	s.observeRoutes()
 	s.docRoutes(m)
 }

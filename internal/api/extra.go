@@ -76,6 +76,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		N           json.RawMessage `json:"n"` // raw: an explicit null is refused, not taken for "absent"
 		StartPaused bool            `json:"start_paused"`
 		Egress      *[]string       `json:"egress"`
+		Ingress     *bool           `json:"ingress_enabled"`
 	}
 	if err := decode(w, r, &req, true); err != nil {
 		writeError(w, err)
@@ -88,7 +89,8 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	res, err := s.svc.ForkWithEgress(r.Context(), r.PathValue("id"), n, req.StartPaused, req.Egress)
+	res, err := s.svc.ForkWithOptions(r.Context(), r.PathValue("id"), n,
+		sandbox.ForkOptions{StartPaused: req.StartPaused, Egress: req.Egress, IngressEnabled: req.Ingress})
 	if err != nil {
 		writeError(w, err)
 		return

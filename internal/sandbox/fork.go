@@ -55,6 +55,32 @@ func (s *Service) ForkWith(ctx context.Context, id string, n int, startPaused bo
 // ForkWithEgress is ForkWith; a non-nil egress gives the children that egress list (see CreateRequest.Egress:
 // *egress == nil is the default policy, an empty list no outbound traffic) instead of the parent's.
 func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPaused bool, egress *[]string) (ForkResult, error) {
+	return s.ForkWithOptions(ctx, id, n, ForkOptions{StartPaused: startPaused, Egress: egress})
+}
+
+// ForkOptions are what a fork call may set for its children; nil fields keep the parent's.
+type ForkOptions struct {
+	StartPaused bool
+	// Egress replaces the parent's egress list (see CreateRequest.Egress: *Egress == nil is the default policy).
+	Egress *[]string
+	// IngressEnabled replaces the parent's ingress_enabled.
+	IngressEnabled *bool
+}
+
+// apply gives spec the options' overrides and reports whether there were any.
+func (o ForkOptions) apply(spec *CreateRequest) bool {
+	if o.Egress != nil {
+		spec.Egress = *o.Egress
+	}
+	if o.IngressEnabled != nil {
+		spec.IngressEnabled = *o.IngressEnabled
+	}
+	return o.Egress != nil || o.IngressEnabled != nil
+}
+
+// ForkWithOptions is Fork with the options of a fork call.
+func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkOptions) (ForkResult, error) {
+	startPaused, egress := o.StartPaused, o.Egress
 	if n < 1 || n > MaxForkChildren {
 		return ForkResult{}, invalid("n must be between 1 and %d", MaxForkChildren)
 	}
@@ -82,7 +108,7 @@ func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPau
 		if err := s.snapshots(); err != nil {
 			return ForkResult{}, err
 		}
-		res, err := s.forkPaused(ctx, e, n, startPaused, egress)
+		res, err := s.forkPaused(ctx, e, n, startPaused, o)
 		release()
 		if err == nil && !startPaused {
 			s.resumeForked(ctx, res.Children)
@@ -90,9 +116,7 @@ func (s *Service) ForkWithEgress(ctx context.Context, id string, n int, startPau
 		return res, err
 	}
 	parent, spec := e.handle, e.spec
-	if egress != nil {
-		spec.Egress = *egress
-	}
+	o.apply(&spec)
 	if err := s.admitLocked(spec, n); err != nil {
 		s.mu.Unlock()
 		return ForkResult{}, fmt.Errorf("fork %s: %w", id, err)

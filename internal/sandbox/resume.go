@@ -151,15 +151,14 @@ func (s *Service) commitResume(e *entry, h runtime.Handle, prefix string, m Mani
 // every child's snapshot is copied, then every child's record is written in one transaction (the commit point);
 // a failure before that undoes what was done. The children are paused; unless startPaused, each then resumes
 // (in the background: a failed resume leaves that child in error, like any resume). The caller holds e.
-// A non-nil egress gives the children that egress list instead of the parent's.
-func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused bool, egress *[]string) (ForkResult, error) {
+// The options' overrides (egress, ingress_enabled) replace the parent's in the children's spec.
+func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused bool, o ForkOptions) (ForkResult, error) {
 	s.mu.Lock()
 	parent := e.rec
 	spec := e.spec
 	s.mu.Unlock()
 	childSpec := parent.Spec
-	if egress != nil {
-		spec.Egress = *egress
+	if o.apply(&spec) {
 		childSpec, _ = json.Marshal(spec)
 	}
 	out := ForkResult{Note: "forked from a paused sandbox's snapshot: each child is an independent sandbox with its own id and address"}

@@ -58,6 +58,9 @@ type Config struct {
 	HostCPUs, HostMemMiB int
 	// Events receives the lifecycle events (observe.go); nil: none are published.
 	Events *events.Hub
+	// IngressHost is the ingress listener's public host (domain and port, "localhost:7080"); empty: no ingress
+	// listener (the API's ports route still serves ingress-enabled sandboxes).
+	IngressHost string
 }
 
 // DefaultCloseTimeout is Config.CloseTimeout's default.
@@ -383,6 +386,7 @@ func (s *Service) info(e *entry) Info {
 		CreatedAt: r.CreatedAt, FamilyID: r.FamilyID, Error: r.Error,
 	}
 	in.Egress = spec.Egress
+	in.Ingress = s.ingressInfo(r.ID, spec)
 	in.DiskMiB = spec.DiskMiB
 	if in.Metadata == nil {
 		in.Metadata = map[string]string{}

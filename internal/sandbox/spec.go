@@ -26,6 +26,8 @@ type CreateRequest struct {
 	// Egress is the outbound allowlist (network.ParseEgress): absent (nil) is the server's default policy (the
 	// public internet only), [] is no outbound traffic. No omitempty: the stored spec must keep [] apart from nil.
 	Egress []string `json:"egress"`
+	// IngressEnabled lets HTTP clients reach the sandbox's ports through the server's ingress (ingress.go).
+	IngressEnabled bool `json:"ingress_enabled,omitempty"`
 }
 
 // Defaults and bounds of a sandbox's shape.
@@ -167,6 +169,8 @@ type Info struct {
 	Error      string            `json:"error"`
 	// Egress is the outbound allowlist; null means the server's default policy (public internet only).
 	Egress []string `json:"egress"`
+	// Ingress says whether the sandbox's ports are reachable through the ingress, and where.
+	Ingress IngressInfo `json:"ingress"`
 	// Pause reports the last pause and resume: what could not be saved, sizes, timings.
 	Pause *PauseInfo `json:"pause,omitempty"`
 	// Usage is the sandbox's resource use now: in GET of a running sandbox only (not in lists).
