@@ -27,6 +27,7 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/legacy"
 
+	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
 
@@ -99,6 +100,7 @@ func TestContractEveryOperation(t *testing.T) {
 	c.forkMergeDiff(ids.a)
 	c.pauseResume(ids.a)
 	c.observe(ids.a)
+	c.ingress(ids.a)
 	c.deleteSandbox(ids.a)
 	c.methodsAndRoutes()
 	c.everyOperationCovered()
@@ -133,6 +135,7 @@ func newContract(t *testing.T, srv *testserver.Server) *contract {
 	}
 	openapi3filter.RegisterBodyDecoder("application/x-tar", openapi3filter.FileBodyDecoder)
 	openapi3filter.RegisterBodyDecoder("application/x-ndjson", ndjsonDecoder)
+	openapi3filter.RegisterBodyDecoder("text/html", openapi3filter.FileBodyDecoder) // an app's page, via the ports route
 	return &contract{t: t, srv: srv, doc: doc, router: router, covered: map[string]map[int]bool{}}
 }
 
@@ -617,6 +620,9 @@ func (c *contract) methodsAndRoutes() {
 		for m := range item.Operations() {
 			listed = append(listed, m)
 		}
+		if item.Patch != nil {
+			continue // PATCH is one of the path's methods (the ports route forwards every method)
+		}
 		url := c.srv.URL + strings.NewReplacer("{id}", unknownID, "{winner}", unknownID, "{other}", unknownID).Replace(path)
 		req, _ := http.NewRequest("PATCH", url, nil)
 		req.Header.Set("Authorization", "Bearer "+c.srv.Key)
@@ -695,4 +701,42 @@ func (c *contract) observe(id string) {
 		c.t.Errorf("logs: %s", b)
 	}
 	c.do(exchange{method: "GET", path: "/v1/sandboxes/" + unknownID + "/logs", status: 404})
+}
+
+// ingress drives the ports route: an ingress-enabled sandbox running python's http.server on port 8000 (every
+// method but GET answers 501: the app's own response, passed on), and the route's own errors.
+func (c *contract) ingress(notEnabled string) {
+	_, b := c.do(exchange{method: "POST", path: "/v1/sandboxes", body: []byte(`{"ingress_enabled": true}`), status: 201})
+	var sb struct {
+		ID      string
+		Ingress struct{ Enabled bool }
+	}
+	c.json(b, &sb)
+	if !sb.Ingress.Enabled {
+		c.t.Fatalf("created with ingress_enabled: %s", b)
+	}
+	p := "/v1/sandboxes/" + sb.ID + "/ports/"
+	c.do(exchange{method: "GET", path: p + "8000/hello.txt", status: 502})
+	// Bound, then detached: the port listens when the exec returns.
+	res, err := c.srv.Client.Exec(context.Background(), sb.ID, client.ExecRequest{Cmd: `mkdir -p /srv && echo hello > /srv/hello.txt && python3 -c "
+import http.server, os, functools
+s = http.server.ThreadingHTTPServer(('0.0.0.0', 8000), functools.partial(http.server.SimpleHTTPRequestHandler, directory='/srv'))
+os.fork() and os._exit(0)
+os.setsid()
+s.serve_forever()" </dev/null >/dev/null 2>&1`})
+	if err != nil || res.ExitCode != 0 {
+		c.t.Fatalf("start http.server: %v %+v", err, res)
+	}
+	_, b = c.do(exchange{method: "GET", path: p + "8000/hello.txt?x=1", status: 200})
+	if string(b) != "hello\n" {
+		c.t.Errorf("GET through the ports route: %q", b)
+	}
+	for _, m := range []string{"POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
+		c.do(exchange{method: m, path: p + "8000/hello.txt", body: []byte(`{}`), status: 501})
+	}
+	c.do(exchange{method: "GET", path: p + "0/x", status: 400, invalid: true})
+	c.do(exchange{method: "GET", path: p + "8000/x", noAuth: true, status: 401, invalid: true})
+	c.do(exchange{method: "GET", path: "/v1/sandboxes/" + unknownID + "/ports/8000/x", status: 404})
+	c.do(exchange{method: "GET", path: "/v1/sandboxes/" + notEnabled + "/ports/8000/x", status: 404})
+	c.do(exchange{method: "DELETE", path: "/v1/sandboxes/" + sb.ID, status: 204})
 }
