@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.parse
 import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
@@ -96,6 +97,31 @@ class TestIntegration(unittest.TestCase):
             self.assertEqual(sb.run_code("1 + 1").value, "2")
         with self.assertRaises(SandboxNotFound):
             Sandbox.connect(sid)
+
+    def test_ingress_url(self):
+        import urllib.error
+        import urllib.request
+        with Sandbox(metadata=META, ingress_enabled=True) as sb:
+            self.assertTrue(sb.info["ingress"]["enabled"])
+            # Bound, then detached: the port listens when exec returns.
+            r = sb.exec("mkdir -p /srv && echo hi-from-sandbox > /srv/hello.txt && python3 -c \"import http.server, os, "
+                        "functools; s = http.server.ThreadingHTTPServer(('0.0.0.0', 8000), functools.partial("
+                        "http.server.SimpleHTTPRequestHandler, directory='/srv')); os.fork() and os._exit(0); "
+                        "os.setsid(); s.serve_forever()\" </dev/null >/dev/null 2>&1")
+            self.assertEqual(r.exit_code, 0, r)
+            url = sb.url(8000)
+            self.assertIn("8000-" + sb.id[4:] + ".localhost", url)
+            # *.localhost is loopback; urllib does not know that, so connect to 127.0.0.1 with the Host header.
+            u = urllib.parse.urlsplit(url)
+            req = urllib.request.Request(f"http://127.0.0.1:{u.port}/hello.txt", headers={"Host": u.netloc})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                self.assertEqual(resp.read(), b"hi-from-sandbox\n")
+            req = urllib.request.Request(sb.api_url(8000) + "hello.txt",
+                                         headers={"Authorization": "Bearer " + API_KEY})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                self.assertEqual(resp.read(), b"hi-from-sandbox\n")
+        with self.assertRaises(RamifyError):
+            self.sb.url(8000)  # not ingress-enabled
 
     def test_list_and_connect(self):
         ids = [s.id for s in Sandbox.list(metadata={"run": RUN_ID})]

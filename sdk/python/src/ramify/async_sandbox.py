@@ -206,6 +206,7 @@ class AsyncSandbox:
         request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
         disk_mib: Optional[int] = None,
         egress: Optional[Sequence[str]] = None,
+        ingress_enabled: bool = False,
     ):
         self._sync: Optional[Sandbox] = None
         self._kwargs: Optional[Dict[str, Any]] = None
@@ -215,7 +216,7 @@ class AsyncSandbox:
         self._kwargs = dict(vcpu=vcpu, mem_mib=mem_mib, max_procs=max_procs, timeout_s=timeout_s,
                             on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
                             api_url=api_url, api_key=api_key, request_timeout=request_timeout,
-                            disk_mib=disk_mib, egress=egress)
+                            disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled)
 
     def _wrap(self, sandbox: Sandbox) -> "AsyncSandbox":
         self._sync = sandbox
@@ -258,11 +259,12 @@ class AsyncSandbox:
         request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
         disk_mib: Optional[int] = None,
         egress: Optional[Sequence[str]] = None,
+        ingress_enabled: bool = False,
     ) -> _Creating:
         return _Creating(dict(vcpu=vcpu, mem_mib=mem_mib, max_procs=max_procs, timeout_s=timeout_s,
                               on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
                               api_url=api_url, api_key=api_key, request_timeout=request_timeout,
-                              disk_mib=disk_mib, egress=egress))
+                              disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled))
 
     @classmethod
     async def connect(cls, id: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
@@ -303,6 +305,14 @@ class AsyncSandbox:
     @property
     def metadata(self) -> Dict[str, str]:
         return self._s().metadata
+
+    def url(self, port: int) -> str:
+        """See :meth:`Sandbox.url` (from the last known sandbox JSON)."""
+        return self._s().url(port)
+
+    def api_url(self, port: int) -> str:
+        """See :meth:`Sandbox.api_url`."""
+        return self._s().api_url(port)
 
     @property
     def defunct(self) -> bool:
@@ -347,8 +357,8 @@ class AsyncSandbox:
         return result
 
     # -- fork / merge / diff ------------------------------------------------------------------------
-    async def fork(self, n: int = 1) -> "List[AsyncSandbox]":
-        children = await _run(self._s().fork, n)
+    async def fork(self, n: int = 1, ingress_enabled: Optional[bool] = None) -> "List[AsyncSandbox]":
+        children = await _run(self._s().fork, n, ingress_enabled)
         return [AsyncSandbox._of(c) for c in children]
 
     async def merge_into(self, winner: Union["AsyncSandbox", Sandbox, str]) -> None:

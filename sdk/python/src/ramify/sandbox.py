@@ -83,6 +83,7 @@ class Sandbox:
         request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT,
         disk_mib: Optional[int] = None,
         egress: Optional[Sequence[str]] = None,
+        ingress_enabled: bool = False,
     ):
         client = HTTPClient(api_url, api_key, request_timeout)
         body: Dict[str, Any] = {}
@@ -99,6 +100,8 @@ class Sandbox:
                 body[k] = v
         if egress is not None:  # [] means no outbound traffic at all; None means the server's default policy
             body["egress"] = [str(e) for e in egress]
+        if ingress_enabled:  # the sandbox's ports reachable over HTTP: see url() and api_url()
+            body["ingress_enabled"] = True
         if env is not None:
             body["env"] = {str(k): str(v) for k, v in env.items()}
         if metadata is not None:
@@ -213,6 +216,31 @@ class Sandbox:
     @property
     def metadata(self) -> Dict[str, str]:
         return dict(self.info.get("metadata") or {})
+
+    def _ingress(self) -> Dict[str, Any]:
+        ing = self.info.get("ingress")
+        if not isinstance(ing, dict):
+            ing = self.refresh().get("ingress") or {}
+        if not ing.get("enabled"):
+            raise RamifyError(f"sandbox {self.id} was created without ingress_enabled: its ports are not reachable",
+                              None, ing)
+        return ing
+
+    def url(self, port: int) -> str:
+        """The URL of ``port`` inside the sandbox through the server's ingress listener (no API key needed), e.g.
+        ``http://8000-<id without sbx_>.localhost:7080/``. The sandbox must have been created with
+        ``ingress_enabled=True``; a server without ``--ingress-listen`` has no such URL (see :meth:`api_url`)."""
+        tmpl = self._ingress().get("url_template")
+        if not tmpl:
+            raise RamifyError("the server has no ingress listener (ramify serve --ingress-listen): "
+                              "use api_url(port) with the API key", None, None)
+        return str(tmpl).replace("{port}", str(int(port)), 1)
+
+    def api_url(self, port: int) -> str:
+        """The API's URL of ``port`` inside the sandbox: requests to it and below it go to the port, with the
+        API key in ``Authorization: Bearer`` (not forwarded to the sandbox)."""
+        path = str(self._ingress().get("path_template") or self._path("/ports/{port}/"))
+        return self._client.api_url + path.replace("{port}", str(int(port)), 1)
 
     def set_timeout(self, timeout_s: int) -> Dict[str, Any]:
         """Keep the sandbox alive: it now times out ``timeout_s`` seconds from now (0: never), with
@@ -382,13 +410,17 @@ class Sandbox:
         raise RamifyError("exec stream ended without an exit event", resp.status)
 
     # -- fork / merge / diff ----------------------------------------------------------------------
-    def fork(self, n: int = 1) -> "List[Sandbox]":
-        """Fork this sandbox into ``n`` children (1..32) that inherit its memory and files."""
+    def fork(self, n: int = 1, ingress_enabled: Optional[bool] = None) -> "List[Sandbox]":
+        """Fork this sandbox into ``n`` children (1..32) that inherit its memory and files (and its
+        ``ingress_enabled``, unless given)."""
         self._check()
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError("n must be an int")
+        body: Dict[str, Any] = {"n": n}
+        if ingress_enabled is not None:
+            body["ingress_enabled"] = bool(ingress_enabled)
         data = self._client.json(
-            "POST", self._path("/fork"), json_body={"n": n},
+            "POST", self._path("/fork"), json_body=body,
             timeout=_longer(self._client.request_timeout, 300.0),
         ) or {}
         children = data.get("children")
