@@ -306,13 +306,13 @@ class AsyncSandbox:
     def metadata(self) -> Dict[str, str]:
         return self._s().metadata
 
-    def url(self, port: int) -> str:
-        """See :meth:`Sandbox.url` (from the last known sandbox JSON)."""
-        return self._s().url(port)
+    async def url(self, port: int) -> str:
+        """See :meth:`Sandbox.url`."""
+        return await _run(self._s().url, port)
 
-    def api_url(self, port: int) -> str:
+    async def api_url(self, port: int) -> str:
         """See :meth:`Sandbox.api_url`."""
-        return self._s().api_url(port)
+        return await _run(self._s().api_url, port)
 
     @property
     def defunct(self) -> bool:
