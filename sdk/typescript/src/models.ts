@@ -21,7 +21,18 @@ export interface SandboxInfo {
   forked_from?: string | null;
   error?: string;
   pause?: Record<string, unknown>;
+  /** Whether the sandbox's ports are reachable over HTTP, and where (`{port}` stands for the port). */
+  ingress?: IngressInfo;
   [key: string]: unknown;
+}
+
+/** A sandbox's ingress: set up by `ingress_enabled` at create (or fork). */
+export interface IngressInfo {
+  enabled: boolean;
+  /** The server's ingress listener URL, `http://{port}-<id without sbx_>.<domain>:<port>/` (no key needed); absent without `--ingress-listen`. */
+  url_template?: string;
+  /** The API's route, `/v1/sandboxes/<id>/ports/{port}/` (with the API key). */
+  path_template?: string;
 }
 
 /** An exception raised by code run with `runCode`. */

@@ -15,6 +15,7 @@ import {
   type CommandResult,
   type DiffResult,
   type Execution,
+  type IngressInfo,
   type Interrupted,
   type SandboxInfo,
 } from "./models.js";
@@ -41,6 +42,8 @@ export interface CreateOptions extends ClientOptions {
   diskMib?: number;
   /** Outbound allowlist: CIDRs, IPs or hostnames, optionally with `:port`; `[]` = no outbound traffic. */
   egress?: string[];
+  /** Make the sandbox's ports reachable over HTTP (`url(port)`, `apiUrl(port)`); fork children inherit it. */
+  ingressEnabled?: boolean;
 }
 
 export interface ListOptions extends ClientOptions {
@@ -138,6 +141,7 @@ export class Sandbox {
       ["metadata", opts.metadata],
       ["disk_mib", opts.diskMib],
       ["egress", opts.egress],
+      ["ingress_enabled", opts.ingressEnabled || undefined],
     ];
     for (const [k, v] of fields) if (v !== undefined && v !== null) body[k] = v;
     const res = await client.request("POST", "/v1/sandboxes", { json: body, timeoutS: client.longer(120) });
@@ -324,14 +328,43 @@ export class Sandbox {
     throw new RamifyError(noFinal, res.status);
   }
 
+  // -- ingress ------------------------------------------------------------------------------------
+  async _ingress(): Promise<IngressInfo> {
+    let ing = this.info.ingress;
+    if (!ing) ing = (await this.refresh()).ingress;
+    if (!ing?.enabled) {
+      throw new RamifyError(`sandbox ${this.id} was created without ingressEnabled: its ports are not reachable`, undefined, ing);
+    }
+    return ing;
+  }
+
+  /**
+   * The URL of `port` inside the sandbox through the server's ingress listener (no API key needed), e.g.
+   * `http://8000-<id without sbx_>.localhost:7080/`. Needs `ingressEnabled` and a server started with
+   * `--ingress-listen` (else see `apiUrl`).
+   */
+  async url(port: number): Promise<string> {
+    const t = (await this._ingress()).url_template;
+    if (!t) throw new RamifyError("the server has no ingress listener (ramify serve --ingress-listen): use apiUrl(port) with the API key");
+    return t.replace("{port}", String(Math.trunc(port)));
+  }
+
+  /** The API's URL of `port` inside the sandbox; requests need the API key (`Authorization: Bearer`), which is not forwarded. */
+  async apiUrl(port: number): Promise<string> {
+    const t = (await this._ingress()).path_template ?? this._path("/ports/{port}/");
+    return this._client.apiUrl + t.replace("{port}", String(Math.trunc(port)));
+  }
+
   // -- fork / merge / diff --------------------------------------------------------------------------
   /** Fork this sandbox into `n` children (1..32, default 1) that inherit its memory and files. */
-  async fork(opts: { n?: number } = {}): Promise<Sandbox[]> {
+  async fork(opts: { n?: number; ingressEnabled?: boolean } = {}): Promise<Sandbox[]> {
     this._check();
     const n = opts.n ?? 1;
     if (!Number.isInteger(n)) throw new TypeError("n must be an integer");
+    const body: Record<string, unknown> = { n };
+    if (opts.ingressEnabled !== undefined) body.ingress_enabled = opts.ingressEnabled;
     const data = await this._client.json<{ children?: unknown } | null>("POST", this._path("/fork"), {
-      json: { n },
+      json: body,
       timeoutS: this._client.longer(300),
     });
     const children = data?.children;

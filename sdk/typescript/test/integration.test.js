@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { mkdtemp, readFile, writeFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import http from "node:http";
 import {
   Sandbox,
   AuthError,
@@ -157,6 +158,45 @@ describe("integration: run_code and exec", { skip: SKIP }, () => {
       assert.equal(r.stdout, "bar\n/tmp\ninput");
       const t = await sb.exec("sleep 30", { timeoutS: 1 });
       assert.equal(t.timedOut, true);
+    }));
+});
+
+describe("integration: ingress", { skip: SKIP }, () => {
+  test("url and apiUrl reach a server inside the sandbox", () =>
+    withSandbox(
+      async (sb) => {
+        assert.equal(sb.info.ingress.enabled, true);
+        // Bound, then detached: the port listens when exec returns.
+        const r = await sb.exec(
+          "mkdir -p /srv && echo hi-from-sandbox > /srv/hello.txt && python3 -c \"import http.server, os, functools; " +
+            "s = http.server.ThreadingHTTPServer(('0.0.0.0', 8000), functools.partial(http.server.SimpleHTTPRequestHandler, " +
+            "directory='/srv')); os.fork() and os._exit(0); os.setsid(); s.serve_forever()\" </dev/null >/dev/null 2>&1",
+        );
+        assert.equal(r.exitCode, 0);
+        const u = new URL(await sb.url(8000));
+        assert.equal(u.hostname, `8000-${sb.id.slice(4)}.localhost`);
+        // *.localhost is loopback; connect to 127.0.0.1 with the ingress Host (fetch cannot set Host).
+        const body = await new Promise((resolve, reject) => {
+          http
+            .get({ host: "127.0.0.1", port: u.port, path: "/hello.txt", headers: { Host: u.host } }, (res) => {
+              let b = "";
+              res.on("data", (c) => (b += c));
+              res.on("end", () => resolve(`${res.statusCode} ${b}`));
+            })
+            .on("error", reject);
+        });
+        assert.equal(body, "200 hi-from-sandbox\n");
+        const res = await fetch((await sb.apiUrl(8000)) + "hello.txt", {
+          headers: { Authorization: `Bearer ${process.env.RAMIFY_API_KEY}` },
+        });
+        assert.equal(`${res.status} ${await res.text()}`, "200 hi-from-sandbox\n");
+      },
+      { ingressEnabled: true },
+    ));
+
+  test("url of a sandbox without ingress throws", () =>
+    withSandbox(async (sb) => {
+      await assert.rejects(sb.url(8000), /without ingressEnabled/);
     }));
 });
 
