@@ -27,7 +27,7 @@ func init() {
 }
 
 func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
-	fs, asJSON := e.flags("sandbox create [--vcpu N] [--mem MiB] [--max-procs N] [--disk MiB] [--egress LIST] [--timeout S] [--env K=V]... [--cwd DIR] [--meta K=V]... [--json]")
+	fs, asJSON := e.flags("sandbox create [--vcpu N] [--mem MiB] [--max-procs N] [--disk MiB] [--egress LIST] [--ingress] [--timeout S] [--env K=V]... [--cwd DIR] [--meta K=V]... [--json]")
 	var (
 		mem     memFlag
 		timeout secondsFlag
@@ -40,6 +40,7 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	var disk memFlag
 	fs.Var(&disk, "disk", "disk quota in MiB, or with a unit: 512M, 20G (server default: its --disk-mib)")
 	egress := fs.String("egress", "", `outbound allowlist: comma-separated CIDRs, IPs or hostnames, each optionally with :port; "none" for no outbound traffic (server default: the public internet only)`)
+	ingress := fs.Bool("ingress", false, "make the sandbox's ports reachable over HTTP: through the server's ingress listener (--ingress-listen) and /v1/sandboxes/{id}/ports/{port}/")
 	fs.Var(&timeout, "timeout", "destroy (or pause, see --on-timeout) the sandbox after this many seconds or this duration (5m); 0 = never")
 	onTimeout := fs.String("on-timeout", "", `what --timeout does: "destroy" (default) or "pause"`)
 	fs.Var(env, "env", "environment variable K=V for run and exec (repeatable)")
@@ -54,7 +55,7 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	}
 	req := client.CreateRequest{
 		VCPU: *vcpu, MemMiB: int(mem), MaxProcs: *maxProcs, TimeoutS: timeout.n, OnTimeout: *onTimeout,
-		Cwd: *cwd,
+		Cwd: *cwd, IngressEnabled: *ingress,
 	}
 	req.DiskMiB = int(disk)
 	switch {
@@ -79,7 +80,19 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	fmt.Fprintln(e.stdout, sb.ID)
 	fmt.Fprintf(e.stderr, "created %s (%s, %s, %s)\n  run code:      ramify run %s 'print(1)'\n  run a command: ramify exec %s -- ls -l\n  remove it:     ramify rm %s\n",
 		sb.ID, sb.Status, orDash(sb.IP), orDash(sb.Shape), sb.ID, sb.ID, sb.ID)
+	if sb.Ingress.Enabled {
+		fmt.Fprintf(e.stderr, "  its ports:     %s\n", ingressWhere(e.c.BaseURL(), sb.Ingress))
+	}
 	return nil
+}
+
+// ingressWhere says where an ingress-enabled sandbox's ports are: the ingress listener's URL template, else the
+// API's route (which needs the key).
+func ingressWhere(base string, g client.Ingress) string {
+	if g.URLTemplate != "" {
+		return g.URLTemplate
+	}
+	return base + g.PathTemplate + " (with the API key)"
 }
 
 func (e *cli) ls(ctx context.Context, args []string) error {

@@ -294,6 +294,19 @@ func TestIngress(t *testing.T) {
 		}
 	})
 
+	t.Run("CLICreateIngress", func(t *testing.T) {
+		env := []string{"RAMIFY_API_URL=" + s.URL, "RAMIFY_API_KEY=" + s.Key}
+		out, errOut, code := runCLI(t, testserver.Binary(t), env, "sandbox", "create", "--ingress")
+		id := strings.TrimSpace(out)
+		if code != 0 || !strings.Contains(errOut, "its ports:     http://{port}-"+strings.TrimPrefix(id, "sbx_")+".localhost:") {
+			t.Fatalf("sandbox create --ingress: %d %q %q", code, out, errOut)
+		}
+		if sb, err := s.Client.Get(ctx, id); err != nil || !sb.Ingress.Enabled {
+			t.Errorf("created by the CLI with --ingress: %v %+v", err, sb)
+		}
+		s.Client.Delete(ctx, id) //nolint:errcheck // the server's cleanup removes it otherwise
+	})
+
 	t.Run("ForkInheritsAndForkOfPausedSets", func(t *testing.T) {
 		kids, err := s.Client.Fork(ctx, a.ID, 1)
 		if err != nil {
