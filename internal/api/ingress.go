@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -51,6 +52,9 @@ var ingressProxy = &httputil.ReverseProxy{
 		for _, h := range t.drop {
 			pr.Out.Header.Del(h)
 		}
+		if pr.Out.Body != nil && pr.Out.ContentLength > 0 {
+			pr.Out.Body = exactBody{io.LimitReader(pr.Out.Body, pr.Out.ContentLength), pr.Out.Body}
+		}
 	},
 	Transport: &http.Transport{
 		Proxy:                 nil, // never an environment proxy: the sandbox is on the local bridge
@@ -61,6 +65,15 @@ var ingressProxy = &httputil.ReverseProxy{
 	},
 	FlushInterval: -1, // stream: every write of the sandbox's server is passed on at once
 	ErrorHandler:  ingressError,
+}
+
+// exactBody is a request body of known length that never reads its source past that length. The transport reads
+// once more after the declared length, to check there is no more; by then the app may have answered, and writing
+// its response headers makes the server close the inbound body, so that read would fail and tear down the
+// connection under the response being relayed (golang/go#40747).
+type exactBody struct {
+	io.Reader
+	io.Closer
 }
 
 type ingressTargetKey struct{}
