@@ -134,6 +134,12 @@ func TestMCPSession(t *testing.T) {
 	}
 	id := sb.ID
 	t.Logf("sandbox %s", id)
+	var ing client.Sandbox
+	s.call(ctx, "create_sandbox", map[string]any{"ingress_enabled": true}, &ing)
+	if !ing.Ingress.Enabled || ing.Ingress.PathTemplate == "" || sb.Ingress.Enabled {
+		t.Fatalf("create_sandbox with ingress_enabled: %+v (without: %+v)", ing.Ingress, sb.Ingress)
+	}
+	s.call(ctx, "destroy_sandbox", map[string]any{"id": ing.ID}, nil)
 
 	// run_code twice: the interpreter persists.
 	var ex client.Execution

@@ -48,11 +48,14 @@ type CreateSandboxInput struct {
 	Env       map[string]string `json:"env,omitempty" jsonschema:"environment variables of the sandbox's processes"`
 	Cwd       string            `json:"cwd,omitempty" jsonschema:"absolute working directory of code, commands and relative file paths (default /root)"`
 	Metadata  map[string]string `json:"metadata,omitempty" jsonschema:"free key/value labels (list_sandboxes filters on them)"`
+	// IngressEnabled: the result's ingress.url_template is where a server started in the sandbox can be reached.
+	IngressEnabled bool `json:"ingress_enabled,omitempty" jsonschema:"make the sandbox's ports reachable over HTTP; the result's ingress.url_template (with {port} replaced) is the URL of a server started in the sandbox"`
 }
 
 func (t *tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateSandboxInput) (*mcp.CallToolResult, *client.Sandbox, error) {
 	sb, err := t.c.Create(ctx, client.CreateRequest{VCPU: in.VCPU, MemMiB: in.MemMiB, MaxProcs: in.MaxProcs, DiskMiB: in.DiskMiB,
-		TimeoutS: in.TimeoutS, OnTimeout: in.OnTimeout, Env: in.Env, Cwd: in.Cwd, Metadata: in.Metadata})
+		TimeoutS: in.TimeoutS, OnTimeout: in.OnTimeout, Env: in.Env, Cwd: in.Cwd, Metadata: in.Metadata,
+		IngressEnabled: in.IngressEnabled})
 	if err != nil {
 		return nil, nil, t.explain(err)
 	}
