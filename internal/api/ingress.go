@@ -123,10 +123,13 @@ func (s *Server) ports(w http.ResponseWriter, r *http.Request) {
 	}
 	t := ingressTarget{id: id, port: ps, addr: net.JoinHostPort(ip, ps)}
 	prefix := "/v1/sandboxes/" + id + "/ports/" + ps
-	t.rawPath = strings.TrimPrefix(r.URL.EscapedPath(), prefix)
-	if t.path, err = url.PathUnescape(t.rawPath); err != nil || !strings.HasPrefix(t.rawPath, "/") {
-		t.path, t.rawPath = "/"+r.PathValue("path"), ""
+	// The rest of the path as the client escaped it (so that %2F stays %2F); the unescaped form when the client
+	// escaped the prefix itself.
+	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), prefix)
+	if t.path, err = url.PathUnescape(rest); !ok || err != nil || !strings.HasPrefix(rest, "/") {
+		t.path, rest = "/"+r.PathValue("path"), ""
 	}
+	t.rawPath = rest
 	// The key is the server's, not the sandbox's: drop the header that carried it.
 	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
 		t.drop = []string{"Authorization"}
