@@ -60,8 +60,9 @@ var ingressProxy = &httputil.ReverseProxy{
 		Proxy:                 nil, // never an environment proxy: the sandbox is on the local bridge
 		DialContext:           (&net.Dialer{Timeout: IngressDialTimeout}).DialContext,
 		ResponseHeaderTimeout: IngressHeaderTimeout,
-		MaxIdleConnsPerHost:   8,
-		IdleConnTimeout:       90 * time.Second,
+		// A connection per request: a pooled one would outlive a deleted sandbox and fail (502) the next request
+		// to a sandbox that got its address. Connecting on the local bridge costs little.
+		DisableKeepAlives: true,
 	},
 	FlushInterval: -1, // stream: every write of the sandbox's server is passed on at once
 	ErrorHandler:  ingressError,
