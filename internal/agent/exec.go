@@ -149,8 +149,6 @@ func (r *execRun) collect(emit func(Event)) *execOutput {
 // everything the command started first (see procTree), which only a call that can end before its command needs
 // to track.
 func (r *execRun) wait(ctx context.Context, timeoutS float64) (werr error, timedOut bool) {
-	waited := make(chan error, 1)
-	go func() { waited <- r.cmd.Wait() }()
 	var timeout <-chan time.Time
 	if timeoutS > 0 {
 		t := time.NewTimer(time.Duration(timeoutS * float64(time.Second)))
@@ -158,9 +156,12 @@ func (r *execRun) wait(ctx context.Context, timeoutS float64) (werr error, timed
 		timeout = t.C
 	}
 	if timeout == nil && ctx.Done() == nil {
-		return <-waited, false
+		return r.cmd.Wait(), false
 	}
+	// Before the command can be reaped: the tree reads its start time now (see newProcTree).
 	tree := newProcTree("/proc", r.cmd.Process.Pid, r.token)
+	waited := make(chan error, 1)
+	go func() { waited <- r.cmd.Wait() }()
 	stopTracking := tree.track()
 	defer stopTracking()
 	select {

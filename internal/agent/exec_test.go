@@ -260,18 +260,22 @@ func TestProcTreeKillFindsMarkedProcesses(t *testing.T) {
 		t.Cleanup(func() { c.Process.Kill() })
 		return c
 	}
-	root := start(ExecIDEnv + "=" + token)
-	tree := newProcTree("/proc", root.Process.Pid, token)
-	tree.scan()
-	time.Sleep(20 * time.Millisecond) // a later start time than the root's (clock ticks of 10 ms)
-	daemon := start(ExecIDEnv + "=" + token)
-	other := start(ExecIDEnv + "=" + execToken())
-	tree.kill()
-	if !goneWithin(root.Process.Pid, 10*time.Second) || !goneWithin(daemon.Process.Pid, 10*time.Second) {
-		t.Fatalf("root alive %v, marked daemon alive %v", alive(root.Process.Pid), alive(daemon.Process.Pid))
-	}
-	if !alive(other.Process.Pid) {
-		t.Fatal("a process of another call was killed")
+	for _, scanned := range []bool{true, false} { // false: the kill comes before the tracker's first scan
+		root := start(ExecIDEnv + "=" + token)
+		tree := newProcTree("/proc", root.Process.Pid, token)
+		if scanned {
+			tree.scan()
+		}
+		time.Sleep(20 * time.Millisecond) // a later start time than the root's (clock ticks of 10 ms)
+		daemon := start(ExecIDEnv + "=" + token)
+		other := start(ExecIDEnv + "=" + execToken())
+		tree.kill()
+		if !goneWithin(root.Process.Pid, 10*time.Second) || !goneWithin(daemon.Process.Pid, 10*time.Second) {
+			t.Fatalf("scanned %v: root alive %v, marked daemon alive %v", scanned, alive(root.Process.Pid), alive(daemon.Process.Pid))
+		}
+		if !alive(other.Process.Pid) {
+			t.Fatalf("scanned %v: a process of another call was killed", scanned)
+		}
 	}
 }
 

@@ -47,11 +47,16 @@ const trackMaxInterval = time.Second
 const ExecIDEnv = "RAMIFY_EXEC_ID"
 
 // newProcTree tracks the processes of the command with pid root; token, if not empty, is the value of ExecIDEnv
-// in its environment.
+// in its environment. The root is known from the start (when its stat can be read: it is not reaped before its
+// caller waits for it), so that a kill before the first scan still finds what carries the marker: the marker
+// search takes processes started no earlier than the root.
 func newProcTree(proc string, root int, token string) *procTree {
 	t := &procTree{proc: proc, root: root, known: map[int]uint64{}}
 	if token != "" {
 		t.marker = []byte("\x00" + ExecIDEnv + "=" + token + "\x00")
+	}
+	if p, ok := t.readStat(root); ok {
+		t.known[root] = p.start
 	}
 	return t
 }
