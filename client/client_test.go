@@ -530,9 +530,11 @@ func TestArchives(t *testing.T) {
 
 func TestForkMerge(t *testing.T) {
 	s, c := newStub(t)
+	var bodies []map[string]any
 	s.handle("POST /v1/sandboxes/{id}/fork", func(w http.ResponseWriter, r *http.Request) {
 		var req map[string]any
 		decodeStrict(t, r, &req)
+		bodies = append(bodies, req)
 		n := int(req["n"].(float64))
 		switch {
 		case n < 1 || n > 32:
@@ -564,6 +566,14 @@ func TestForkMerge(t *testing.T) {
 	}
 	if _, err := c.Fork(ctx, "sbx_p", 33); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "between 1 and 32") {
 		t.Fatalf("fork 33: %v", err)
+	}
+	off, none := false, []string{}
+	if _, err := c.ForkWith(ctx, "sbx_p", ForkRequest{N: 2, IngressEnabled: &off, Egress: &none}); err != nil {
+		t.Fatal(err)
+	}
+	want := []map[string]any{{"n": 2.0}, {"n": 1.0}, {"n": 33.0}, {"n": 2.0, "ingress_enabled": false, "egress": []any{}}}
+	if !reflect.DeepEqual(bodies, want) {
+		t.Errorf("fork bodies %v, want %v", bodies, want)
 	}
 	if err := c.MergeInto(ctx, "sbx_p", "sbx_c1"); err != nil {
 		t.Fatal(err)

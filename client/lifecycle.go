@@ -15,13 +15,27 @@ import (
 // the call: its interpreter's variables and its file system. The parent keeps running. It returns the
 // children's ids.
 func (c *Client) Fork(ctx context.Context, id string, n int) ([]string, error) {
+	return c.ForkWith(ctx, id, ForkRequest{N: n})
+}
+
+// ForkRequest is the body of POST /v1/sandboxes/{id}/fork: the number of children and what they get instead
+// of the parent's (nil: inherited).
+type ForkRequest struct {
+	N int `json:"n"`
+	// StartPaused, for a paused parent: leave the children paused.
+	StartPaused bool `json:"start_paused,omitempty"`
+	// Egress is the children's outbound allowlist (nil: the parent's; empty: no outbound traffic).
+	Egress *[]string `json:"egress,omitempty"`
+	// IngressEnabled is the children's ingress setting (nil: the parent's).
+	IngressEnabled *bool `json:"ingress_enabled,omitempty"`
+}
+
+// ForkWith is Fork with the children's egress, ingress and (for a paused parent) start_paused.
+func (c *Client) ForkWith(ctx context.Context, id string, req ForkRequest) ([]string, error) {
 	var out struct {
 		Children []json.RawMessage `json:"children"`
 	}
-	body := struct {
-		N int `json:"n"`
-	}{n}
-	if _, err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/fork"), json: body}, &out); err != nil {
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/fork"), json: req}, &out); err != nil {
 		return nil, err
 	}
 	ids := make([]string, 0, len(out.Children))
