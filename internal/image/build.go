@@ -324,10 +324,10 @@ func finishTree(rootfs string) error {
 			}
 		}
 	}
-	// Shrink: downloaded packages and package lists (sandboxes run apt-get update themselves). The lock files
-	// and the _apt-owned partial directories stay, as apt expects them.
-	for _, d := range []string{"var/cache/apt/archives", "var/cache/apt/archives/partial", "var/lib/apt/lists",
-		"var/lib/apt/lists/partial"} {
+	// Shrink: downloaded packages. The package lists (var/lib/apt/lists, about 50 MB for bookworm main) stay so
+	// that `apt-get install` works in a sandbox whose network reaches the mirror without an `apt-get update`
+	// first. The lock files and the _apt-owned partial directories stay, as apt expects them.
+	for _, d := range []string{"var/cache/apt/archives", "var/cache/apt/archives/partial"} {
 		if err := removeFiles(filepath.Join(rootfs, d), "lock"); err != nil {
 			return err
 		}
@@ -428,8 +428,11 @@ func filterResolvConf(b []byte) ([]byte, bool) {
 	return out.Bytes(), servers > 0
 }
 
-// smokeModules are checked with an import when their python3-<name> package is part of the image.
-var smokeModules = []string{"numpy", "pandas", "dill"}
+// smokeModules are checked with an import when their package is part of the image: package name -> module.
+var smokeModules = []struct{ pkg, module string }{
+	{"python3-numpy", "numpy"}, {"python3-pandas", "pandas"}, {"python3-dill", "dill"},
+	{"python3-matplotlib", "matplotlib"}, {"python3-ipython", "IPython"}, {"python3-pip", "pip"},
+}
 
 // smokeCheck runs the image's python3 (or, without python3, /bin/true) in a chroot to make sure the tree works.
 // It must run before the ownership shift.
@@ -444,8 +447,8 @@ func smokeCheck(ctx context.Context, rep *reporter, rootfs string, pkgs []string
 	if containsStr(pkgs, "python3") {
 		var mods []string
 		for _, m := range smokeModules {
-			if containsStr(pkgs, "python3-"+m) {
-				mods = append(mods, m)
+			if containsStr(pkgs, m.pkg) {
+				mods = append(mods, m.module)
 			}
 		}
 		code := "import sys"

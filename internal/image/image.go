@@ -38,7 +38,7 @@ import (
 
 // FormatVersion is part of every image ID. Bump it when the build steps change in a way that makes images
 // built by an older ramify unsuitable, so that Ensure rebuilds them.
-const FormatVersion = 1
+const FormatVersion = 2
 
 const (
 	// DefaultMirror is the Debian mirror used when neither Options.Mirror nor RAMIFY_DEBIAN_MIRROR is set.
@@ -59,6 +59,7 @@ const (
 // DefaultPackages are installed (with their dependencies) on top of Debian's minbase variant.
 var DefaultPackages = []string{
 	"python3", "python3-numpy", "python3-pandas", "python3-dill",
+	"python3-matplotlib", "python3-ipython", "python3-pip",
 	"procps", "iproute2", "ca-certificates", "curl", "less",
 	"xz-utils", "bzip2", "unzip", "git", "jq", "file",
 }
