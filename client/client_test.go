@@ -327,7 +327,7 @@ func TestRunCodeStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Event{{"stdout", "one\n", nil}, {"stderr", "warn\n", nil}, {"stdout", "two\n", nil}}
+	want := []Event{{Type: "stdout", Data: "one\n"}, {Type: "stderr", Data: "warn\n"}, {Type: "stdout", Data: "two\n"}}
 	if !reflect.DeepEqual(events, want) {
 		t.Errorf("events %v", events)
 	}

@@ -112,9 +112,9 @@ func (c *Client) stream(ctx context.Context, path string, body any, final string
 			return fmt.Errorf("POST %s: read stream: %w", path, err)
 		}
 		var ev struct {
-			Type  string `json:"type"`
-			Data  string `json:"data"`
-			Error any    `json:"error"`
+			Type  string          `json:"type"`
+			Data  json.RawMessage `json:"data"` // a string of output, or display_data's mime bundle
+			Error any             `json:"error"`
 		}
 		if err := json.Unmarshal(raw, &ev); err != nil {
 			return fmt.Errorf("POST %s: bad stream event %s: %w", path, raw, err)
@@ -142,7 +142,7 @@ func (c *Client) stream(ctx context.Context, path string, body any, final string
 			return &APIError{StatusCode: http.StatusInternalServerError, Message: msg}
 		default:
 			if fn != nil {
-				fn(Event{Type: ev.Type, Data: ev.Data, Raw: raw})
+				fn(streamEvent(ev.Type, ev.Data, raw))
 			}
 		}
 	}
@@ -170,4 +170,18 @@ func (c *Client) Interrupt(ctx context.Context, id, what string) (Interrupted, e
 		return Interrupted{}, err
 	}
 	return out.Interrupted, nil
+}
+
+// streamEvent makes the Event of one streamed line: output's data is a string, display_data's a mime bundle.
+func streamEvent(typ string, data, raw json.RawMessage) Event {
+	ev := Event{Type: typ, Raw: raw}
+	if typ == "display_data" {
+		r := Result{Type: typ}
+		if json.Unmarshal(data, &r.Data) == nil {
+			ev.Result = &r
+		}
+		return ev
+	}
+	json.Unmarshal(data, &ev.Data) //nolint:errcheck // an event of a kind this client does not know: Raw has it
+	return ev
 }

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -165,6 +166,9 @@ type Execution struct {
 	// Error is the exception, or nil on success.
 	Error          *ExecError `json:"error"`
 	ExecutionCount int        `json:"execution_count"`
+	// Results are the cell's rich results in order, as a Jupyter kernel gives them: an "execute_result" for the
+	// trailing expression, a "display_data" for each display(), plt.show() or figure left open.
+	Results []Result `json:"results"`
 	// Interrupted is true when Interrupt stopped the call (Error is then a KeyboardInterrupt).
 	Interrupted bool `json:"interrupted,omitempty"`
 }
@@ -201,8 +205,39 @@ type ExecResult struct {
 // Unknown event types are passed through with their raw line in Raw.
 type Event struct {
 	Type string `json:"type"`
-	Data string `json:"data"`
-	Raw  []byte `json:"-"`
+	Data string `json:"data"` // stdout and stderr
+	// Result is a display_data event's result (run_code), nil for other events.
+	Result *Result `json:"-"`
+	Raw    []byte  `json:"-"`
+}
+
+// Result is one rich result of run_code: Type is "execute_result" or "display_data"; Data maps mime types
+// ("text/plain", always present; "image/png", base64; "text/html"; "application/json"; ...) to their values.
+type Result struct {
+	Type string                     `json:"type"`
+	Data map[string]json.RawMessage `json:"data"`
+}
+
+// Text returns the value of a text format (default "text/plain"), "" if the result has none.
+func (r Result) Text(mime ...string) string {
+	m := "text/plain"
+	if len(mime) > 0 {
+		m = mime[0]
+	}
+	var s string
+	if json.Unmarshal(r.Data[m], &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// PNG returns the decoded image/png, nil if the result has none.
+func (r Result) PNG() []byte {
+	b, err := base64.StdEncoding.DecodeString(r.Text("image/png"))
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	return b
 }
 
 // Entry describes a file in a sandbox.

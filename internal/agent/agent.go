@@ -603,9 +603,13 @@ const outputLimit = 32 << 20
 // fieldLimit caps each of a run_code result's value, error value and traceback, in bytes of JSON.
 const fieldLimit = 4 << 20
 
-// maxEvent bounds one event line from the agent: a terminal event carries two capped streams and three capped
-// fields, and their truncation notes.
-const maxEvent = 2*outputLimit + 3*fieldLimit + 1<<20
+// resultsLimit caps the JSON size of all of one run_code call's rich results together (repl.py keeps to it;
+// the agent replaces what goes beyond with a note).
+const resultsLimit = 16 << 20
+
+// maxEvent bounds one event line from the agent: a terminal event carries two capped streams, three capped
+// fields and the capped results, and their truncation notes.
+const maxEvent = 2*outputLimit + 3*fieldLimit + resultsLimit + 1<<20
 
 const truncatedNote = "\n[output truncated]\n"
 

@@ -77,9 +77,26 @@ type ExecError struct {
 	Traceback string `json:"traceback"`
 }
 
+// Result is one rich result of run_code, as a Jupyter kernel publishes it: Type is "execute_result" (the cell's
+// trailing expression) or "display_data" (display(), plt.show(), a figure left open); Data maps a mime type to
+// its value (binary formats base64; text/plain always present).
+type Result struct {
+	Type string                     `json:"type"`
+	Data map[string]json.RawMessage `json:"data"`
+}
+
+// size is the length of r's data in JSON, for the results limit.
+func (r Result) size() int {
+	n := 2
+	for k, v := range r.Data {
+		n += len(k) + len(v) + 4
+	}
+	return n
+}
+
 // Event is one line the agent sends back.
 type Event struct {
-	Type string `json:"type"` // stdout, stderr, result, exit, ok, error, ready
+	Type string `json:"type"` // stdout, stderr, display_data, result, exit, ok, error, ready
 
 	Data string `json:"data,omitempty"`
 
@@ -89,6 +106,8 @@ type Event struct {
 	Value          *string    `json:"value,omitempty"`
 	Error          *ExecError `json:"error,omitempty"`
 	ExecutionCount int        `json:"execution_count,omitempty"`
+	// result (run_code): the cell's rich results in order; display_data: the one just published
+	Results []Result `json:"results,omitempty"`
 
 	// exit (exec)
 	ExitCode int  `json:"exit_code"`
@@ -127,15 +146,16 @@ func (e *Event) Terminal() bool {
 
 // replMsg is what the agent and repl.py exchange.
 type replMsg struct {
-	Type           string          `json:"type"`
-	Data           string          `json:"data,omitempty"`
-	Value          *string         `json:"value,omitempty"`
-	Error          *ExecError      `json:"error,omitempty"`
-	ExecutionCount int             `json:"execution_count,omitempty"`
-	Pid            int             `json:"pid,omitempty"`
-	Pids           []int           `json:"pids,omitempty"`
-	Skipped        []Skipped       `json:"skipped,omitempty"`
-	Op             string          `json:"op,omitempty"`
-	Token          string          `json:"token,omitempty"`
-	Raw            json.RawMessage `json:"-"`
+	Type           string                     `json:"type"`
+	Data           string                     `json:"data,omitempty"`
+	Value          *string                    `json:"value,omitempty"`
+	Error          *ExecError                 `json:"error,omitempty"`
+	ExecutionCount int                        `json:"execution_count,omitempty"`
+	Pid            int                        `json:"pid,omitempty"`
+	Pids           []int                      `json:"pids,omitempty"`
+	Skipped        []Skipped                  `json:"skipped,omitempty"`
+	Bundle         map[string]json.RawMessage `json:"bundle,omitempty"` // display_data and execute_result
+	Op             string                     `json:"op,omitempty"`
+	Token          string                     `json:"token,omitempty"`
+	Raw            json.RawMessage            `json:"-"`
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -377,6 +378,7 @@ func (p *repl) run(ctx context.Context, code string, env map[string]string, time
 	}
 	var out, errOut capped
 	out.limit, errOut.limit = outputLimit, outputLimit
+	var results resultList
 	var sinkMu sync.Mutex
 	sink := func(ev Event) {
 		sinkMu.Lock()
@@ -452,12 +454,16 @@ func (p *repl) run(ctx context.Context, code string, env map[string]string, time
 				ev.Error.Value = "interrupted, and did not stop within the grace period: the interpreter was killed; its state is lost and a fresh one runs the next call"
 				ev.WasInterrupted = true
 			}
-			ev.Stdout, ev.Stderr = out.sb.String(), errOut.sb.String()
+			ev.Stdout, ev.Stderr, ev.Results = out.sb.String(), errOut.sb.String(), results.list
 			return ev
 		}
 		switch m.Type {
 		case "stdout", "stderr":
 			sink(Event{Type: m.Type, Data: m.Data})
+		case "display_data", "execute_result":
+			if r, ok := results.add(m.Type, m.Bundle); ok && m.Type == "display_data" {
+				emit(Event{Type: m.Type, Results: []Result{r}})
+			}
 		case "result":
 			stop()
 			p.mu.Lock()
@@ -480,11 +486,40 @@ func (p *repl) run(ctx context.Context, code string, env map[string]string, time
 			capResult(&m)
 			sinkMu.Lock()
 			ev := Event{Type: "result", Stdout: out.sb.String(), Stderr: errOut.sb.String(), Value: m.Value, Error: m.Error,
-				ExecutionCount: m.ExecutionCount, WasInterrupted: wasInterrupted}
+				ExecutionCount: m.ExecutionCount, WasInterrupted: wasInterrupted, Results: results.list}
 			sinkMu.Unlock()
 			return ev
 		}
 	}
+}
+
+// resultList collects a call's rich results within resultsLimit: one that does not fit becomes a text/plain
+// note (repl.py keeps to the same limit; this holds the agent's events to maxEvent whatever the interpreter sends).
+type resultList struct {
+	list []Result
+	size int
+}
+
+func (l *resultList) add(typ string, data map[string]json.RawMessage) (Result, bool) {
+	r := Result{Type: typ, Data: data}
+	if _, ok := data["text/plain"]; !ok { // repl.py always sends it; the API promises it
+		r.Data = maps.Clone(data)
+		if r.Data == nil {
+			r.Data = map[string]json.RawMessage{}
+		}
+		r.Data["text/plain"] = json.RawMessage(`""`)
+	}
+	if l.size+r.size() > resultsLimit {
+		note, _ := json.Marshal(fmt.Sprintf("[result left out: its %d bytes would take this cell's results past their limit of %d MiB]",
+			r.size(), resultsLimit>>20))
+		r.Data = map[string]json.RawMessage{"text/plain": note}
+		if l.size+r.size() > resultsLimit {
+			return r, false
+		}
+	}
+	l.size += r.size()
+	l.list = append(l.list, r)
+	return r, true
 }
 
 // capResult bounds a result's value, error value and traceback (repl.py bounds them too, in its own encoding,

@@ -163,12 +163,193 @@ def _dedent(code):
     return "".join(line[len(indent):] if line.startswith(indent) else line for line in lines)
 
 
+# Rich results, as a Jupyter kernel gives them: a cell's trailing expression becomes an execute_result and
+# display() / plt.show() / figures left open become display_data, each a mime bundle ({mime: value}, binary
+# formats base64, text/plain always present). They go to the agent as events, in order, as they happen. All of
+# one cell's bundles together are held to _RESULTS_LIMIT bytes of JSON: a bundle that does not fit is replaced
+# by a text/plain note saying so (the agent enforces the same limit).
+_RESULTS_LIMIT = 16 << 20
+_results_used = 0
+_REPRS = (("_repr_png_", "image/png"), ("_repr_jpeg_", "image/jpeg"), ("_repr_svg_", "image/svg+xml"),
+          ("_repr_html_", "text/html"), ("_repr_markdown_", "text/markdown"), ("_repr_latex_", "text/latex"),
+          ("_repr_json_", "application/json"))
+_BINARY = ("image/png", "image/jpeg")
+
+
+def _real_method(obj, name):
+    """obj's method name, as IPython finds it: not on classes, not on objects that answer every attribute."""
+    import inspect
+    if inspect.isclass(obj):
+        return None
+    try:
+        if getattr(obj, "_ipython_canary_method_should_not_exist_", None) is not None:
+            return None
+        m = getattr(obj, name, None)
+    except Exception:
+        return None
+    return m if callable(m) else None
+
+
+def _encode(mime, v):
+    """A repr's value as it goes into a bundle: binary images base64, JSON as is, the rest text."""
+    import base64
+    if isinstance(v, tuple) and len(v) == 2:  # (data, metadata), as IPython's formatters accept
+        v = v[0]
+    if v is None:
+        return None
+    if mime in _BINARY or isinstance(v, (bytes, bytearray)):
+        if isinstance(v, (bytes, bytearray)):
+            return base64.b64encode(bytes(v)).decode("ascii")
+        return str(v)  # already base64, as IPython's Image gives it
+    if mime == "application/json" or mime.endswith("+json"):
+        json.dumps(v)  # raises if it is not JSON: that format is left out
+        return v
+    return str(v)
+
+
+def _figure_png(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _bundle(obj, include=None, exclude=None):
+    """obj's mime bundle: _repr_mimebundle_, then the _repr_*_ methods; matplotlib figures as PNG."""
+    data = {}
+    mf = sys.modules.get("matplotlib.figure")
+    if mf is not None and isinstance(obj, mf.Figure):
+        data["image/png"] = _figure_png(obj)
+    m = _real_method(obj, "_repr_mimebundle_")
+    if m is not None:
+        try:
+            try:
+                got = m(include=include, exclude=exclude)
+            except TypeError:
+                got = m()
+            if isinstance(got, tuple):
+                got = got[0]
+            data.update(got or {})
+        except Exception as e:
+            sys.stderr.write("ramify: %s._repr_mimebundle_() failed: %s: %s\n" % (type(obj).__name__, type(e).__name__, e))
+    for name, mime in _REPRS:
+        if mime in data:
+            continue
+        m = _real_method(obj, name)
+        if m is not None:
+            try:
+                data[mime] = m()
+            except NotImplementedError:
+                pass
+            except Exception as e:  # a broken repr costs its format, not the cell (IPython prints it too)
+                sys.stderr.write("ramify: %s.%s() failed: %s: %s\n" % (type(obj).__name__, name, type(e).__name__, e))
+    out = {}
+    for mime, v in data.items():
+        if include and mime not in include or exclude and mime in exclude:
+            continue
+        try:
+            v = _encode(mime, v)
+        except (TypeError, ValueError):
+            continue
+        if v is not None:
+            out[mime] = v
+    if "text/plain" not in out:
+        out["text/plain"] = repr(obj)
+    return out
+
+
+def _publish(kind, data):
+    """Send one result to the agent, within what is left of the cell's results budget."""
+    global _results_used
+    try:
+        size = len(json.dumps(data))
+    except (TypeError, ValueError) as e:
+        data = {"text/plain": "[result left out: not JSON (%s)]" % e}
+        size = len(json.dumps(data))
+    if _results_used + size > _RESULTS_LIMIT:
+        data = {"text/plain": "[result left out: its %d bytes would take this cell's results past their limit of "
+                              "%d MiB]" % (size, _RESULTS_LIMIT >> 20)}
+        size = len(json.dumps(data))
+        if _results_used + size > _RESULTS_LIMIT:
+            return
+    _results_used += size
+    _send({"type": kind, "bundle": data})
+
+
+def display(*objs, include=None, exclude=None, metadata=None, transient=None, display_id=None, raw=False,
+            clear=False, **kwargs):
+    """IPython.display.display for a cell without an IPython kernel: each object becomes a display_data."""
+    for obj in objs:
+        if raw:
+            data = {k: v for k, v in dict(obj).items() if not (include and k not in include or exclude and k in exclude)}
+            data.setdefault("text/plain", "")
+        else:
+            data = _bundle(obj, include, exclude)
+        _publish("display_data", data)
+
+
+def _publish_display_data(data, metadata=None, source=None, *, transient=None, **kwargs):
+    _publish("display_data", dict(data))
+
+
+def _show(*args, **kwargs):
+    """plt.show() as Jupyter's inline backend does it: every open figure becomes a display_data, then closes."""
+    _flush_figures()
+
+
+def _flush_figures(skip=None):
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    for num in plt.get_fignums():
+        fig = plt.figure(num)
+        if fig is not skip:
+            _publish("display_data", {"image/png": _encode("image/png", _figure_png(fig)), "text/plain": repr(fig)})
+    plt.close("all")
+
+
+# Hooks installed when user code imports these modules: display() and plt.show() publish results.
+_PATCHES = {
+    "IPython.core.display_functions": {"display": display, "publish_display_data": _publish_display_data,
+                                       "clear_output": lambda *a, **k: None},
+    "matplotlib.pyplot": {"show": _show},
+}
+
+
+class _Patcher:
+    """A meta path finder that patches _PATCHES' modules right after they load."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _PATCHES:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def patched(module):
+            exec_module(module)
+            for attr, fn in _PATCHES[name].items():
+                setattr(module, attr, fn)
+
+        spec.loader.exec_module = patched
+        return spec
+
+
+sys.meta_path.insert(0, _Patcher())
+os.environ.setdefault("MPLBACKEND", "Agg")
+import builtins as _builtins
+_builtins.display = display  # as in a Jupyter kernel, display() needs no import
+
+
 def _run(code, env=None):
-    global _count
+    global _count, _results_used
     _count += 1
+    _results_used = 0
     code = _dedent(code)
     value = None
     error = None
+    shown = None
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Stream("stdout"), _Stream("stderr")
     saved_env = _set_env(env)
@@ -189,6 +370,8 @@ def _run(code, env=None):
             if v is not None:
                 _ns["_"] = v
                 value = _bounded(repr(v))
+                shown = v
+                _publish("execute_result", _bundle(v))
     except BaseException as e:  # SystemExit and KeyboardInterrupt included: the interpreter stays alive
         error = {
             "name": type(e).__name__[:1000],
@@ -199,6 +382,12 @@ def _run(code, env=None):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
             pass
+        # Figures the cell left open are shown, as the inline backend does after a cell (not the one the cell
+        # returned: it is the execute_result already).
+        try:
+            _flush_figures(skip=shown)
+        except Exception as e:
+            sys.stderr.write("ramify: showing the cell's open figures failed: %s: %s\n" % (type(e).__name__, e))
         _restore_env(saved_env)
         try:
             sys.stdout.flush()

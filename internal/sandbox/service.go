@@ -742,6 +742,8 @@ type Execution struct {
 	Value          *string          `json:"value"`
 	Error          *agent.ExecError `json:"error"`
 	ExecutionCount int              `json:"execution_count"`
+	// Results are the cell's rich results in order (execute_result, display_data), never null.
+	Results []agent.Result `json:"results"`
 	// Interrupted is true when POST /interrupt stopped the call (error is then a KeyboardInterrupt).
 	Interrupted bool `json:"interrupted,omitempty"`
 }
@@ -759,10 +761,10 @@ func timeoutOf(t *float64) (float64, error) {
 	return *t, nil
 }
 
-// OutputEvent is a chunk of streamed output.
+// OutputEvent is a chunk of streamed output, or (run_code) a rich result as it is displayed.
 type OutputEvent struct {
-	Type string `json:"type"` // stdout or stderr
-	Data string `json:"data"`
+	Type string `json:"type"` // stdout, stderr or display_data
+	Data any    `json:"data"` // a string of output; display_data's mime bundle (map[string]json.RawMessage)
 }
 
 // RunCode runs Python in the sandbox's interpreter. onOutput, if set, gets output as it is produced.
@@ -789,8 +791,12 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 	if err != nil {
 		return Execution{}, fmt.Errorf("run_code in %s: %w", id, err)
 	}
+	results := ev.Results
+	if results == nil {
+		results = []agent.Result{}
+	}
 	return Execution{Stdout: ev.Stdout, Stderr: ev.Stderr, Value: ev.Value, Error: ev.Error, ExecutionCount: ev.ExecutionCount,
-		Interrupted: ev.WasInterrupted}, nil
+		Results: results, Interrupted: ev.WasInterrupted}, nil
 }
 
 func forward(on func(OutputEvent)) func(agent.Event) {
@@ -798,8 +804,11 @@ func forward(on func(OutputEvent)) func(agent.Event) {
 		return nil
 	}
 	return func(ev agent.Event) {
-		if ev.Type == "stdout" || ev.Type == "stderr" {
+		switch {
+		case ev.Type == "stdout" || ev.Type == "stderr":
 			on(OutputEvent{Type: ev.Type, Data: ev.Data})
+		case ev.Type == "display_data" && len(ev.Results) == 1:
+			on(OutputEvent{Type: ev.Type, Data: ev.Results[0].Data})
 		}
 	}
 }
