@@ -308,11 +308,20 @@ def _flush_figures(skip=None):
 
 
 # Hooks installed when user code imports these modules: display() and plt.show() publish results.
+def _clear_output(wait=False):
+    pass
+
+
 _PATCHES = {
     "IPython.core.display_functions": {"display": display, "publish_display_data": _publish_display_data,
-                                       "clear_output": lambda *a, **k: None},
+                                       "clear_output": _clear_output},
     "matplotlib.pyplot": {"show": _show},
 }
+# Named after the attribute they replace, so that a variable holding one (from IPython.display import display)
+# pickles by reference (a pause, a fork's snapshot) and finds the replacement again when it is loaded.
+for _mod, _fns in _PATCHES.items():
+    for _attr, _fn in _fns.items():
+        _fn.__module__, _fn.__name__, _fn.__qualname__ = _mod, _attr, _attr
 
 
 class _Patcher:

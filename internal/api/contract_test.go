@@ -418,6 +418,13 @@ func (c *contract) runningCode(id string) {
 		c.t.Errorf("run_code with Accept: application/x-ndjson: %s %s", h.Get("Content-Type"), b)
 	}
 	c.do(exchange{method: "POST", path: p + "/run_code", body: []byte(`{"code": "import sys; print('e', file=sys.stderr)", "stream": true}`), status: 200})
+	// Rich results: display_data events in the stream, then the result's results (display_data, execute_result).
+	rich := `{"code": "class T:\n    def _repr_html_(self): return '<b>t</b>'\ndisplay(T(), {'a': 1})\nT()", "stream": true}`
+	_, b = c.do(exchange{method: "POST", path: p + "/run_code", body: []byte(rich), status: 200})
+	if !strings.Contains(string(b), `{"type":"display_data","data":{"text/html":"\u003cb\u003et\u003c/b\u003e"`) ||
+		!strings.Contains(string(b), `"results":[{"type":"display_data"`) || !strings.Contains(string(b), `{"type":"execute_result","data":{`) {
+		c.t.Errorf("run_code with rich results: %s", b)
+	}
 	for _, bad := range []string{`{}`, `{"code": null}`, `{"code": 1}`, `{"code": "1", "bogus": 1}`, `{"code": "1", "timeout_s": -1}`} {
 		c.do(exchange{method: "POST", path: p + "/run_code", body: []byte(bad), status: 400, invalid: true})
 	}

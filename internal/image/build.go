@@ -78,8 +78,9 @@ func buildRootfsReal(ctx context.Context, o Options, rootfs string) (string, err
 	case "mmdebstrap":
 		// dpkg's unsafe-io skips its thousands of fsyncs; the finished tree is synced once (syncfs) before it is
 		// moved into place, and an interrupted build is thrown away anyway.
+		// The package lists stay (--skip=cleanup/apt/lists), so that apt-get install works in a sandbox.
 		args = []string{"--mode=root", "--variant=minbase", "--verbose", "--aptopt=Acquire::Retries \"5\"",
-			"--dpkgopt=force-unsafe-io"}
+			"--dpkgopt=force-unsafe-io", "--skip=cleanup/apt/lists"}
 		if include != "" {
 			args = append(args, "--include="+include)
 		}
@@ -105,6 +106,15 @@ func buildRootfsReal(ctx context.Context, o Options, rootfs string) (string, err
 	rep.say("building %s with %s from %s (%d extra packages)", o.Suite, tool, o.Mirror, len(o.Packages))
 	if err := runLogged(ctx, rep, stallTimeout, path, args...); err != nil {
 		return tool, err
+	}
+	if tool == "debootstrap" {
+		// debootstrap leaves no package lists: fetch them, so that apt-get install works in a sandbox.
+		rep.say("fetching the package lists")
+		if chroot := findExe("chroot"); chroot == "" {
+			rep.say("chroot not found: the image has no package lists")
+		} else if err := runLogged(ctx, rep, stallTimeout, chroot, rootfs, "apt-get", "update"); err != nil {
+			rep.say("apt-get update failed (%v): the image has no package lists", err)
+		}
 	}
 	rep.say("finishing the tree")
 	if err := finishTree(rootfs); err != nil {
