@@ -888,3 +888,27 @@ class TestMisc(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestResult(unittest.TestCase):
+    """Result's accessors and save(), on a bundle as the server sends it (no server needed)."""
+
+    def test_formats_and_save(self):
+        import base64
+        png = b"\x89PNG\r\n\x1a\nbody"
+        r = ramify.Result.from_dict({"type": "display_data", "data": {
+            "image/png": base64.b64encode(png).decode(), "text/plain": "<Figure>", "application/json": {"a": 1}}})
+        self.assertEqual((r.type, r.png, r.text, r.json, r.html), ("display_data", png, "<Figure>", {"a": 1}, None))
+        self.assertEqual(r.formats(), ["image/png", "text/plain", "application/json"])
+        with tempfile.TemporaryDirectory() as d:
+            with open(r.save(os.path.join(d, "a.png")), "rb") as f:
+                self.assertEqual(f.read(), png)
+            with open(r.save(os.path.join(d, "a.json")), "rb") as f:
+                self.assertEqual(json.loads(f.read()), {"a": 1})
+            with open(r.save(os.path.join(d, "noext")), "rb") as f:  # the richest format: PNG
+                self.assertEqual(f.read(), png)
+            with self.assertRaises(ValueError):
+                r.save(os.path.join(d, "a.html"), format="text/html")
+        ex = ramify.Execution.from_dict({"value": "1", "results": [{"type": "execute_result", "data": {"text/plain": "1"}}]})
+        self.assertEqual(ex.results[0].text, "1")
+        self.assertEqual(ramify.Execution.from_dict({}).results, [])

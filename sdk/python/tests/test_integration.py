@@ -272,6 +272,34 @@ class TestIntegration(unittest.TestCase):
         first_at = next(t for t, s in got if "first" in s)
         self.assertGreater(done - first_at, 1.0, "stdout was not delivered before the result")
 
+    def test_rich_results(self):
+        ex = self.sb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
+        self.assertEqual([r.type for r in ex.results], ["display_data"])
+        png = ex.results[0].png
+        self.assertTrue(png and png.startswith(b"\x89PNG\r\n\x1a\n"), ex.results)
+        self.assertIn("image/png", ex.results[0].formats())
+        with tempfile.TemporaryDirectory() as d:
+            path = ex.results[0].save(os.path.join(d, "chart.png"))
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), png)
+        ex = self.sb.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+        r = ex.results[0]
+        self.assertEqual(r.type, "execute_result")
+        self.assertIn("<table", r.html or "")
+        self.assertEqual(r.text, ex.value)
+        self.assertIsNone(r.png)
+        ex = self.sb.run_code("from IPython.display import JSON, SVG\n"
+                              "display(JSON({'k': [1]}), SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"/>'))")
+        self.assertEqual(ex.results[0].json, {"k": [1]})
+        self.assertIn("<svg", ex.results[1].svg or "")
+
+    def test_rich_results_streamed(self):
+        got = []
+        ex = self.sb.run_code("print('a')\ndisplay('shown')\nprint('b')", on_stdout=lambda s: got.append(s),
+                              on_result=lambda r: got.append(r))
+        self.assertEqual([g if isinstance(g, str) else g.text for g in got], ["a", "\n", "'shown'", "b", "\n"])
+        self.assertEqual(ex.results, [g for g in got if not isinstance(g, str)])
+
     def test_exec_streaming(self):
         out = []
         res = self.sb.exec("echo one; sleep 0.5; echo two >&2; exit 4", on_stdout=out.append)
@@ -390,6 +418,10 @@ class TestIntegration(unittest.TestCase):
                 r1, r2 = await asyncio.gather(sb.exec("echo a"), sb.files.write("/root/async.txt", b"z"))
                 self.assertEqual(r1.stdout, "a\n")
                 self.assertEqual(await sb.files.read("/root/async.txt"), b"z")
+                shown = []
+                ex = await sb.run_code("display(y)", on_result=shown.append)
+                self.assertEqual([r.text for r in shown], ["2"])
+                self.assertEqual(ex.results, shown)
                 return (await sb.run_code("y * 21")).value
 
         self.assertEqual(asyncio.run(main()), "42")

@@ -24,7 +24,7 @@ from .exceptions import (
     Timeout,
 )
 from .files import FileStream, Files
-from .models import CommandResult, Entry, Execution, ExecutionError
+from .models import CommandResult, Entry, Execution, ExecutionError, Result
 from .sandbox import Sandbox
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "FileStream",
     "Execution",
     "ExecutionError",
+    "Result",
     "CommandResult",
     "Entry",
     "RamifyError",

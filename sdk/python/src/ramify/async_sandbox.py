@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Ite
 
 from ._http import DEFAULT_REQUEST_TIMEOUT
 from .files import DEFAULT_CHUNK_SIZE, Files
-from .models import CommandResult, Entry, Execution
+from .models import CommandResult, Entry, Execution, Result
 from .sandbox import DEFAULT_POLL_TIMEOUT, Sandbox
 
 __all__ = ["AsyncSandbox", "AsyncFiles"]
@@ -62,11 +62,11 @@ class _Callbacks:
         self.pending: List["asyncio.Future[Any]"] = []
         self.errors: List[BaseException] = []
 
-    def wrap(self, cb: Optional[AsyncOutputCallback]) -> Optional[Callable[[str], None]]:
+    def wrap(self, cb: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], None]]:
         if cb is None:
             return None
 
-        def invoke(data: str) -> None:
+        def invoke(data: Any) -> None:
             try:
                 r = cb(data)
                 if inspect.isawaitable(r):
@@ -74,7 +74,7 @@ class _Callbacks:
             except BaseException as e:  # surfaced after the call returns
                 self.errors.append(e)
 
-        def from_thread(data: str) -> None:
+        def from_thread(data: Any) -> None:
             self.loop.call_soon_threadsafe(invoke, data)
 
         return from_thread
@@ -338,10 +338,11 @@ class AsyncSandbox:
     async def run_code(self, code: str, timeout_s: Optional[float] = None,
                        on_stdout: Optional[AsyncOutputCallback] = None,
                        on_stderr: Optional[AsyncOutputCallback] = None,
-                       env: Optional[Mapping[str, str]] = None) -> Execution:
+                       env: Optional[Mapping[str, str]] = None,
+                       on_result: Optional[Callable[[Result], Any]] = None) -> Execution:
         cbs = _Callbacks()
         result = await _run(self._s().run_code, code, timeout_s,
-                            cbs.wrap(on_stdout), cbs.wrap(on_stderr), env)
+                            cbs.wrap(on_stdout), cbs.wrap(on_stderr), env, cbs.wrap(on_result))
         await cbs.finish()
         return result
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Union
 
-__all__ = ["Execution", "ExecutionError", "CommandResult", "Entry"]
+__all__ = ["Execution", "ExecutionError", "Result", "CommandResult", "Entry"]
 
 
 def _short(s: Optional[str], n: int = 60) -> str:
@@ -36,6 +38,104 @@ class ExecutionError:
         return f"{self.name}: {self.value}" if self.value else self.name
 
 
+class Result:
+    """A rich result of :meth:`Sandbox.run_code`, as a Jupyter kernel gives it.
+
+    ``type`` is ``"execute_result"`` (the cell's trailing expression) or ``"display_data"`` (``display()``,
+    ``plt.show()``, a figure left open); ``data`` maps mime types to values (``image/png`` base64). The
+    properties give the common formats, ``None`` when the result has no such format::
+
+        ex = sbx.run_code("import matplotlib.pyplot as plt; plt.plot([1, 3, 2]); plt.show()")
+        ex.results[0].save("chart.png")
+    """
+
+    _EXT = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg", "text/html": ".html",
+            "application/json": ".json", "text/markdown": ".md", "text/latex": ".tex", "text/plain": ".txt"}
+
+    def __init__(self, type: str, data: Dict[str, Any]) -> None:
+        self.type = type
+        self.data = dict(data or {})
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Result":
+        return cls(str(d.get("type") or "display_data"), d.get("data") or {})
+
+    def formats(self) -> List[str]:
+        """The mime types this result has, e.g. ``["image/png", "text/plain"]``."""
+        return list(self.data)
+
+    def _bytes(self, mime: str) -> Optional[bytes]:
+        v = self.data.get(mime)
+        return base64.b64decode(v) if isinstance(v, str) else None
+
+    @property
+    def png(self) -> Optional[bytes]:
+        """The PNG image, decoded."""
+        return self._bytes("image/png")
+
+    @property
+    def jpeg(self) -> Optional[bytes]:
+        return self._bytes("image/jpeg")
+
+    @property
+    def text(self) -> Optional[str]:
+        """``text/plain``: the object's repr."""
+        return self.data.get("text/plain")
+
+    @property
+    def html(self) -> Optional[str]:
+        return self.data.get("text/html")
+
+    @property
+    def svg(self) -> Optional[str]:
+        return self.data.get("image/svg+xml")
+
+    @property
+    def markdown(self) -> Optional[str]:
+        return self.data.get("text/markdown")
+
+    @property
+    def latex(self) -> Optional[str]:
+        return self.data.get("text/latex")
+
+    @property
+    def json(self) -> Any:
+        """``application/json``, as a Python value."""
+        return self.data.get("application/json")
+
+    def save(self, path: Union[str, "os.PathLike[str]"], format: Optional[str] = None) -> str:
+        """Write the result to ``path`` and return it: the format named (a mime type), else the one the file's
+        extension names, else the richest it has (PNG, JPEG, SVG, HTML, JSON, Markdown, LaTeX, text)."""
+        path = os.fspath(path)
+        if format is None:
+            ext = os.path.splitext(path)[1].lower()
+            format = next((m for m, e in self._EXT.items() if e == ext and m in self.data), None)
+        if format is None:
+            format = next((m for m in self._EXT if m in self.data), None)
+        if format is None or format not in self.data:
+            raise ValueError(f"result has no {format or 'known'} format; it has {self.formats()}")
+        if format in ("image/png", "image/jpeg"):
+            content: bytes = self._bytes(format) or b""
+        elif format == "application/json" or format.endswith("+json"):
+            import json
+            content = json.dumps(self.data[format]).encode()
+        else:
+            content = str(self.data[format]).encode()
+        with open(path, "wb") as f:
+            f.write(content)
+        return path
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Dict[str, Any]:
+        """In a notebook, a result shows as it did in the sandbox."""
+        return dict(self.data)
+
+    def __repr__(self) -> str:
+        return f"Result(type={self.type!r}, formats={self.formats()!r}, text={_short(self.text)})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Result) and (self.type, self.data) == (other.type, other.data)
+
+
 @dataclass(repr=False)
 class Execution:
     """Result of :meth:`Sandbox.run_code`.
@@ -51,6 +151,9 @@ class Execution:
     execution_count: Optional[int] = None
     #: True when :meth:`Sandbox.interrupt` stopped the cell (``error`` is then a ``KeyboardInterrupt``).
     interrupted: bool = False
+    #: The cell's rich results in order (:class:`Result`): the trailing expression's ``execute_result``, a
+    #: ``display_data`` for each ``display()``, ``plt.show()`` or figure left open.
+    results: List[Result] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -62,6 +165,7 @@ class Execution:
             error=ExecutionError.from_dict(d.get("error")),
             execution_count=d.get("execution_count"),
             interrupted=bool(d.get("interrupted")),
+            results=[Result.from_dict(r) for r in d.get("results") or []],
             raw=dict(d),
         )
 

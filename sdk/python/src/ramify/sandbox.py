@@ -17,11 +17,12 @@ from .exceptions import (
     Timeout,
 )
 from .files import Files
-from .models import CommandResult, Execution
+from .models import CommandResult, Execution, Result
 
 __all__ = ["Sandbox"]
 
 OutputCallback = Callable[[str], Any]
+ResultCallback = Callable[[Result], Any]
 
 # Server-side default for run_code / exec timeout_s (docs/api.md); the socket timeout is this plus
 # a margin so the server's own timeout fires first.
@@ -283,12 +284,15 @@ class Sandbox:
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
         env: Optional[Mapping[str, str]] = None,
+        on_result: Optional[ResultCallback] = None,
     ) -> Execution:
         """Run Python code in the sandbox's persistent interpreter.
 
-        With ``on_stdout`` / ``on_stderr`` the output is streamed (NDJSON) and the callbacks are
-        called with each chunk as it arrives, before this method returns. ``env`` is set in the
-        interpreter's ``os.environ`` for this call only; what it replaced is restored after it.
+        With ``on_stdout`` / ``on_stderr`` / ``on_result`` the output is streamed (NDJSON) and the
+        callbacks are called with each chunk (each ``display_data`` :class:`Result`) as it arrives,
+        before this method returns. ``env`` is set in the interpreter's ``os.environ`` for this call
+        only; what it replaced is restored after it. The cell's rich results (figures, DataFrames,
+        ``display()``) are in the returned ``Execution.results``.
         """
         self._check()
         body: Dict[str, Any] = {"code": code}
@@ -297,7 +301,7 @@ class Sandbox:
         if env is not None:
             body["env"] = {str(k): str(v) for k, v in env.items()}
         timeout = self._run_timeout(timeout_s)
-        if on_stdout is None and on_stderr is None:
+        if on_stdout is None and on_stderr is None and on_result is None:
             data = self._client.json("POST", self._path("/run_code"), json_body=body, timeout=timeout)
             return Execution.from_dict(data or {})
         body["stream"] = True
@@ -314,6 +318,9 @@ class Sandbox:
                     on_stdout(result.stdout)
                 if result.stderr and on_stderr:
                     on_stderr(result.stderr)
+                for r in result.results:
+                    if on_result and r.type == "display_data":
+                        on_result(r)
                 return result
             out: List[str] = []
             err: List[str] = []
@@ -329,6 +336,9 @@ class Sandbox:
                     err.append(data)
                     if on_stderr:
                         on_stderr(data)
+                elif typ == "display_data":
+                    if on_result:
+                        on_result(Result.from_dict(ev))
                 elif typ == "result":
                     ev = dict(ev)
                     ev.setdefault("stdout", "".join(out))
@@ -385,6 +395,9 @@ class Sandbox:
                     on_stdout(result.stdout)
                 if result.stderr and on_stderr:
                     on_stderr(result.stderr)
+                for r in result.results:
+                    if on_result and r.type == "display_data":
+                        on_result(r)
                 return result
             out: List[str] = []
             err: List[str] = []
