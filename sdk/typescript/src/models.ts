@@ -52,6 +52,81 @@ export interface Execution {
   executionCount: number | null;
   /** True when `interrupt()` stopped the cell (`error` is then a `KeyboardInterrupt`). */
   interrupted: boolean;
+  /**
+   * The cell's rich results in order, as a Jupyter kernel gives them: an `execute_result` for the trailing
+   * expression, a `display_data` for each `display()`, `plt.show()` or figure left open.
+   */
+  results: Result[];
+}
+
+const EXT: Record<string, string> = {
+  "image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg", "text/html": ".html",
+  "application/json": ".json", "text/markdown": ".md", "text/latex": ".tex", "text/plain": ".txt",
+};
+
+function fromBase64(s: string): Uint8Array {
+  const bin = atob(s);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+/**
+ * A rich result of `runCode`: `type` is `"execute_result"` or `"display_data"`; `data` maps mime types to values
+ * (`image/png` base64, `text/plain` always). The getters give the common formats, `undefined` when absent:
+ * `(await sb.runCode("...plt.show()")).results[0].save("chart.png")`.
+ */
+export class Result {
+  constructor(readonly type: string, readonly data: Record<string, unknown>) {}
+
+  /** The mime types this result has. */
+  formats(): string[] {
+    return Object.keys(this.data);
+  }
+  private bytes(mime: string): Uint8Array | undefined {
+    const v = this.data[mime];
+    return typeof v === "string" ? fromBase64(v) : undefined;
+  }
+  private string(mime: string): string | undefined {
+    const v = this.data[mime];
+    return typeof v === "string" ? v : undefined;
+  }
+  /** The PNG image, decoded. */
+  get png(): Uint8Array | undefined { return this.bytes("image/png"); }
+  get jpeg(): Uint8Array | undefined { return this.bytes("image/jpeg"); }
+  /** `text/plain`: the object's repr. */
+  get text(): string | undefined { return this.string("text/plain"); }
+  get html(): string | undefined { return this.string("text/html"); }
+  get svg(): string | undefined { return this.string("image/svg+xml"); }
+  get markdown(): string | undefined { return this.string("text/markdown"); }
+  get latex(): string | undefined { return this.string("text/latex"); }
+  /** `application/json`, as a value. */
+  get json(): unknown { return this.data["application/json"]; }
+
+  /**
+   * Write the result to a local file (node:fs): the format named (a mime type), else the one the path's extension
+   * names, else the richest it has. Returns the path.
+   */
+  async save(path: string, format?: string): Promise<string> {
+    const dot = path.lastIndexOf(".");
+    const ext = dot > path.lastIndexOf("/") ? path.slice(dot).toLowerCase() : "";
+    const mime = format ?? Object.keys(EXT).find((m) => EXT[m] === ext && m in this.data) ??
+      Object.keys(EXT).find((m) => m in this.data);
+    if (mime === undefined || !(mime in this.data)) {
+      throw new Error(`result has no ${mime ?? "known"} format; it has ${this.formats().join(", ")}`);
+    }
+    const v = this.data[mime];
+    const content = mime === "image/png" || mime === "image/jpeg" ? fromBase64(String(v))
+      : typeof v === "string" ? v : JSON.stringify(v);
+    const { writeFile } = await import("node:fs/promises");
+    await writeFile(path, content);
+    return path;
+  }
+}
+
+export function resultFrom(d: unknown): Result {
+  const o = (d ?? {}) as Record<string, unknown>;
+  return new Result(String(o.type ?? "display_data"), (o.data ?? {}) as Record<string, unknown>);
 }
 
 /** Result of `exec`. */
@@ -109,6 +184,7 @@ export function executionFrom(d: Dict): Execution {
     error: executionErrorFrom(d.error),
     executionCount: typeof ec === "number" ? ec : null,
     interrupted: Boolean(d.interrupted),
+    results: Array.isArray(d.results) ? d.results.map(resultFrom) : [],
   };
 }
 

@@ -10,4 +10,5 @@ declare module "node:fs/promises" {
   }
   export function open(path: string, flags?: string, mode?: number): Promise<FileHandle>;
   export function unlink(path: string): Promise<void>;
+  export function writeFile(path: string, data: Uint8Array | string): Promise<void>;
 }

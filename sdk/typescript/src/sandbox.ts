@@ -11,6 +11,8 @@ import { Files } from "./files.js";
 import { HttpClient, iterNdjson, readJson, type ClientOptions } from "./http.js";
 import {
   commandResultFrom,
+  resultFrom,
+  type Result,
   executionFrom,
   type CommandResult,
   type DiffResult,
@@ -22,6 +24,8 @@ import {
 
 /** Called with each chunk of output as it arrives. */
 export type OutputCallback = (data: string) => unknown;
+/** Called with each `display_data` result of `runCode` as it is displayed. */
+export type ResultCallback = (result: Result) => unknown;
 
 /** Options of `Sandbox.create` (all optional; server defaults apply). */
 export interface CreateOptions extends ClientOptions {
@@ -63,6 +67,8 @@ export interface RunCodeOptions {
   /** With a callback, the output is streamed and the callback called before the result. */
   onStdout?: OutputCallback;
   onStderr?: OutputCallback;
+  /** runCode: called with each `display_data` result (figure, `display()`) as it is displayed (streamed). */
+  onResult?: ResultCallback;
 }
 
 export interface ExecOptions extends RunCodeOptions {
@@ -293,8 +299,8 @@ export class Sandbox {
   ): Promise<Record<string, unknown>> {
     const path = this._path(suffix);
     const timeoutS = this.runTimeout(opts.timeoutS);
-    const { onStdout, onStderr } = opts;
-    if (!onStdout && !onStderr) {
+    const { onStdout, onStderr, onResult } = opts;
+    if (!onStdout && !onStderr && !onResult) {
       return ((await this._client.json("POST", path, { json: body, timeoutS })) ?? {}) as Record<string, unknown>;
     }
     body.stream = true;
@@ -308,6 +314,9 @@ export class Sandbox {
       const d = ((await readJson(res, "POST", path)) ?? {}) as Record<string, unknown>;
       if (d.stdout && onStdout) await onStdout(String(d.stdout));
       if (d.stderr && onStderr) await onStderr(String(d.stderr));
+      for (const r of Array.isArray(d.results) ? d.results.map(resultFrom) : []) {
+        if (onResult && r.type === "display_data") await onResult(r);
+      }
       return d;
     }
     const out: string[] = [];
@@ -319,6 +328,8 @@ export class Sandbox {
         (type === "stdout" ? out : err).push(data);
         const cb = type === "stdout" ? onStdout : onStderr;
         if (cb) await cb(data);
+      } else if (type === "display_data") {
+        if (onResult) await onResult(resultFrom(ev));
       } else if (typeof type === "string" && finalTypes.includes(type)) {
         return { stdout: out.join(""), stderr: err.join(""), ...ev };
       } else if (type === "error") {

@@ -102,6 +102,35 @@ describe("integration: run_code and exec", { skip: SKIP }, () => {
       assert.equal(x.exitCode, 3);
     }));
 
+  test("rich results: a chart saved as PNG, a DataFrame's HTML, display() streamed in order", () =>
+    withSandbox(async (sb) => {
+      const r = await sb.runCode("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()");
+      assert.deepEqual(r.results.map((x) => x.type), ["display_data"]);
+      const png = r.results[0].png;
+      assert.deepEqual([...png.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+      assert.ok(r.results[0].formats().includes("image/png"));
+      const dir = await mkdtemp(join(tmpdir(), "ramify-rich-"));
+      try {
+        const path = await r.results[0].save(join(dir, "chart.png"));
+        assert.deepEqual(new Uint8Array(await readFile(path)), png);
+      } finally {
+        await rm(dir, { recursive: true, force: true });
+      }
+      const df = await sb.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2]})");
+      assert.equal(df.results[0].type, "execute_result");
+      assert.match(df.results[0].html, /<table/);
+      assert.equal(df.results[0].text, df.value);
+      assert.equal(df.results[0].png, undefined);
+      const seen = [];
+      const s = await sb.runCode("print('a')\ndisplay({'k': 1})\nfrom IPython.display import JSON\ndisplay(JSON([1]))\nprint('b')", {
+        onStdout: (d) => seen.push(d),
+        onResult: (x) => seen.push(x),
+      });
+      assert.deepEqual(seen.map((x) => (typeof x === "string" ? x : x.text ?? "")).join(""), "a\n{'k': 1}<IPython.core.display.JSON object>b\n");
+      assert.deepEqual(seen.filter((x) => typeof x !== "string")[1].json, [1]);
+      assert.equal(s.results.length, 2);
+    }));
+
   test("runCode env is for that call only; tracebacks show the cell's lines", () =>
     withSandbox(async (sb) => {
       await sb.runCode("import os; os.environ['KEEP'] = 'before'");

@@ -219,6 +219,7 @@ describe("run_code and exec", () => {
       error: { name: "ZeroDivisionError", value: "division by zero", traceback: "Traceback..." },
       executionCount: 3,
       interrupted: false,
+      results: [],
     });
   });
 
