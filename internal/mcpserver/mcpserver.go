@@ -39,6 +39,7 @@ func New(c *client.Client, version string) *mcp.Server {
 		tool("run_code", "Run Python", runEdits, destructive(false, true), t.runCode,
 			"Run Python code in the sandbox's persistent interpreter (variables, imports and functions persist between calls). "+
 				"Returns stdout, stderr, the repr of a trailing expression (value) and the exception (error), if any. "+
+				"Rich results (matplotlib figures, plt.show(), display(), objects with _repr_png_ or _repr_markdown_) come as image and text content. "+
 				fmt.Sprintf("An output over %d KiB is cut in the middle and saved whole in a file of the sandbox (see truncated).", MaxTextBytes>>10)),
 		tool("exec", "Run a command", runEdits, destructive(false, true), t.exec,
 			"Run a command in the sandbox: cmd (run by /bin/sh -c) or argv. Returns the exit code and output; a non-zero exit code is not a tool error. "+

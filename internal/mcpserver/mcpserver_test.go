@@ -50,9 +50,9 @@ func (s *session) call(ctx context.Context, name string, args map[string]any, ou
 	if err := json.Unmarshal(b, out); err != nil {
 		s.t.Fatalf("%s: decode %s: %v", name, b, err)
 	}
-	// The text content carries the same JSON, for clients that ignore structured content.
-	if !json.Valid([]byte(text(res))) {
-		s.t.Errorf("%s: text content is not JSON: %q", name, text(res))
+	// The (first) text content carries the same JSON, for clients that ignore structured content.
+	if tc, ok := res.Content[0].(*mcp.TextContent); !ok || !json.Valid([]byte(tc.Text)) {
+		s.t.Errorf("%s: first content is not JSON text: %#v", name, res.Content[0])
 	}
 }
 
@@ -157,6 +157,26 @@ func TestMCPSession(t *testing.T) {
 	s.call(ctx, "run_code", map[string]any{"id": id, "code": "1/0"}, &ex)
 	if ex.Error == nil || ex.Error.Name != "ZeroDivisionError" {
 		t.Fatalf("run_code 1/0 = %+v", ex)
+	}
+
+	// Rich results: a figure as image content, a Markdown display as text, after the output's JSON.
+	res, err := s.cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_code", Arguments: map[string]any{"id": id,
+		"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\nfrom IPython.display import Markdown\n" +
+			"display(Markdown('**done**'))\n'value'"}})
+	if err != nil || res.IsError || len(res.Content) != 3 {
+		t.Fatalf("run_code with a figure: %v %+v", err, res)
+	}
+	if img, ok := res.Content[1].(*mcp.ImageContent); !ok || img.MIMEType != "image/png" || !bytes.HasPrefix(img.Data, []byte("\x89PNG")) {
+		t.Errorf("second content %#v, want a PNG image", res.Content[1])
+	}
+	if tc, ok := res.Content[2].(*mcp.TextContent); !ok || tc.Text != "**done**" {
+		t.Errorf("third content %#v, want the markdown", res.Content[2])
+	}
+	var rich mcpserver.RunCodeOutput
+	b, _ := json.Marshal(res.StructuredContent)
+	if err := json.Unmarshal(b, &rich); err != nil || len(rich.Results) != 3 || rich.Results[2].Type != "execute_result" ||
+		!slices.Contains(rich.Results[0].Formats, "image/png") || rich.Value == nil || *rich.Value != "'value'" {
+		t.Errorf("structured output %s", b)
 	}
 
 	// exec: cmd (with the sandbox's env) and argv.

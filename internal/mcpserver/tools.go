@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"path"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -120,7 +122,15 @@ type RunCodeOutput struct {
 	Value          *string           `json:"value" jsonschema:"repr() of the trailing expression, or null"`
 	Error          *client.ExecError `json:"error" jsonschema:"the exception, or null"`
 	ExecutionCount int               `json:"execution_count"`
+	Results        []RichResult      `json:"results,omitempty" jsonschema:"the cell's rich results in order (figures, display()): images follow as image content, the others as text content"`
 	Truncated      []Truncation      `json:"truncated,omitempty" jsonschema:"the outputs that were cut, and where each is saved whole"`
+}
+
+// RichResult summarises one of run_code's rich results; its content comes as the tool result's content.
+type RichResult struct {
+	Type    string   `json:"type" jsonschema:"execute_result (the trailing expression) or display_data (display(), plt.show(), a figure left open)"`
+	Formats []string `json:"formats" jsonschema:"the result's mime types"`
+	Text    string   `json:"text" jsonschema:"its text/plain form"`
 }
 
 func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeInput) (*mcp.CallToolResult, *RunCodeOutput, error) {
@@ -135,8 +145,48 @@ func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeI
 		v := l.limit(ctx, "value", *ex.Value)
 		out.Value = &v
 	}
+	var content []mcp.Content
+	for i, r := range ex.Results {
+		c, summary := resultContent(ctx, l, i, r)
+		out.Results = append(out.Results, summary)
+		if c != nil {
+			content = append(content, c)
+		}
+	}
 	out.Truncated = l.cuts
-	return nil, out, nil
+	if len(content) == 0 {
+		return nil, out, nil // the SDK sends out as JSON text
+	}
+	// The output as JSON text first (as the SDK does on its own), then the results: a model sees its chart.
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: string(b)}}, content...)}, out, nil
+}
+
+// resultContent makes one rich result MCP content: an image as image content; any other display as text (its
+// markdown, else its text/plain, cut as outputs are). A trailing expression's text-only result has no content
+// of its own: it is the output's value already.
+func resultContent(ctx context.Context, l *limiter, i int, r client.Result) (mcp.Content, RichResult) {
+	summary := RichResult{Type: r.Type, Text: l.limit(ctx, fmt.Sprintf("result%d", i), r.Text())}
+	for m := range r.Data {
+		summary.Formats = append(summary.Formats, m)
+	}
+	slices.Sort(summary.Formats)
+	for _, m := range []string{"image/png", "image/jpeg"} {
+		if b, err := base64.StdEncoding.DecodeString(r.Text(m)); err == nil && len(b) > 0 {
+			return &mcp.ImageContent{Data: b, MIMEType: m}, summary
+		}
+	}
+	if r.Type == "execute_result" && len(r.Data) == 1 {
+		return nil, summary
+	}
+	text := r.Text("text/markdown")
+	if text == "" {
+		text = summary.Text
+	}
+	return &mcp.TextContent{Text: text}, summary
 }
 
 type ExecInput struct {
