@@ -147,7 +147,7 @@ func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeI
 	}
 	var content []mcp.Content
 	for i, r := range ex.Results {
-		c, summary := resultContent(ctx, l, i, r)
+		c, summary := resultContent(ctx, l, i, r, ex.Value, out.Value)
 		out.Results = append(out.Results, summary)
 		if c != nil {
 			content = append(content, c)
@@ -167,9 +167,14 @@ func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in RunCodeI
 
 // resultContent makes one rich result MCP content: an image as image content; any other display as text (its
 // markdown, else its text/plain, cut as outputs are). A trailing expression's text-only result has no content
-// of its own: it is the output's value already.
-func resultContent(ctx context.Context, l *limiter, i int, r client.Result) (mcp.Content, RichResult) {
-	summary := RichResult{Type: r.Type, Text: l.limit(ctx, fmt.Sprintf("result%d", i), r.Text())}
+// of its own: it is the output's value already (value, cut: its text/plain is not cut and saved a second time).
+func resultContent(ctx context.Context, l *limiter, i int, r client.Result, value, cutValue *string) (mcp.Content, RichResult) {
+	summary := RichResult{Type: r.Type}
+	if r.Type == "execute_result" && value != nil && cutValue != nil && r.Text() == *value {
+		summary.Text = *cutValue
+	} else {
+		summary.Text = l.limit(ctx, fmt.Sprintf("result%d", i), r.Text())
+	}
 	for m := range r.Data {
 		summary.Formats = append(summary.Formats, m)
 	}

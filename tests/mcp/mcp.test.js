@@ -55,7 +55,8 @@ async function call(name, args) {
   const res = await session.client.callTool({ name, arguments: args });
   const text = res.content.map((c) => c.text ?? "").join("");
   assert.ok(!res.isError, `${name}(${JSON.stringify(args)}) failed: ${text}\nramify mcp stderr: ${session.stderr()}`);
-  assert.deepEqual(JSON.parse(text), res.structuredContent, `${name}: text and structured content differ`);
+  // The first content is the JSON (run_code's rich results follow it as image and text content).
+  assert.deepEqual(JSON.parse(res.content[0].text), res.structuredContent, `${name}: text and structured content differ`);
   return res.structuredContent;
 }
 
@@ -119,6 +120,14 @@ test("a session: create, run_code, files (relative and absolute), exec, fork, di
   assert.equal(r.value, "42");
   assert.equal(r.error, null);
   assert.equal((await call("run_code", { id, code: "1/0" })).error.name, "ZeroDivisionError");
+  // Rich results: a chart comes back as image content, a Markdown display as text.
+  const chart = await session.client.callTool({ name: "run_code", arguments: { id,
+    code: "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\nfrom IPython.display import Markdown\ndisplay(Markdown('*md*'))" } });
+  assert.deepEqual(chart.content.map((c) => c.type), ["text", "image", "text"]);
+  assert.equal(chart.content[1].mimeType, "image/png");
+  assert.equal(Buffer.from(chart.content[1].data, "base64").subarray(1, 4).toString(), "PNG");
+  assert.equal(chart.content[2].text, "*md*");
+  assert.deepEqual(chart.structuredContent.results.map((x) => x.type), ["display_data", "display_data"]);
 
   // Files: a relative path is relative to the sandbox's cwd (/root), as exec and the interpreter see it.
   let w = await call("write_file", { id, path: "notes/a.txt", content: "relative\n" });
