@@ -92,6 +92,11 @@ func (e *cli) run(ctx context.Context, args []string) error {
 			io.WriteString(out, ev.Data)
 		case "stderr":
 			io.WriteString(errw, ev.Data)
+		case "display_data": // as terminal IPython shows a display: its text/plain (--json has every format)
+			if ev.Result != nil {
+				out.endLine()
+				fmt.Fprintln(out, ev.Result.Text())
+			}
 		}
 	})
 	if err != nil {

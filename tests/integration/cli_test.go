@@ -44,6 +44,9 @@ func TestCLIAgainstRealServer(t *testing.T) {
 	if out, _, _ := cli("run", id, "print('hi'); x * 2 + 2"); !strings.Contains(out, "hi") || !strings.Contains(out, "42") {
 		t.Fatalf("run value: %q", out)
 	}
+	if out, _, code := cli("run", id, "print('a', end='')\ndisplay({'k': 1})\nprint('b')\n'v'"); code != 0 || out != "a\n{'k': 1}\nb\n'v'\n" {
+		t.Errorf("run with a display: %q, exit %d", out, code)
+	}
 	if _, errOut, code := cli("run", id, "1/0"); code != 1 || !strings.Contains(errOut, "ZeroDivisionError") {
 		t.Fatalf("run error: %q %d", errOut, code)
 	}
