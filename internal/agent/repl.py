@@ -285,6 +285,10 @@ def display(*objs, include=None, exclude=None, metadata=None, transient=None, di
         else:
             data = _bundle(obj, include, exclude)
         _publish("display_data", data)
+    if display_id:  # a handle whose update() shows the new object as one more display_data (no output to replace)
+        mod = sys.modules.get("IPython.core.display_functions")
+        if mod is not None:
+            return mod.DisplayHandle(None if display_id is True else display_id)
 
 
 def _publish_display_data(data, metadata=None, source=None, *, transient=None, **kwargs):
@@ -312,9 +316,13 @@ def _clear_output(wait=False):
     pass
 
 
+def _update_display(obj, *, display_id, **kwargs):
+    display(obj, **{k: v for k, v in kwargs.items() if k in ("include", "exclude", "raw")})
+
+
 _PATCHES = {
     "IPython.core.display_functions": {"display": display, "publish_display_data": _publish_display_data,
-                                       "clear_output": _clear_output},
+                                       "clear_output": _clear_output, "update_display": _update_display},
     "matplotlib.pyplot": {"show": _show},
 }
 # Named after the attribute they replace, so that a variable holding one (from IPython.display import display)

@@ -94,6 +94,13 @@ func TestRichResults(t *testing.T) {
 			t.Fatalf("results %+v (json %v)", rs, j)
 		}
 	})
+	t.Run("DisplayHandle", func(t *testing.T) {
+		// display_id gives a handle, as in Jupyter; its update() shows the new object as another display_data.
+		rs := richRun(t, s, id, "from IPython.display import display\nh = display('v1', display_id=True)\nh.update('v2')")
+		if kinds(rs) != "display_data,display_data" || rs[0].Text() != "'v1'" || rs[1].Text() != "'v2'" {
+			t.Fatalf("results %s %+v", kinds(rs), rs)
+		}
+	})
 	t.Run("ReprPNG", func(t *testing.T) {
 		rs := richRun(t, s, id, "class Dot:\n    def _repr_png_(self):\n        return b'\\x89PNG\\r\\n\\x1a\\n-dot'\n"+
 			"    def __repr__(self):\n        return 'Dot()'\nDot()")
