@@ -279,8 +279,9 @@ def display(*objs, include=None, exclude=None, metadata=None, transient=None, di
             clear=False, **kwargs):
     """IPython.display.display for a cell without an IPython kernel: each object becomes a display_data."""
     for obj in objs:
-        if raw:
-            data = {k: v for k, v in dict(obj).items() if not (include and k not in include or exclude and k in exclude)}
+        if raw:  # obj is a bundle already
+            data = {k: _encode(k, v) for k, v in dict(obj).items()
+                    if not (include and k not in include or exclude and k in exclude)}
             data.setdefault("text/plain", "")
         else:
             data = _bundle(obj, include, exclude)

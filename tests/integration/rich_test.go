@@ -108,6 +108,13 @@ func TestRichResults(t *testing.T) {
 			t.Fatalf("results %+v", rs)
 		}
 	})
+	t.Run("RawBundle", func(t *testing.T) {
+		// IPython's display_png(data, raw=True) hands display() a bundle with bytes in it: they go out base64.
+		rs := richRun(t, s, id, "from IPython.display import display_png\ndisplay_png(b'\\x89PNG\\r\\n\\x1a\\nraw', raw=True)")
+		if kinds(rs) != "display_data" || string(rs[0].PNG()) != "\x89PNG\r\n\x1a\nraw" {
+			t.Fatalf("results %+v", rs)
+		}
+	})
 	t.Run("BrokenReprKeepsTheRest", func(t *testing.T) {
 		ex := run(t, s, id, "class B:\n    def _repr_html_(self):\n        raise ValueError('no')\nB()")
 		if ex.Error != nil || kinds(ex.Results) != "execute_result" || ex.Results[0].Data["text/html"] != nil ||
