@@ -31,6 +31,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/sandbox"
 	"github.com/ramify-dev/ramify/internal/snapstore"
 	"github.com/ramify-dev/ramify/internal/store"
+	"github.com/ramify-dev/ramify/internal/ui"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -301,7 +302,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 
 	apiSrv := api.New(svc, key, version, log)
 	f.observe.wire(svc, hub, apiSrv)
-	srv := &http.Server{Handler: apiSrv, ReadHeaderTimeout: 10 * time.Second,
+	srv := &http.Server{Handler: ui.With(apiSrv), ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute}
 	srv.RegisterOnShutdown(apiSrv.CloseStreams) // event streams would otherwise hold Shutdown for 30 s
 	stopMetrics, err := f.observe.serveMetrics(apiSrv, log)
@@ -322,6 +323,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	default:
 		fmt.Fprintf(os.Stderr, "API key: the one given by --api-key or RAMIFY_API_KEY\n\n  export RAMIFY_API_URL=%s\n\n", url)
 	}
+	fmt.Fprintf(os.Stderr, "  console: %s%s (sign in with the API key, or open %s%s#key=<key>)\n\n", url, ui.Prefix, url, ui.Prefix)
 	if p := os.Getenv("RAMIFY_READY_FILE"); p != "" {
 		os.WriteFile(p, []byte(url+"\n"), 0o600) //nolint:errcheck // test harness aid
 	}
