@@ -291,12 +291,12 @@ function layout(list) {
     let x;
     if (!cs.length) x = next++;
     else { const xs = cs.map((c) => place(c, depth + 1)); x = (xs[0] + xs[xs.length - 1]) / 2; }
-    pos.set(s.id, { x: 40 + x * dx, y: 40 + depth * dy, parent: byId.has(s.parent_id) ? s.parent_id : null });
+    pos.set(s.id, { x: 70 + x * dx, y: 36 + depth * dy, parent: byId.has(s.parent_id) ? s.parent_id : null });
     return x;
   }
   roots.forEach((r) => place(r, 0));
   let w = 0, hgt = 0;
-  for (const p of pos.values()) { w = Math.max(w, p.x + 110); hgt = Math.max(hgt, p.y + 60); }
+  for (const p of pos.values()) { w = Math.max(w, p.x + 70); hgt = Math.max(hgt, p.y + 36); }
   return { pos, w, h: hgt };
 }
 
@@ -517,7 +517,7 @@ function sandboxView(id) {
       e.target.disabled = true;
       try { await fn(); } catch (ex) { toast(ex.message, true); }
       e.target.disabled = false;
-      load();
+      if (alive) load();
     } }, attrs), label);
   }
   function drawActions(family) {
@@ -550,6 +550,7 @@ function sandboxView(id) {
       del);
   }
   async function load() {
+    if (!alive || location.hash !== "#/sb/" + id) return; // leaving (a merge retires this id): no stale GET
     try {
       sb = await api(sbPath(id));
     } catch (e) {
@@ -611,7 +612,7 @@ function lineDiff(a, b) {
   const out = a.slice(0, pre).map((l) => [" ", l]);
   let i = 0, j = 0;
   while (i < n || j < m) {
-    if (i < n && j < m && A[i] === B[j]) { out.push([" ", A[i]]); i++; j++; } else if (j < m && (i === n || L[i][j + 1] >= L[i + 1][j])) { out.push(["+", B[j]]); j++; } else { out.push(["-", A[i]]); i++; }
+    if (i < n && j < m && A[i] === B[j]) { out.push([" ", A[i]]); i++; j++; } else if (i < n && (j === m || L[i + 1][j] >= L[i][j + 1])) { out.push(["-", A[i]]); i++; } else { out.push(["+", B[j]]); j++; }
   }
   return out.concat(a.slice(a.length - suf).map((l) => [" ", l]));
 }

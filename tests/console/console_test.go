@@ -1,0 +1,256 @@
+// Package console tests the web console (internal/ui) in a real browser: headless Chromium, driven by chromedp,
+// against a real server with real sandboxes. It signs in, watches a fork appear live in the tree, runs a cell,
+// runs a command, opens a diff with a line diff, merges from the UI and sees the tree change, and fails on any
+// console error or uncaught exception. Screenshots go to $RAMIFY_TEST_ARTIFACTS (else the test's temp dir).
+package console
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+// chromium finds the browser: $RAMIFY_CHROMIUM, else Debian's chromium on the PATH.
+func chromium(t *testing.T) string {
+	if p := os.Getenv("RAMIFY_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Skip("no chromium on the PATH (apt-get install chromium; scripts/setup installs it): the console's browser test is skipped")
+	return ""
+}
+
+// browser starts a fresh headless Chromium (its own profile, no network of its own) and returns a tab's context,
+// and the console errors and exceptions it reports.
+func browser(t *testing.T) (context.Context, *consoleLog) {
+	profile, err := os.MkdirTemp("", "ramify-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromium(t)),
+		chromedp.UserDataDir(profile),
+		chromedp.Headless,
+		chromedp.NoSandbox, // root
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.WindowSize(1366, 900),
+		chromedp.Flag("disable-background-networking", true), // the network is closed: it would stall
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+	}
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelB := chromedp.NewContext(actx)
+	ctx, cancelT := context.WithTimeout(ctx, 10*time.Minute)
+	t.Cleanup(func() {
+		cancelT()
+		cancelB()
+		cancelA()
+		os.RemoveAll(profile) //nolint:errcheck // best effort: chromium's helpers may still be closing files
+	})
+	cl := &consoleLog{}
+	chromedp.ListenTarget(ctx, func(ev any) {
+		switch ev := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.APITypeError || ev.Type == runtime.APITypeWarning {
+				var args []string
+				for _, a := range ev.Args {
+					args = append(args, string(a.Value)+a.Description)
+				}
+				cl.add("console." + string(ev.Type) + ": " + strings.Join(args, " "))
+			}
+		case *runtime.EventExceptionThrown:
+			cl.add("exception: " + ev.ExceptionDetails.Error())
+		case *log.EventEntryAdded:
+			if ev.Entry.Level == log.LevelError || ev.Entry.Level == log.LevelWarning {
+				cl.add(fmt.Sprintf("log %s (%s): %s %s", ev.Entry.Level, ev.Entry.Source, ev.Entry.Text, ev.Entry.URL))
+			}
+		}
+	})
+	if err := chromedp.Run(ctx, log.Enable(), runtime.Enable()); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx, cl
+}
+
+type consoleLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (c *consoleLog) add(s string) { c.mu.Lock(); c.lines = append(c.lines, s); c.mu.Unlock() }
+func (c *consoleLog) all() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.lines...)
+}
+
+// artifacts is where screenshots go.
+func artifacts(t *testing.T) string {
+	dir := os.Getenv("RAMIFY_TEST_ARTIFACTS")
+	if dir == "" {
+		return t.TempDir()
+	}
+	dir = filepath.Join(dir, "console")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func shot(t *testing.T, dir, name string) chromedp.Action {
+	return chromedp.ActionFunc(func(ctx context.Context) error {
+		var png []byte
+		if err := chromedp.FullScreenshot(&png, 100).Do(ctx); err != nil {
+			return err
+		}
+		p := filepath.Join(dir, name+".png")
+		t.Logf("screenshot %s", p)
+		return os.WriteFile(p, png, 0o644)
+	})
+}
+
+// step runs actions, each step given a minute (a real server's fork or pause takes well under that).
+func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action) {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := chromedp.Run(sctx, actions...); err != nil {
+		var html string
+		chromedp.Run(ctx, chromedp.OuterHTML("main", &html)) //nolint:errcheck // for the failure message only
+		t.Fatalf("%s: %v\npage:\n%s", what, err, html)
+	}
+}
+
+func node(id string) string { return fmt.Sprintf(`svg.tree g.node[data-id=%q]`, id) }
+
+func TestConsole(t *testing.T) {
+	bin := chromium(t)
+	srv := testserver.Start(t)
+	bg := context.Background()
+	parent, err := srv.Client.Create(bg, client.CreateRequest{Metadata: map[string]string{"suite": "console"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Client.Exec(bg, parent.ID, client.ExecRequest{Cmd: "printf 'one\\ntwo\\nthree\\n' > /root/notes.txt"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, console := browser(t)
+	t.Logf("chromium %s", bin)
+	dir := artifacts(t)
+
+	// Sign in with the form; the list shows the sandbox with its metadata.
+	step(t, ctx, "sign in",
+		chromedp.Navigate(srv.URL+"/ui/"),
+		chromedp.WaitVisible(`#signin #key`),
+		chromedp.SendKeys(`#key`, srv.Key),
+		chromedp.Click(`#signin button[type=submit]`),
+		chromedp.WaitVisible(fmt.Sprintf(`tr[data-id=%q]`, parent.ID)),
+		chromedp.WaitVisible(`#live.on`),
+		shot(t, dir, "sandboxes"))
+
+	// The fork tree: the parent alone, then a fork made by another client fans out live.
+	step(t, ctx, "open the tree",
+		chromedp.Navigate(srv.URL+"/ui/#/tree/"+parent.FamilyID),
+		chromedp.WaitVisible(node(parent.ID)))
+	kids, err := srv.Client.Fork(bg, parent.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(t, ctx, "see the fork live", chromedp.WaitVisible(node(kids[0])), chromedp.WaitVisible(node(kids[1])))
+	if _, _, err := srv.Client.Pause(bg, kids[1]); err != nil {
+		t.Fatal(err)
+	}
+	step(t, ctx, "see a child paused", chromedp.WaitVisible(node(kids[1])+`.st-paused`), shot(t, dir, "tree"))
+
+	// Clicking a node opens the sandbox; run a cell and a command there.
+	step(t, ctx, "open a child from the tree", chromedp.Click(node(kids[0])), chromedp.WaitVisible(`#code`))
+	step(t, ctx, "run a cell",
+		chromedp.SendKeys(`#code`, "x = 41\nprint('hello from the console')\nx + 1"),
+		chromedp.Click(`#run`),
+		chromedp.WaitVisible(`#code-out pre.value`))
+	var value, stdout string
+	step(t, ctx, "read the cell", chromedp.Text(`#code-out pre.value`, &value), chromedp.Text(`#code-out pre.stdout`, &stdout))
+	if value != "42" || !strings.Contains(stdout, "hello from the console") {
+		t.Fatalf("cell answered value %q, stdout %q", value, stdout)
+	}
+	step(t, ctx, "run a command",
+		chromedp.SendKeys(`#cmd`, "printf 'one\\n2\\nthree\\nfour\\n' > /root/notes.txt && echo done"),
+		chromedp.Click(`#cmd + button`),
+		chromedp.WaitVisible(`#cmd-out pre.stdout`))
+	var out string
+	step(t, ctx, "read the command", chromedp.Text(`#cmd-out`, &out))
+	if !strings.Contains(out, "exit 0") || !strings.Contains(out, "done") {
+		t.Fatalf("command output %q", out)
+	}
+	step(t, ctx, "list files", chromedp.Click(`#dir + button`), chromedp.WaitVisible(`//td/span[text()="notes.txt"]`, chromedp.BySearch), shot(t, dir, "sandbox"))
+
+	// The diff of the parent and the child, and the changed file's line diff.
+	step(t, ctx, "open the diff",
+		chromedp.Navigate(srv.URL+"/ui/#/diff/"+parent.ID+"/"+kids[0]),
+		chromedp.WaitVisible(`.dcol.modified button[data-path="/root/notes.txt"]`),
+		chromedp.Click(`.dcol.modified button[data-path="/root/notes.txt"]`),
+		chromedp.WaitVisible(`pre.linediff span.add`))
+	var added, removed string
+	step(t, ctx, "read the line diff",
+		chromedp.Text(`pre.linediff`, &added),
+		chromedp.Text(`pre.linediff span.del`, &removed),
+		shot(t, dir, "diff"))
+	if !strings.Contains(added, "+ 2") || !strings.Contains(added, "+ four") || strings.TrimSpace(removed) != "- two" {
+		t.Fatalf("line diff:\n%s\n(removed %q)", added, removed)
+	}
+
+	// Merge the child into its parent from the UI: the console moves to the parent, and the tree loses the child.
+	step(t, ctx, "merge from the UI",
+		chromedp.Navigate(srv.URL+"/ui/#/sb/"+kids[0]),
+		chromedp.WaitVisible(`#merge-up`),
+		chromedp.Click(`#merge-up`),
+		chromedp.WaitVisible(`#code`),
+		chromedp.WaitVisible(fmt.Sprintf(`//h1[text()=%q]`, parent.ID), chromedp.BySearch))
+	step(t, ctx, "see the tree after the merge",
+		chromedp.Navigate(srv.URL+"/ui/#/tree/"+parent.FamilyID),
+		chromedp.WaitVisible(node(parent.ID)),
+		chromedp.WaitVisible(node(kids[1])),
+		chromedp.WaitNotPresent(node(kids[0])),
+		shot(t, dir, "tree-merged"))
+	rc, err := srv.Client.ReadFile(bg, parent.ID, "/root/notes.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "one\n2\nthree\nfour\n" {
+		t.Fatalf("after the merge the parent's notes.txt is %q, want the child's", b)
+	}
+
+	// The tree follows events live: deleting the paused child from another client removes its node.
+	if err := srv.Client.Delete(bg, kids[1]); err != nil {
+		t.Fatal(err)
+	}
+	step(t, ctx, "see a delete live", chromedp.WaitNotPresent(node(kids[1])))
+
+	if errs := console.all(); len(errs) > 0 {
+		t.Fatalf("the console logged errors:\n  %s", strings.Join(errs, "\n  "))
+	}
+}
