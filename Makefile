@@ -30,9 +30,11 @@ vet:
 test: setup build image vet test-go test-race test-sdk test-ts test-openapi test-examples test-fuzz
 
 # RAMIFY_REQUIRE_S3=1: the S3 snapshot store's tests fail, rather than skip, if their real S3 server (versitygw,
-# built from the Go module proxy on first use) cannot be built.
+# built from the Go module proxy on first use) cannot be built; RAMIFY_REQUIRE_BROWSER=1: the console's browser test
+# (tests/console, headless Chromium) fails, rather than skips, without chromium. It saves its screenshots in
+# bin/test-artifacts/console.
 test-go:
-	RAMIFY_REQUIRE_S3=1 RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) $(GO) test -count=1 -timeout 20m ./...
+	RAMIFY_REQUIRE_S3=1 RAMIFY_REQUIRE_BROWSER=1 RAMIFY_TEST_ARTIFACTS=$(abspath bin/test-artifacts) RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) $(GO) test -count=1 -timeout 20m ./...
 
 # The race detector on the concurrent core: a -race build of the server (sandbox service, API, runtime) runs the
 # integration tests that race forks, merges, pauses and deletes against each other; the family init and the

@@ -323,7 +323,11 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	default:
 		fmt.Fprintf(os.Stderr, "API key: the one given by --api-key or RAMIFY_API_KEY\n\n  export RAMIFY_API_URL=%s\n\n", url)
 	}
-	fmt.Fprintf(os.Stderr, "  console: %s%s (sign in with the API key, or open %s%s#key=<key>)\n\n", url, ui.Prefix, url, ui.Prefix)
+	if keySource == keyGenerated {
+		fmt.Fprintf(os.Stderr, "  console: %s%s#key=%s\n\n", url, ui.Prefix, key)
+	} else {
+		fmt.Fprintf(os.Stderr, "  console: %s%s (sign in with the API key, or open %s%s#key=<key>)\n\n", url, ui.Prefix, url, ui.Prefix)
+	}
 	if p := os.Getenv("RAMIFY_READY_FILE"); p != "" {
 		os.WriteFile(p, []byte(url+"\n"), 0o600) //nolint:errcheck // test harness aid
 	}

@@ -24,7 +24,8 @@ import (
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
 
-// chromium finds the browser: $RAMIFY_CHROMIUM, else Debian's chromium on the PATH.
+// chromium finds the browser: $RAMIFY_CHROMIUM, else Debian's chromium on the PATH. Without one the test skips,
+// or fails under RAMIFY_REQUIRE_BROWSER=1 (make test-go).
 func chromium(t *testing.T) string {
 	if p := os.Getenv("RAMIFY_CHROMIUM"); p != "" {
 		return p
@@ -34,7 +35,11 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	t.Skip("no chromium on the PATH (apt-get install chromium; scripts/setup installs it): the console's browser test is skipped")
+	const msg = "no chromium on the PATH (apt-get install chromium; scripts/setup installs it)"
+	if os.Getenv("RAMIFY_REQUIRE_BROWSER") == "1" {
+		t.Fatal(msg + " and RAMIFY_REQUIRE_BROWSER=1")
+	}
+	t.Skip(msg + ": the console's browser test is skipped")
 	return ""
 }
 
