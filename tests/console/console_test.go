@@ -75,6 +75,12 @@ func browser(t *testing.T) (context.Context, *consoleLog) {
 		os.RemoveAll(profile) //nolint:errcheck // best effort: chromium's helpers may still be closing files
 	})
 	cl := &consoleLog{}
+	listen(t, ctx, cl)
+	return ctx, cl
+}
+
+// listen records the console errors, warnings and uncaught exceptions of ctx's tab in cl.
+func listen(t *testing.T, ctx context.Context, cl *consoleLog) {
 	chromedp.ListenTarget(ctx, func(ev any) {
 		switch ev := ev.(type) {
 		case *runtime.EventConsoleAPICalled:
@@ -96,7 +102,6 @@ func browser(t *testing.T) (context.Context, *consoleLog) {
 	if err := chromedp.Run(ctx, log.Enable(), runtime.Enable()); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
-	return ctx, cl
 }
 
 type consoleLog struct {
@@ -226,18 +231,33 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("line diff:\n%s\n(removed %q)", added, removed)
 	}
 
-	// Merge the child into its parent from the UI: the console moves to the parent, and the tree loses the child.
+	// A second tab, signed in by the #key= link, watches the tree while the first merges the child into its
+	// parent from the sandbox page: the console moves to the parent, and the watching tree loses the child live.
+	tab, closeTab := chromedp.NewContext(ctx)
+	defer closeTab()
+	listen(t, tab, console)
+	step(t, tab, "sign in by link",
+		chromedp.Navigate(srv.URL+"/ui/#key="+srv.Key),
+		chromedp.WaitVisible(fmt.Sprintf(`tr[data-id=%q]`, parent.ID)),
+		chromedp.Navigate(srv.URL+"/ui/#/tree/"+parent.FamilyID),
+		chromedp.WaitVisible(node(kids[0])),
+		chromedp.WaitVisible(`#live.on`))
+	var url string
+	step(t, tab, "the link's key leaves the address bar", chromedp.Location(&url))
+	if strings.Contains(url, srv.Key) {
+		t.Errorf("the key stayed in the URL: %s", url)
+	}
 	step(t, ctx, "merge from the UI",
 		chromedp.Navigate(srv.URL+"/ui/#/sb/"+kids[0]),
 		chromedp.WaitVisible(`#merge-up`),
 		chromedp.Click(`#merge-up`),
 		chromedp.WaitVisible(`#code`),
 		chromedp.WaitVisible(fmt.Sprintf(`//h1[text()=%q]`, parent.ID), chromedp.BySearch))
-	step(t, ctx, "see the tree after the merge",
-		chromedp.Navigate(srv.URL+"/ui/#/tree/"+parent.FamilyID),
+	step(t, tab, "see the tree change live",
+		chromedp.WaitNotPresent(node(kids[0])),
 		chromedp.WaitVisible(node(parent.ID)),
 		chromedp.WaitVisible(node(kids[1])),
-		chromedp.WaitNotPresent(node(kids[0])),
+		chromedp.WaitVisible(`//ol[@class="evlog"]/li[contains(., "merged")]`, chromedp.BySearch),
 		shot(t, dir, "tree-merged"))
 	rc, err := srv.Client.ReadFile(bg, parent.ID, "/root/notes.txt")
 	if err != nil {
@@ -253,7 +273,7 @@ func TestConsole(t *testing.T) {
 	if err := srv.Client.Delete(bg, kids[1]); err != nil {
 		t.Fatal(err)
 	}
-	step(t, ctx, "see a delete live", chromedp.WaitNotPresent(node(kids[1])))
+	step(t, tab, "see a delete live", chromedp.WaitNotPresent(node(kids[1])))
 
 	if errs := console.all(); len(errs) > 0 {
 		t.Fatalf("the console logged errors:\n  %s", strings.Join(errs, "\n  "))

@@ -81,6 +81,7 @@ const sbPath = (id, rest = "") => "/v1/sandboxes/" + encodeURIComponent(id) + re
 
 const events = {
   listeners: new Set(),
+  recent: [], // the last events seen since sign-in, for views opened later
   last: "",
   ctl: null,
   on(fn) { this.listeners.add(fn); return () => this.listeners.delete(fn); },
@@ -135,6 +136,8 @@ const events = {
     if (!data) return;
     let ev;
     try { ev = JSON.parse(data); } catch (e) { return; }
+    this.recent.push(ev);
+    if (this.recent.length > 500) this.recent.shift();
     for (const fn of this.listeners) fn(ev);
   },
 };
@@ -151,6 +154,8 @@ function signOut(msg) {
   keyCache = "";
   sessionStorage.removeItem(KEY);
   events.stop();
+  events.recent = [];
+  events.last = "";
   document.getElementById("signout").hidden = true;
   document.getElementById("live").className = "live off";
   document.getElementById("live").textContent = "offline";
@@ -377,17 +382,22 @@ function treeView(fam) {
   }
   function describe(ev) {
     const bits = [ev.type, short(ev.sandbox)];
+    if (ev.reason) bits.push("(" + ev.reason + ")");
     if (ev.children) bits.push("→ " + ev.children.map(short).join(", "));
     if (ev.winner) bits.push("← " + short(ev.winner));
     if (ev.ms !== undefined) bits.push(ev.ms.toFixed(1) + " ms");
     return new Date(ev.time).toLocaleTimeString() + "  " + bits.join(" ");
   }
   let deb;
+  const logEvent = (ev) => {
+    log.prepend(h("li", { text: describe(ev) }));
+    while (log.children.length > 30) log.lastChild.remove();
+  };
+  events.recent.filter((ev) => ev.family === fam).forEach(logEvent);
   const off = events.on((ev) => {
     if (ev.family !== fam && ev.type !== "missed") return;
     if (ev.type === "merged" && ev.winner && nodes.has(ev.winner)) nodes.get(ev.winner).dataset.foldInto = ev.sandbox;
-    log.prepend(h("li", { text: describe(ev) }));
-    while (log.children.length > 30) log.lastChild.remove();
+    if (ev.family === fam) logEvent(ev);
     clearTimeout(deb);
     deb = setTimeout(load, 50);
   });
