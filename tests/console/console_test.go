@@ -179,6 +179,13 @@ func TestConsole(t *testing.T) {
 		chromedp.WaitVisible(fmt.Sprintf(`tr[data-id=%q]`, parent.ID)),
 		chromedp.WaitVisible(`#live.on`),
 		shot(t, dir, "sandboxes"))
+	row := fmt.Sprintf(`tr[data-id=%q]`, parent.ID)
+	step(t, ctx, "filter by metadata",
+		chromedp.SendKeys(`#filter`, "suite=other"),
+		chromedp.WaitNotPresent(row),
+		chromedp.SetValue(`#filter`, "suite=console"),
+		chromedp.SendKeys(`#filter`, " "),
+		chromedp.WaitVisible(row))
 
 	// The fork tree: the parent alone, then a fork made by another client fans out live.
 	step(t, ctx, "open the tree",
