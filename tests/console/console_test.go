@@ -153,6 +153,20 @@ func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Ac
 	}
 }
 
+func readFile(t *testing.T, srv *testserver.Server, id, path string) string {
+	t.Helper()
+	rc, err := srv.Client.ReadFile(context.Background(), id, path)
+	if err != nil {
+		t.Fatalf("read %s of %s: %v", path, id, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 func node(id string) string { return fmt.Sprintf(`svg.tree g.node[data-id=%q]`, id) }
 
 func TestConsole(t *testing.T) {
@@ -203,14 +217,21 @@ func TestConsole(t *testing.T) {
 
 	// Clicking a node opens the sandbox; run a cell and a command there.
 	step(t, ctx, "open a child from the tree", chromedp.Click(node(kids[0])), chromedp.WaitVisible(`#code`))
+	// The cell shows its output, a rich result (an SVG display) as an image, and its value. chromedp types
+	// newlines as Enter: the textarea takes them as they come, so the code is typed unindented.
+	cell := "class Dot:\n" +
+		"  def _repr_svg_(self): return '<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"40\" height=\"40\"><circle cx=\"20\" cy=\"20\" r=\"15\" fill=\"teal\"/></svg>'\n" +
+		"\ndisplay(Dot())\nx = 41\nprint('hello from the console')\nx + 1"
 	step(t, ctx, "run a cell",
-		chromedp.SendKeys(`#code`, "x = 41\nprint('hello from the console')\nx + 1"),
+		chromedp.SendKeys(`#code`, cell),
 		chromedp.Click(`#run`),
 		chromedp.WaitVisible(`#code-out pre.value`))
-	var value, stdout string
-	step(t, ctx, "read the cell", chromedp.Text(`#code-out pre.value`, &value), chromedp.Text(`#code-out pre.stdout`, &stdout))
-	if value != "42" || !strings.Contains(stdout, "hello from the console") {
-		t.Fatalf("cell answered value %q, stdout %q", value, stdout)
+	var value, stdout, img string
+	var ok bool
+	step(t, ctx, "read the cell", chromedp.Text(`#code-out pre.value`, &value), chromedp.Text(`#code-out pre.stdout`, &stdout),
+		chromedp.AttributeValue(`#code-out .result[data-type=display_data] img`, "src", &img, &ok))
+	if value != "42" || !strings.Contains(stdout, "hello from the console") || !strings.HasPrefix(img, "data:image/svg+xml;base64,") {
+		t.Fatalf("cell answered value %q, stdout %q, image %.40q", value, stdout, img)
 	}
 	step(t, ctx, "run a command",
 		chromedp.SendKeys(`#cmd`, "printf 'one\\n2\\nthree\\nfour\\n' > /root/notes.txt && echo done"),
@@ -222,6 +243,16 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("command output %q", out)
 	}
 	step(t, ctx, "list files", chromedp.Click(`#dir + button`), chromedp.WaitVisible(`//td/span[text()="notes.txt"]`, chromedp.BySearch), shot(t, dir, "sandbox"))
+	up := filepath.Join(t.TempDir(), "uploaded.txt")
+	if err := os.WriteFile(up, []byte("from the browser\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	step(t, ctx, "upload a file",
+		chromedp.SetUploadFiles(`#upload`, []string{up}, chromedp.ByQuery),
+		chromedp.WaitVisible(`//td/span[text()="uploaded.txt"]`, chromedp.BySearch))
+	if got := readFile(t, srv, kids[0], "/root/uploaded.txt"); got != "from the browser\n" {
+		t.Fatalf("uploaded file holds %q", got)
+	}
 
 	// The diff of the parent and the child, and the changed file's line diff.
 	step(t, ctx, "open the diff",
@@ -266,14 +297,8 @@ func TestConsole(t *testing.T) {
 		chromedp.WaitVisible(node(kids[1])),
 		chromedp.WaitVisible(`//ol[@class="evlog"]/li[contains(., "merged")]`, chromedp.BySearch),
 		shot(t, dir, "tree-merged"))
-	rc, err := srv.Client.ReadFile(bg, parent.ID, "/root/notes.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(rc)
-	rc.Close()
-	if string(b) != "one\n2\nthree\nfour\n" {
-		t.Fatalf("after the merge the parent's notes.txt is %q, want the child's", b)
+	if got := readFile(t, srv, parent.ID, "/root/notes.txt"); got != "one\n2\nthree\nfour\n" {
+		t.Fatalf("after the merge the parent's notes.txt is %q, want the child's", got)
 	}
 
 	// The tree follows events live: deleting the paused child from another client removes its node.
