@@ -94,6 +94,12 @@ func listen(t *testing.T, ctx context.Context, cl *consoleLog) {
 		case *runtime.EventExceptionThrown:
 			cl.add("exception: " + ev.ExceptionDetails.Error())
 		case *log.EventEntryAdded:
+			// ERR_NETWORK_CHANGED: Chromium aborts requests in flight when the host's interfaces change, as they do
+			// whenever the server adds a sandbox's veth; the console retries its GETs, and the error is the host's.
+			if strings.Contains(ev.Entry.Text, "net::ERR_NETWORK_CHANGED") {
+				t.Logf("ignored: %s %s", ev.Entry.Text, ev.Entry.URL)
+				return
+			}
 			if ev.Entry.Level == log.LevelError || ev.Entry.Level == log.LevelWarning {
 				cl.add(fmt.Sprintf("log %s (%s): %s %s", ev.Entry.Level, ev.Entry.Source, ev.Entry.Text, ev.Entry.URL))
 			}
@@ -131,6 +137,10 @@ func artifacts(t *testing.T) string {
 
 func shot(t *testing.T, dir, name string) chromedp.Action {
 	return chromedp.ActionFunc(func(ctx context.Context) error {
+		// The page as it settles: after the tree's transitions (a node moving out of or into its parent) end.
+		if err := chromedp.Poll(`document.getAnimations().length === 0`, nil).Do(ctx); err != nil {
+			return err
+		}
 		var png []byte
 		if err := chromedp.FullScreenshot(&png, 100).Do(ctx); err != nil {
 			return err
@@ -301,11 +311,41 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("after the merge the parent's notes.txt is %q, want the child's", got)
 	}
 
-	// The tree follows events live: deleting the paused child from another client removes its node.
-	if err := srv.Client.Delete(bg, kids[1]); err != nil {
+	// The sandbox page's buttons, watched by the tree in the other tab: fork the parent (now the merged
+	// winner's state) in two, pause and resume a new child, delete the paused child (the button asks twice).
+	step(t, ctx, "fork from the UI",
+		chromedp.Click(`#fork`),
+		chromedp.WaitReady(`//div[@id="toast"][starts-with(., "forked: ")]`, chromedp.BySearch))
+	all, err := srv.Client.List(bg, client.ListOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	step(t, tab, "see a delete live", chromedp.WaitNotPresent(node(kids[1])))
+	var fresh []string
+	for _, sb := range all {
+		if sb.ParentID == parent.ID && sb.ID != kids[1] {
+			fresh = append(fresh, sb.ID)
+		}
+	}
+	if len(fresh) != 2 {
+		t.Fatalf("after a fork of 2 from the UI the parent has new children %v", fresh)
+	}
+	step(t, tab, "see the UI's fork live", chromedp.WaitVisible(node(fresh[0])), chromedp.WaitVisible(node(fresh[1])))
+	step(t, ctx, "pause and resume from the UI",
+		chromedp.Navigate(srv.URL+"/ui/#/sb/"+fresh[0]),
+		chromedp.WaitVisible(`#pause`),
+		chromedp.Click(`#pause`),
+		chromedp.WaitVisible(`#resume`))
+	step(t, tab, "see the pause live", chromedp.WaitVisible(node(fresh[0])+`.st-paused`))
+	step(t, ctx, "resume", chromedp.Click(`#resume`), chromedp.WaitVisible(`#pause`))
+	step(t, tab, "see the resume live", chromedp.WaitVisible(node(fresh[0])+`.st-running`))
+	step(t, ctx, "delete from the UI",
+		chromedp.Navigate(srv.URL+"/ui/#/sb/"+kids[1]),
+		chromedp.WaitVisible(`#delete`),
+		chromedp.Click(`#delete`),
+		chromedp.WaitVisible(`//button[@id="delete"][text()="Really delete?"]`, chromedp.BySearch),
+		chromedp.Click(`#delete`),
+		chromedp.WaitVisible(fmt.Sprintf(`//h1[text()=%q]`, parent.ID), chromedp.BySearch))
+	step(t, tab, "see the delete live", chromedp.WaitNotPresent(node(kids[1])), shot(t, dir, "tree-after"))
 
 	if errs := console.all(); len(errs) > 0 {
 		t.Fatalf("the console logged errors:\n  %s", strings.Join(errs, "\n  "))

@@ -63,7 +63,15 @@ async function api(path, opts = {}) {
     body = JSON.stringify(opts.json);
     headers["Content-Type"] = "application/json";
   }
-  const r = await fetch(path, { method: opts.method || "GET", headers, body, signal: opts.signal });
+  const method = opts.method || "GET";
+  let r;
+  try {
+    r = await fetch(path, { method, headers, body, signal: opts.signal });
+  } catch (e) {
+    // A GET cut by the browser (its network changed: a host making sandboxes adds interfaces) is tried once more.
+    if (method !== "GET" || (opts.signal && opts.signal.aborted)) throw e;
+    r = await fetch(path, { method, headers, signal: opts.signal });
+  }
   if (r.status === 401) { signOut("The API key was refused: sign in again."); throw new APIError(401, "invalid api key"); }
   if (!r.ok) {
     let msg = r.status + " " + r.statusText;
@@ -318,12 +326,12 @@ function treeView(fam) {
 
   function node(s) {
     const g = h("g", {
-      class: "node st-" + s.status, "data-id": s.id, tabindex: "0", role: "link",
-      "aria-label": s.id + " " + s.status,
+      class: "node st-" + s.status + (s.family_id !== fam ? " own-family" : ""), "data-id": s.id, tabindex: "0", role: "link",
+      "aria-label": s.id + " " + s.status + (s.family_id !== fam ? " (family " + s.family_id + ")" : ""),
       onclick: () => { location.hash = "#/sb/" + s.id; },
       onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); location.hash = "#/sb/" + s.id; } },
     },
-    h("title", { text: s.id + " (" + s.status + ")" }),
+    h("title", { text: s.id + " (" + s.status + (s.family_id !== fam ? ", now in family " + s.family_id : "") + ")" }),
     h("rect", { x: -55, y: -20, width: 110, height: 40, rx: 8 }),
     h("text", { class: "id", x: 0, y: -3, text: short(s.id) }),
     h("text", { class: "stt", x: 0, y: 13, text: (s.status === "paused" ? "❚❚ " : "") + s.status }));
@@ -372,12 +380,19 @@ function treeView(fam) {
       return h("path", { "data-edge": p.parent + ">" + id, d: `M${q.x},${q.y + 20} C${q.x},${my} ${p.x},${my} ${p.x},${p.y - 20}` });
     }));
     prev = pos;
-    info.textContent = list.length + " sandbox" + (list.length === 1 ? "" : "es") + " in family " + fam + ". Click a node to open it.";
+    info.textContent = list.length + " sandbox" + (list.length === 1 ? "" : "es") + " in the tree of family " + fam + ". Click a node to open it.";
   }
+  // The tree is the family and every sandbox descended from it by parent_id: a resumed sandbox, or a child of a
+  // paused one, runs in a family of its own but stays in its parent's tree.
   async function load() {
     try {
       const all = (await api("/v1/sandboxes")).sandboxes;
-      if (alive) draw(all.filter((s) => s.family_id === fam));
+      const ids = new Set(all.filter((s) => s.family_id === fam).map((s) => s.id));
+      for (let grew = true; grew;) {
+        grew = false;
+        for (const s of all) if (!ids.has(s.id) && ids.has(s.parent_id)) { ids.add(s.id); grew = true; }
+      }
+      if (alive) draw(all.filter((s) => ids.has(s.id)));
     } catch (e) { info.textContent = e.message; }
   }
   function describe(ev) {
@@ -394,10 +409,11 @@ function treeView(fam) {
     while (log.children.length > 30) log.lastChild.remove();
   };
   events.recent.filter((ev) => ev.family === fam).forEach(logEvent);
+  const ours = (ev) => ev.family === fam || mentions(ev, new Set(nodes.keys()));
   const off = events.on((ev) => {
-    if (ev.family !== fam && ev.type !== "missed") return;
+    if (!ours(ev) && ev.type !== "missed") return;
     if (ev.type === "merged" && ev.winner && nodes.has(ev.winner)) nodes.get(ev.winner).dataset.foldInto = ev.sandbox;
-    if (ev.family === fam) logEvent(ev);
+    if (ev.type !== "missed") logEvent(ev);
     clearTimeout(deb);
     deb = setTimeout(load, 50);
   });
