@@ -43,16 +43,13 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
-// browser starts a fresh headless Chromium (its own profile, no network of its own) and returns a tab's context,
+// browser starts a fresh headless Chromium (a new profile, background networking off) and returns a tab's context,
 // and the console errors and exceptions it reports.
 func browser(t *testing.T) (context.Context, *consoleLog) {
-	profile, err := os.MkdirTemp("", "ramify-chromium-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// No UserDataDir: chromedp then gives Chromium a fresh profile directory of its own, and removes it once the
+	// browser has exited.
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chromium(t)),
-		chromedp.UserDataDir(profile),
 		chromedp.Headless,
 		chromedp.NoSandbox, // root
 		chromedp.DisableGPU,
@@ -68,12 +65,7 @@ func browser(t *testing.T) (context.Context, *consoleLog) {
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
 	ctx, cancelT := context.WithTimeout(ctx, 10*time.Minute)
-	t.Cleanup(func() {
-		cancelT()
-		cancelB()
-		cancelA()
-		os.RemoveAll(profile) //nolint:errcheck // best effort: chromium's helpers may still be closing files
-	})
+	t.Cleanup(func() { cancelT(); cancelB(); cancelA() })
 	cl := &consoleLog{}
 	listen(t, ctx, cl)
 	return ctx, cl
