@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -21,9 +22,15 @@ func TestWith(t *testing.T) {
 	} else if csp := r.Header().Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") {
 		t.Errorf("GET /ui/ CSP %q", csp)
 	}
-	for _, f := range []string{"app.js", "style.css", "icon.svg"} {
-		if r := get("GET", "/ui/"+f); r.Code != 200 || r.Body.Len() == 0 {
-			t.Errorf("GET /ui/%s: %d", f, r.Code)
+	// Every file the page names is served.
+	index := get("GET", "/ui/").Body.String()
+	refs := regexp.MustCompile(`(?:src|href)="([a-z]+\.[a-z]+)"`).FindAllStringSubmatch(index, -1)
+	if len(refs) < 4 {
+		t.Fatalf("index.html names only %v", refs)
+	}
+	for _, m := range refs {
+		if r := get("GET", "/ui/"+m[1]); r.Code != 200 || r.Body.Len() == 0 {
+			t.Errorf("GET /ui/%s (named by index.html): %d", m[1], r.Code)
 		}
 	}
 	if r := get("GET", "/ui"); r.Code != http.StatusMovedPermanently || r.Header().Get("Location") != "/ui/" {
