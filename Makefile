@@ -5,7 +5,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 IMAGE_DIR ?= /var/cache/ramify/images
 DATA_DIR  ?= /var/lib/ramify
 
-.PHONY: all build setup run image test test-go test-race test-sdk test-ts test-openapi test-examples test-fuzz bench vet clean
+.PHONY: all build setup run image test test-go test-race test-sdk test-ts test-console-firefox test-openapi test-examples test-fuzz bench vet clean
 
 all: build
 
@@ -27,7 +27,7 @@ vet:
 
 # The whole suite: Go unit and integration tests (real sandboxes), the race detector on the service layer,
 # and the Python SDK against a real server.
-test: setup build image vet test-go test-race test-sdk test-ts test-openapi test-examples test-fuzz
+test: setup build image vet test-go test-race test-sdk test-ts test-console-firefox test-openapi test-examples test-fuzz
 
 # RAMIFY_REQUIRE_S3=1: the S3 snapshot store's tests fail, rather than skip, if their real S3 server (versitygw,
 # built from the Go module proxy on first use) cannot be built; RAMIFY_REQUIRE_BROWSER=1: the console's browser test
@@ -66,6 +66,11 @@ test-fuzz:
 # TypeScript client and the MCP inspector's CLI (tests/mcp).
 test-ts:
 	RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-ts
+
+# The web console in headless Firefox (Debian's firefox-esr, driven by puppeteer-core over WebDriver BiDi) against a
+# real server; test-go drives it in Chromium (tests/console). Screenshots in bin/test-artifacts/console-firefox.
+test-console-firefox:
+	RAMIFY_TEST_ARTIFACTS=$(abspath bin/test-artifacts) RAMIFY_TEST_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) ./scripts/test-console-firefox
 
 # The OpenAPI document through third-party tools: Redocly's linter, and a client generated from it compiled with
 # tsc --strict (tests/openapi). Real responses are checked against it by internal/api's contract test (test-go).
