@@ -1,8 +1,8 @@
 // The web console (internal/ui) in headless Firefox: Debian's firefox-esr driven by puppeteer-core over WebDriver
 // BiDi, against a real server (scripts/test-console-firefox starts one with scripts/with-test-server, which exports
 // RAMIFY_API_URL and RAMIFY_API_KEY). It signs in by a #key= link, filters the sandbox list by metadata, opens the
-// fork tree of a family forked through the API and sees its nodes, opens a node and runs a cell from the page. Any
-// console error or warning or uncaught page exception fails it. Screenshots go to
+// fork tree of a family forked through the API and sees its nodes, sees a later fork appear live, opens a node and
+// runs a cell from the page. Any console error or warning or uncaught page exception fails it. Screenshots go to
 // $RAMIFY_TEST_ARTIFACTS/console-firefox, else to a temporary directory. The Chromium test is tests/console (Go).
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
@@ -93,6 +93,10 @@ test("the console works in Firefox", { timeout: 5 * 60_000 }, async (t) => {
   for (const id of [parent.id, ...children]) await page.waitForSelector(node(id), { visible: true });
   const drawn = await page.$$eval("svg.tree g.node", (gs) => gs.map((g) => g.dataset.id).sort());
   assert.deepEqual(drawn, [parent.id, ...children].sort());
+  // The tree follows the event stream (fetch streaming): a child's own fork fans out live, under that child.
+  const { children: [grandchild] } = await api("POST", `/v1/sandboxes/${children[1]}/fork`, { n: 1 });
+  created.push(grandchild);
+  await page.waitForSelector(node(grandchild), { visible: true });
   await shot(page, dir, "tree");
 
   // A node opens its sandbox; a cell run from the page shows its output and its value.
