@@ -37,7 +37,7 @@ func (s *Service) resume(e *entry) {
 	s.mu.Lock()
 	id, prefix := e.rec.ID, e.rec.Snapshot
 	s.mu.Unlock()
-	m, h, notRestored, err := s.restore(s.ctx, e, start)
+	m, h, notRestored, err := s.restore(s.ctx, e, prefix, start)
 	if err != nil {
 		s.failResume(e, err)
 		return
@@ -46,11 +46,12 @@ func (s *Service) resume(e *entry) {
 	s.log.Info("sandbox resumed", "sandbox", id, "ms", time.Since(start).Milliseconds())
 }
 
-// restore creates a paused sandbox afresh from its snapshot: its layer extracted into a new one, its
-// interpreter's session loaded into the new interpreter. On failure nothing of it is left running.
-func (s *Service) restore(ctx context.Context, e *entry, start time.Time) (Manifest, runtime.Handle, []agent.Skipped, error) {
+// restore creates sandbox e afresh from the snapshot under prefix (its own, or a template's: it only reads
+// the snapshot): its layer extracted into a new one, its interpreter's session loaded into the new
+// interpreter. On failure nothing of it is left running.
+func (s *Service) restore(ctx context.Context, e *entry, prefix string, start time.Time) (Manifest, runtime.Handle, []agent.Skipped, error) {
 	s.mu.Lock()
-	id, prefix, spec, ipStr, hostname := e.rec.ID, e.rec.Snapshot, e.spec, e.rec.IP, e.rec.Hostname
+	id, spec, ipStr, hostname := e.rec.ID, e.spec, e.rec.IP, e.rec.Hostname
 	s.mu.Unlock()
 	m, err := s.readManifest(ctx, prefix)
 	if err != nil {

@@ -86,6 +86,8 @@ type Service struct {
 	warm    []*entry      // guarded by mu: ready pre-started sandboxes
 	filling bool          // guarded by mu: a refill goroutine runs
 	refill  chan struct{} // wakes the refill goroutine
+
+	tmpl templateLocks // one lock per template name (template.go)
 }
 
 // entry is the in-memory state of one sandbox.
@@ -388,6 +390,7 @@ func (s *Service) info(e *entry) Info {
 	in.Egress = spec.Egress
 	in.Ingress = s.ingressInfo(r.ID, spec)
 	in.DiskMiB = spec.DiskMiB
+	in.Template = spec.Template
 	if in.Metadata == nil {
 		in.Metadata = map[string]string{}
 	}
@@ -532,6 +535,9 @@ func (s *Service) allocateIP() (net.IP, error) {
 
 // Create makes and starts a sandbox.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	if req.Template != "" {
+		return s.createFromTemplate(ctx, req)
+	}
 	if req.DiskMiB == 0 {
 		req.DiskMiB = s.cfg.DiskMiB
 	}
@@ -556,6 +562,19 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 
 // createCold starts a new sandbox from scratch; status is running, or warm for the pool.
 func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Status) (Info, error) {
+	return s.createAs(ctx, spec, status, func(ctx context.Context, e *entry) (runtime.Handle, error) {
+		return s.cfg.Runtime.Create(ctx, runtime.Spec{
+			ID: e.rec.ID, Hostname: e.rec.Hostname, IP: parseIP(e.rec.IP), VCPU: spec.VCPU, MemMiB: spec.MemMiB,
+			MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd, Egress: spec.Egress,
+		})
+	})
+}
+
+// createAs makes a new sandbox of spec, reserving its id and address and recording it, and has start bring
+// it up (from scratch, or from a template's snapshot); status is running, or warm for the pool. A failure
+// undoes everything.
+func (s *Service) createAs(ctx context.Context, spec CreateRequest, status Status,
+	start func(context.Context, *entry) (runtime.Handle, error)) (Info, error) {
 	id := NewID()
 	specJSON, _ := json.Marshal(spec)
 	s.mu.Lock()
@@ -597,12 +616,8 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 		return fail(err)
 	}
 	undo.push("record of "+id, func(ctx context.Context) error { return s.cfg.Store.Delete(ctx, id) })
-	start := time.Now()
-	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
-		ID: id, Hostname: e.rec.Hostname, IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
-		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
-		Egress: spec.Egress,
-	})
+	begun := time.Now()
+	h, err := start(ctx, e)
 	if err != nil {
 		return fail(err)
 	}
@@ -629,14 +644,14 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 		s.mu.Unlock()
 	}
 	if status == StatusWarm {
-		s.log.Debug("warm sandbox ready", "sandbox", id, "ms", time.Since(start).Milliseconds())
+		s.log.Debug("warm sandbox ready", "sandbox", id, "ms", time.Since(begun).Milliseconds())
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return s.info(e), nil
 	}
 	s.armTimer(e)
-	s.log.Info("sandbox created", "sandbox", id, "ip", rec.IP, "ms", time.Since(start).Milliseconds())
-	s.emit(events.Event{Type: events.Created, Sandbox: id, Family: rec.FamilyID, Status: string(status), Ms: msSince(start)})
+	s.log.Info("sandbox created", "sandbox", id, "ip", rec.IP, "template", spec.Template, "ms", time.Since(begun).Milliseconds())
+	s.emit(events.Event{Type: events.Created, Sandbox: id, Family: rec.FamilyID, Status: string(status), Ms: msSince(begun)})
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.info(e), nil

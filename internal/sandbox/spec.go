@@ -28,6 +28,9 @@ type CreateRequest struct {
 	Egress []string `json:"egress"`
 	// IngressEnabled lets HTTP clients reach the sandbox's ports through the server's ingress (ingress.go).
 	IngressEnabled bool `json:"ingress_enabled,omitempty"`
+	// Template names the template the sandbox starts from (template.go): its files, interpreter session and,
+	// for every field above left zero, its spec.
+	Template string `json:"template,omitempty"`
 }
 
 // Defaults and bounds of a sandbox's shape.
@@ -171,6 +174,8 @@ type Info struct {
 	Egress []string `json:"egress"`
 	// Ingress says whether the sandbox's ports are reachable through the ingress, and where.
 	Ingress IngressInfo `json:"ingress"`
+	// Template is the template the sandbox was created from, if any.
+	Template string `json:"template,omitempty"`
 	// Pause reports the last pause and resume: what could not be saved, sizes, timings.
 	Pause *PauseInfo `json:"pause,omitempty"`
 	// Usage is the sandbox's resource use now: in GET of a running sandbox only (not in lists).

@@ -35,6 +35,7 @@ const (
 	OpDiff       Op = "diff"
 	OpRestart    Op = "restart"     // the service reviving a sandbox whose agent died (health.go)
 	OpSetTimeout Op = "set timeout" // keepalive: a new deadline (keepalive.go)
+	OpTemplate   Op = "template"    // save a template of the sandbox (template.go)
 )
 
 // allowed is the one table every handler asks: which operation may start in which state.
@@ -48,6 +49,7 @@ var allowed = map[Op]map[Status]bool{
 	OpDiff:       {StatusRunning: true},
 	OpRestart:    {StatusRunning: true},
 	OpSetTimeout: {StatusRunning: true, StatusPaused: true},
+	OpTemplate:   {StatusRunning: true},
 }
 
 // transitions lists the legal status changes; setStatus refuses any other. A record is born creating (a new
@@ -69,7 +71,7 @@ func check(op Op, s Status) error {
 		return nil
 	}
 	switch op {
-	case OpUse, OpPause, OpMerge, OpDiff:
+	case OpUse, OpPause, OpMerge, OpDiff, OpTemplate:
 		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
 	case OpResume:
 		return errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error")

@@ -66,7 +66,7 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	db.SetMaxOpenConns(1) // SQLite writes serialise anyway; one connection avoids SQLITE_BUSY between our own
-	if _, err := db.Exec(schema + retiredSchema); err != nil {
+	if _, err := db.Exec(schema + retiredSchema + templateSchema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init schema in %s: %w", path, err)
 	}
