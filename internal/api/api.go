@@ -72,6 +72,7 @@ func (s *Server) routes() {
 	s.handle("PUT /v1/sandboxes/{id}/files/archive", s.auth(s.uploadArchive))
 	s.extraRoutes(m)
 	s.ingressRoutes()
+	s.templateRoutes()
 	s.observeRoutes()
 	s.docRoutes(m)
 }

@@ -99,6 +99,7 @@ func TestContractEveryOperation(t *testing.T) {
 	c.files(ids.a)
 	c.forkMergeDiff(ids.a)
 	c.pauseResume(ids.a)
+	c.templates(ids.a)
 	c.observe(ids.a)
 	c.ingress(ids.a)
 	c.deleteSandbox(ids.a)
@@ -613,6 +614,27 @@ func (c *contract) pauseResume(id string) {
 	c.do(exchange{method: "POST", path: "/v1/sandboxes/" + unknownID + "/resume", status: 404})
 }
 
+// templates captures a running sandbox, starts one from the template, and the errors: bad name, taken name,
+// unknown sandbox or template.
+func (c *contract) templates(id string) {
+	c.do(exchange{method: "POST", path: "/v1/templates", body: []byte(`{"name": "ct", "from": "` + id + `"}`), status: 201})
+	c.do(exchange{method: "POST", path: "/v1/templates", body: []byte(`{"name": "ct", "from": "` + id + `"}`), status: 409})
+	c.do(exchange{method: "POST", path: "/v1/templates", body: []byte(`{"name": "Bad Name", "from": "` + id + `"}`), status: 400, invalid: true})
+	c.do(exchange{method: "POST", path: "/v1/templates", body: []byte(`{"name": "ct2", "from": "` + unknownID + `"}`), status: 404})
+	c.do(exchange{method: "GET", path: "/v1/templates", status: 200})
+	c.do(exchange{method: "GET", path: "/v1/templates/ct", status: 200})
+	c.do(exchange{method: "GET", path: "/v1/templates/none", status: 404})
+	_, b := c.do(exchange{method: "POST", path: "/v1/sandboxes", body: []byte(`{"template": "ct", "mem_mib": 256}`), status: 201})
+	var sb struct{ ID, Template string }
+	if json.Unmarshal(b, &sb) != nil || sb.Template != "ct" {
+		c.t.Fatalf("create from a template: %s", b)
+	}
+	c.do(exchange{method: "DELETE", path: "/v1/sandboxes/" + sb.ID, status: 204})
+	c.do(exchange{method: "POST", path: "/v1/sandboxes", body: []byte(`{"template": "none"}`), status: 404})
+	c.do(exchange{method: "DELETE", path: "/v1/templates/ct", status: 204})
+	c.do(exchange{method: "DELETE", path: "/v1/templates/ct", status: 404})
+}
+
 func (c *contract) deleteSandbox(id string) {
 	c.do(exchange{method: "DELETE", path: "/v1/sandboxes/" + id, status: 204})
 	c.do(exchange{method: "DELETE", path: "/v1/sandboxes/" + id, status: 404})
@@ -630,7 +652,7 @@ func (c *contract) methodsAndRoutes() {
 		if item.Patch != nil {
 			continue // PATCH is one of the path's methods (the ports route forwards every method)
 		}
-		url := c.srv.URL + strings.NewReplacer("{id}", unknownID, "{winner}", unknownID, "{other}", unknownID).Replace(path)
+		url := c.srv.URL + strings.NewReplacer("{id}", unknownID, "{winner}", unknownID, "{other}", unknownID, "{name}", "none").Replace(path)
 		req, _ := http.NewRequest("PATCH", url, nil)
 		req.Header.Set("Authorization", "Bearer "+c.srv.Key)
 		resp, err := http.DefaultClient.Do(req)
