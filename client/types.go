@@ -47,6 +47,8 @@ type Sandbox struct {
 	Error string `json:"error"`
 	// Pause reports the last pause and resume (nil before the first pause).
 	Pause *PauseInfo `json:"pause,omitempty"`
+	// Template is the template the sandbox was created from ("" when none).
+	Template string `json:"template,omitempty"`
 	// Usage is the sandbox's resource use now: set by Get for a running sandbox only.
 	Usage *Usage `json:"usage,omitempty"`
 }
@@ -96,6 +98,9 @@ type CreateRequest struct {
 	// IngressEnabled makes the sandbox's ports reachable over HTTP: through the server's ingress listener
 	// (Sandbox.Ingress.URL) and through the API (Client.PortURL). Fork children inherit it.
 	IngressEnabled bool `json:"ingress_enabled,omitempty"`
+	// Template starts the sandbox from a template (SaveTemplate): its files and interpreter session, and its
+	// spec for every field left zero.
+	Template string `json:"template,omitempty"`
 }
 
 // Ingress says whether a sandbox's ports are reachable over HTTP, and where ("{port}" stands for the port).
