@@ -27,7 +27,7 @@ func init() {
 }
 
 func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
-	fs, asJSON := e.flags("sandbox create [--vcpu N] [--mem MiB] [--max-procs N] [--disk MiB] [--egress LIST] [--ingress] [--timeout S] [--env K=V]... [--cwd DIR] [--meta K=V]... [--json]")
+	fs, asJSON := e.flags("sandbox create [--vcpu N] [--mem MiB] [--max-procs N] [--disk MiB] [--egress LIST] [--ingress] [--timeout S] [--env K=V]... [--cwd DIR] [--meta K=V]... [--template NAME] [--json]")
 	var (
 		mem     memFlag
 		timeout secondsFlag
@@ -46,6 +46,7 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	fs.Var(env, "env", "environment variable K=V for run and exec (repeatable)")
 	cwd := fs.String("cwd", "", "working directory (server default /root)")
 	fs.Var(meta, "meta", "metadata label K=V (repeatable)")
+	template := fs.String("template", "", "start from this template (ramify template save): its files, variables and, for flags not given, its settings")
 	pos, _, _, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -55,7 +56,7 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	}
 	req := client.CreateRequest{
 		VCPU: *vcpu, MemMiB: int(mem), MaxProcs: *maxProcs, TimeoutS: timeout.n, OnTimeout: *onTimeout,
-		Cwd: *cwd, IngressEnabled: *ingress,
+		Cwd: *cwd, IngressEnabled: *ingress, Template: *template,
 	}
 	req.DiskMiB = int(disk)
 	switch {

@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,5 +124,35 @@ func TestTemplateWithS3Store(t *testing.T) {
 	}
 	if err := s.Client.DeleteTemplate(ctx, "s3-tpl"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The CLI's template verbs against a real server: save, ls, create --template, rm.
+func TestTemplateCLI(t *testing.T) {
+	s := testserver.Start(t)
+	bin := testserver.Binary(t)
+	env := []string{"RAMIFY_API_URL=" + s.URL, "RAMIFY_API_KEY=" + s.Key}
+	id := create(t, s, nil)
+	value(t, s, id, "x = 20")
+	if out, errOut, code := runCLI(t, bin, env, "template", "save", "cli-tpl", id); code != 0 || out != "cli-tpl\n" ||
+		!strings.Contains(errOut, "sandbox create --template cli-tpl") {
+		t.Fatalf("template save: %q %q %d", out, errOut, code)
+	}
+	if out, _, code := runCLI(t, bin, env, "template", "ls"); code != 0 || !strings.Contains(out, "cli-tpl") || !strings.Contains(out, id) {
+		t.Fatalf("template ls: %q %d", out, code)
+	}
+	out, errOut, code := runCLI(t, bin, env, "sandbox", "create", "--template", "cli-tpl")
+	kid := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(kid, "sbx_") {
+		t.Fatalf("create --template: %q %q %d", out, errOut, code)
+	}
+	if v := value(t, s, kid, "x + 1"); v != "21" {
+		t.Fatalf("from the CLI's template: %s", v)
+	}
+	if _, _, code := runCLI(t, bin, env, "template", "rm", "cli-tpl"); code != 0 {
+		t.Fatal("template rm failed")
+	}
+	if _, errOut, code := runCLI(t, bin, env, "template", "get", "cli-tpl"); code != 1 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("template get after rm: %q %d", errOut, code)
 	}
 }
