@@ -27,6 +27,7 @@ from ramify import (  # noqa: E402
     Conflict,
     FileNotFound,
     InvalidRequest,
+    NotFound,
     RamifyError,
     Sandbox,
     SandboxDefunct,
@@ -560,6 +561,39 @@ class TestPauseIntegration(unittest.TestCase):
             sb.wait_for_status("paused", timeout=120)
             sb.resume()
             self.assertEqual(sb.run_code("1 + 1").value, "2")
+
+
+@unittest.skipUnless(HAVE_SERVER, SKIP_MSG)
+@unittest.skipUnless(PAUSE, "template tests need the snapshot store: set RAMIFY_TEST_PAUSE=1")
+class TestTemplateIntegration(unittest.TestCase):
+    def test_save_create_delete(self):
+        name = f"py-{RUN_ID}"
+        with Sandbox(metadata=META) as src:
+            src.run_code("import json\ndata = {'rows': list(range(1000))}")
+            src.files.write("/root/model.txt", b"weights")
+            t = src.save_template(name)
+            self.assertEqual((t["name"], t["from"]), (name, src.id))
+            self.assertGreater(t["size"], 0)
+            with self.assertRaises(Conflict):
+                src.save_template(name)
+            self.assertEqual(src.run_code("len(data['rows'])").value, "1000")  # still running
+        try:
+            self.assertIn(name, [x["name"] for x in Sandbox.list_templates()])
+            self.assertEqual(Sandbox.get_template(name)["name"], name)
+            with Sandbox(template=name, metadata=META) as a, Sandbox(template=name, metadata=META) as b:
+                self.assertEqual(a.info.get("template"), name)
+                self.assertNotEqual(a.id, b.id)
+                self.assertEqual(a.run_code("sum(data['rows'])").value, "499500")
+                self.assertEqual(a.files.read("/root/model.txt"), b"weights")
+                a.run_code("data['rows'] = []")
+                self.assertEqual(b.run_code("len(data['rows'])").value, "1000")
+        finally:
+            Sandbox.delete_template(name)
+        with self.assertRaises(NotFound) as cm:
+            Sandbox.get_template(name)
+        self.assertNotIsInstance(cm.exception, SandboxNotFound)
+        with self.assertRaises(NotFound):
+            Sandbox(template=name, metadata=META)
 
 
 if __name__ == "__main__":

@@ -207,6 +207,7 @@ class AsyncSandbox:
         disk_mib: Optional[int] = None,
         egress: Optional[Sequence[str]] = None,
         ingress_enabled: bool = False,
+        template: Optional[str] = None,
     ):
         self._sync: Optional[Sandbox] = None
         self._kwargs: Optional[Dict[str, Any]] = None
@@ -216,7 +217,8 @@ class AsyncSandbox:
         self._kwargs = dict(vcpu=vcpu, mem_mib=mem_mib, max_procs=max_procs, timeout_s=timeout_s,
                             on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
                             api_url=api_url, api_key=api_key, request_timeout=request_timeout,
-                            disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled)
+                            disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled,
+                            template=template)
 
     def _wrap(self, sandbox: Sandbox) -> "AsyncSandbox":
         self._sync = sandbox

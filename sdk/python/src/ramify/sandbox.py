@@ -85,10 +85,12 @@ class Sandbox:
         disk_mib: Optional[int] = None,
         egress: Optional[Sequence[str]] = None,
         ingress_enabled: bool = False,
+        template: Optional[str] = None,
     ):
         client = HTTPClient(api_url, api_key, request_timeout)
         body: Dict[str, Any] = {}
         for k, v in (
+            ("template", template),
             ("vcpu", vcpu),
             ("mem_mib", mem_mib),
             ("max_procs", max_procs),
@@ -480,6 +482,35 @@ class Sandbox:
             "GET", self._path(f"/diff/{_q(oid)}"), query=query,
             timeout=_longer(self._client.request_timeout, 300.0),
         ) or {}
+
+    # -- templates ---------------------------------------------------------------------------------
+    def save_template(self, name: str) -> Dict[str, Any]:
+        """Capture this sandbox (its files and its interpreter's variables) as template ``name``
+        (``POST /v1/templates``); the sandbox keeps running. ``Sandbox(template=name)`` starts new
+        sandboxes from it. Returns the template (``name``, ``size``, ``not_saved``, ...); raises
+        :class:`Conflict` when the name is taken."""
+        self._check()
+        return self._client.json("POST", "/v1/templates", json_body={"name": name, "from": self.id},
+                                 timeout=_longer(self._client.request_timeout, 300.0))
+
+    @staticmethod
+    def list_templates(api_url: Optional[str] = None, api_key: Optional[str] = None,
+                       request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> List[Dict[str, Any]]:
+        """Every template, by name (``GET /v1/templates``)."""
+        data = HTTPClient(api_url, api_key, request_timeout).json("GET", "/v1/templates")
+        return list((data or {}).get("templates") or [])
+
+    @staticmethod
+    def get_template(name: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
+                     request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> Dict[str, Any]:
+        """One template (``GET /v1/templates/{name}``); raises :class:`NotFound`."""
+        return HTTPClient(api_url, api_key, request_timeout).json("GET", f"/v1/templates/{_q(name)}")
+
+    @staticmethod
+    def delete_template(name: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
+                        request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> None:
+        """Delete a template; sandboxes made from it are not affected. Raises :class:`NotFound`."""
+        HTTPClient(api_url, api_key, request_timeout).request("DELETE", f"/v1/templates/{_q(name)}")
 
     # -- pause / resume -----------------------------------------------------------------------------
     def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
