@@ -371,6 +371,25 @@ class AsyncSandbox:
                    paths: Optional[Iterable[str]] = None) -> Dict[str, Any]:
         return await _run(self._s().diff, _unwrap(other), paths)
 
+    # -- templates (see Sandbox) -----------------------------------------------------------------
+    async def save_template(self, name: str) -> Dict[str, Any]:
+        return await _run(self._s().save_template, name)
+
+    @staticmethod
+    async def list_templates(api_url: Optional[str] = None, api_key: Optional[str] = None,
+                             request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> List[Dict[str, Any]]:
+        return await _run(Sandbox.list_templates, api_url, api_key, request_timeout)
+
+    @staticmethod
+    async def get_template(name: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
+                           request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> Dict[str, Any]:
+        return await _run(Sandbox.get_template, name, api_url, api_key, request_timeout)
+
+    @staticmethod
+    async def delete_template(name: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
+                              request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> None:
+        await _run(Sandbox.delete_template, name, api_url, api_key, request_timeout)
+
     # -- lifecycle -------------------------------------------------------------------------------
     async def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
         return await _run(self._s().pause, wait, poll_timeout)
