@@ -23,6 +23,8 @@ export interface SandboxInfo {
   pause?: Record<string, unknown>;
   /** Whether the sandbox's ports are reachable over HTTP, and where (`{port}` stands for the port). */
   ingress?: IngressInfo;
+  /** The template the sandbox was created from, if any. */
+  template?: string;
   [key: string]: unknown;
 }
 
@@ -33,6 +35,21 @@ export interface IngressInfo {
   url_template?: string;
   /** The API's route, `/v1/sandboxes/<id>/ports/{port}/` (with the API key). */
   path_template?: string;
+}
+
+/** A template (`POST /v1/templates`): a captured sandbox's files and interpreter session (wire field names). */
+export interface TemplateInfo {
+  name: string;
+  /** The sandbox it was captured from. */
+  from: string;
+  created_at: string;
+  /** Bytes of its snapshot. */
+  size: number;
+  /** Variables the capture could not save. */
+  not_saved: Array<{ name: string; type?: string; reason: string }>;
+  capture_ms: number;
+  /** What sandboxes created from it get unless their create options say otherwise. */
+  spec: Record<string, unknown>;
 }
 
 /** An exception raised by code run with `runCode`. */

@@ -20,6 +20,7 @@ import {
   type IngressInfo,
   type Interrupted,
   type SandboxInfo,
+  type TemplateInfo,
 } from "./models.js";
 
 /** Called with each chunk of output as it arrives. */
@@ -48,6 +49,8 @@ export interface CreateOptions extends ClientOptions {
   egress?: string[];
   /** Make the sandbox's ports reachable over HTTP (`url(port)`, `apiUrl(port)`); fork children inherit it. */
   ingressEnabled?: boolean;
+  /** Start from this template (`saveTemplate`): its files and variables, and its settings for options not given. */
+  template?: string;
 }
 
 export interface ListOptions extends ClientOptions {
@@ -148,6 +151,7 @@ export class Sandbox {
       ["disk_mib", opts.diskMib],
       ["egress", opts.egress],
       ["ingress_enabled", opts.ingressEnabled || undefined],
+      ["template", opts.template],
     ];
     for (const [k, v] of fields) if (v !== undefined && v !== null) body[k] = v;
     const res = await client.request("POST", "/v1/sandboxes", { json: body, timeoutS: client.longer(120) });
@@ -416,6 +420,36 @@ export class Sandbox {
       timeoutS: this._client.longer(300),
     });
     return { ...(d ?? {}), added: d?.added ?? [], removed: d?.removed ?? [], modified: d?.modified ?? [] };
+  }
+
+  // -- templates ------------------------------------------------------------------------------------
+  /**
+   * Capture this sandbox (its files and its interpreter's variables) as template `name` (`POST /v1/templates`);
+   * the sandbox keeps running. `Sandbox.create({ template: name })` starts new sandboxes from it. Throws
+   * `Conflict` when the name is taken.
+   */
+  async saveTemplate(name: string): Promise<TemplateInfo> {
+    this._check();
+    return this._client.json<TemplateInfo>("POST", "/v1/templates", {
+      json: { name, from: this.id },
+      timeoutS: this._client.longer(300),
+    });
+  }
+
+  /** Every template, by name (`GET /v1/templates`). */
+  static async listTemplates(opts: ClientOptions = {}): Promise<TemplateInfo[]> {
+    const data = await new HttpClient(opts).json<{ templates?: TemplateInfo[] } | null>("GET", "/v1/templates");
+    return data?.templates ?? [];
+  }
+
+  /** One template (`GET /v1/templates/{name}`); throws `NotFound`. */
+  static async getTemplate(name: string, opts: ClientOptions = {}): Promise<TemplateInfo> {
+    return new HttpClient(opts).json<TemplateInfo>("GET", `/v1/templates/${enc(name)}`);
+  }
+
+  /** Delete a template; sandboxes created from it are not affected. Throws `NotFound`. */
+  static async deleteTemplate(name: string, opts: ClientOptions = {}): Promise<void> {
+    await new HttpClient(opts).request("DELETE", `/v1/templates/${enc(name)}`);
   }
 
   // -- pause / resume -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import {
   Conflict,
   FileNotFound,
   InvalidRequest,
+  NotFound,
   SandboxDefunct,
   SandboxNotFound,
 } from "../dist/index.js";
@@ -371,4 +372,38 @@ describe("integration: pause and resume", { skip: PAUSE }, () => {
       await sb.resume();
       assert.equal((await sb.runCode("1 + 1")).value, "2");
     }));
+});
+
+describe("integration: templates", { skip: PAUSE }, () => {
+  test("saveTemplate, create from it twice, list, delete", async () => {
+    const name = `ts-${process.pid}-${Date.now()}`;
+    await withSandbox(async (src) => {
+      await src.runCode("rows = list(range(1000))");
+      await src.files.write("/root/model.txt", "weights");
+      const t = await src.saveTemplate(name);
+      assert.equal(t.name, name);
+      assert.equal(t.from, src.id);
+      assert.ok(t.size > 0);
+      await assert.rejects(src.saveTemplate(name), Conflict);
+      assert.equal((await src.runCode("len(rows)")).value, "1000"); // still running
+    });
+    try {
+      assert.ok((await Sandbox.listTemplates()).some((t) => t.name === name));
+      assert.equal((await Sandbox.getTemplate(name)).name, name);
+      await withSandbox(async (a) => {
+        await withSandbox(async (b) => {
+          assert.equal(a.info.template, name);
+          assert.notEqual(a.id, b.id);
+          assert.equal((await a.runCode("sum(rows)")).value, "499500");
+          assert.equal(await a.files.readText("/root/model.txt"), "weights");
+          await a.runCode("rows = []");
+          assert.equal((await b.runCode("len(rows)")).value, "1000");
+        }, { template: name });
+      }, { template: name });
+    } finally {
+      await Sandbox.deleteTemplate(name);
+    }
+    await assert.rejects(Sandbox.getTemplate(name), (e) => e instanceof NotFound && !(e instanceof SandboxNotFound));
+    await assert.rejects(Sandbox.create({ template: name, metadata: META }), NotFound);
+  });
 });
