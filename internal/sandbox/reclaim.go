@@ -54,6 +54,7 @@ func (s *Service) reclaim(ctx context.Context) {
 		return
 	}
 	s.logReclaimed("snapshots", s.reclaimSnapshots(ctx))
+	s.logReclaimed("template snapshots", s.reclaimTemplates(ctx))
 	if t, ok := s.cfg.Snapshots.(interface{ RemoveTemps() (int, error) }); ok && s.cfg.SnapshotsExclusive {
 		n, err := t.RemoveTemps()
 		if err != nil {

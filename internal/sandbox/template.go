@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -271,4 +272,46 @@ func templateSpec(base json.RawMessage, req CreateRequest) (CreateRequest, error
 	}
 	spec.Template = req.Template
 	return spec.normalize()
+}
+
+// reclaimTemplates deletes, when the snapshot store is this server's alone, the template snapshots
+// ("templates/<name>/<time>/") that no template record names: captures cut short, deletes interrupted after the
+// record went. It returns how many it deleted. (Called at start, before any capture can run.)
+func (s *Service) reclaimTemplates(ctx context.Context) int {
+	if !s.cfg.SnapshotsExclusive {
+		return 0
+	}
+	ts, err := s.cfg.Store.ListTemplates(ctx)
+	if err != nil {
+		s.log.Warn("reclaim template snapshots: list templates", "err", err)
+		return 0
+	}
+	objs, err := s.cfg.Snapshots.List(ctx, "templates/")
+	if err != nil {
+		s.log.Warn("reclaim template snapshots: list", "err", err)
+		return 0
+	}
+	keep := map[string]bool{}
+	for _, t := range ts {
+		keep[t.Snapshot] = true
+	}
+	doomed := map[string]bool{}
+	for _, o := range objs {
+		parts := strings.SplitN(o.Key, "/", 4)
+		if len(parts) < 4 {
+			continue
+		}
+		if prefix := strings.Join(parts[:3], "/") + "/"; !keep[prefix] {
+			doomed[prefix] = true
+		}
+	}
+	n := 0
+	for prefix := range doomed {
+		if err := s.cfg.Snapshots.Delete(ctx, prefix); err != nil {
+			s.log.Warn("reclaim template snapshot", "prefix", prefix, "err", err)
+			continue
+		}
+		n++
+	}
+	return n
 }
