@@ -236,8 +236,8 @@ func (s *Service) createFromTemplate(ctx context.Context, req CreateRequest) (In
 	})
 }
 
-// templateSpec is a template's spec with every field req sets (non-zero; egress non-null) in place of the
-// template's, normalised.
+// templateSpec is a template's spec with every field req sets (non-zero; egress non-null; ingress_enabled
+// true) in place of the template's, normalised.
 func templateSpec(base json.RawMessage, req CreateRequest) (CreateRequest, error) {
 	var spec CreateRequest
 	if err := json.Unmarshal(base, &spec); err != nil {
@@ -269,6 +269,9 @@ func templateSpec(base json.RawMessage, req CreateRequest) (CreateRequest, error
 	}
 	if req.Egress != nil {
 		spec.Egress = req.Egress
+	}
+	if req.IngressEnabled {
+		spec.IngressEnabled = true
 	}
 	spec.Template = req.Template
 	return spec.normalize()
