@@ -209,11 +209,12 @@ func ndjsonDecoder(body io.Reader, _ http.Header, schema *openapi3.SchemaRef, _ 
 	return last, sc.Err()
 }
 
-// readUntil reads r until what it read contains want (at most 1 MiB).
+// readUntil reads r until what it read contains want and ends at the end of an event (a blank line), so that no
+// event is cut in the middle (at most 1 MiB).
 func readUntil(r io.Reader, want string) ([]byte, error) {
 	var got []byte
 	buf := make([]byte, 4096)
-	for !bytes.Contains(got, []byte(want)) {
+	for !bytes.Contains(got, []byte(want)) || !bytes.HasSuffix(got, []byte("\n\n")) {
 		n, err := r.Read(buf)
 		got = append(got, buf[:n]...)
 		if err != nil || len(got) > 1<<20 {
