@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"net/url"
 	"time"
@@ -20,7 +19,7 @@ type Template struct {
 	NotSaved  []Skipped `json:"not_saved"`
 	CaptureMs float64   `json:"capture_ms"`
 	// Spec is what sandboxes created from it get unless their create request sets a field.
-	Spec json.RawMessage `json:"spec"`
+	Spec map[string]any `json:"spec"`
 }
 
 // SaveTemplate captures running sandbox from under name (1 to 63 characters of a-z, 0-9, '-', '_', '.',

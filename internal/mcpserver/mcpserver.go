@@ -24,7 +24,7 @@ func New(c *client.Client, version string) *mcp.Server {
 		Instructions: "ramify runs isolated Linux sandboxes with a persistent Python interpreter. Create a sandbox " +
 			"(create_sandbox), run Python in it (run_code: variables persist between calls) or shell commands (exec), " +
 			"read and write its files, fork it to try alternatives in parallel, compare forks (diff), keep the best " +
-			"one (merge_into), pause or resume it, and destroy it when done.",
+			"one (merge_into), pause or resume it, save it as a template to start new sandboxes from (save_template), and destroy it when done.",
 	})
 	t := &tools{c: c}
 	for _, add := range []func(*mcp.Server){
@@ -66,6 +66,13 @@ func New(c *client.Client, version string) *mcp.Server {
 			"Resume a paused sandbox. Waits until it is running unless wait=false."),
 		tool("set_timeout", "Keep sandbox alive", setTimeoutEdits, additive(true), t.setTimeout,
 			"Set when a running or paused sandbox times out: timeout_s seconds from now (0 = never), then its on_timeout action (destroy or pause)."),
+		tool("save_template", "Save sandbox as template", nil, additive(false), t.saveTemplate,
+			"Capture a running sandbox's files and Python variables (data loaded, libraries imported, models in memory) as a named template; the sandbox keeps running. "+
+				"create_sandbox with template starts new sandboxes from it, each with that state. The result's not_saved lists variables that could not be saved."),
+		tool("list_templates", "List templates", nil, readOnly(), t.listTemplates,
+			"List the templates (name, size, the sandbox each was captured from)."),
+		tool("delete_template", "Delete template", nil, destructive(false, false), t.deleteTemplate,
+			"Delete a template; sandboxes created from it are not affected."),
 		tool("interrupt", "Interrupt running code", interruptEdits, destructive(true, false), t.interrupt,
 			"Stop the run_code and exec calls running in a sandbox (e.g. one stuck in a loop, called while it runs): "+
 				"the Python code gets a KeyboardInterrupt (its variables survive), commands are killed. Returns how many calls were stopped."),

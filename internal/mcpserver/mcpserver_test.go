@@ -22,7 +22,8 @@ import (
 )
 
 var allTools = []string{"create_sandbox", "list_sandboxes", "get_sandbox", "destroy_sandbox", "run_code", "exec",
-	"read_file", "write_file", "list_files", "fork", "merge_into", "diff", "pause", "resume", "set_timeout", "interrupt"}
+	"read_file", "write_file", "list_files", "fork", "merge_into", "diff", "pause", "resume", "set_timeout", "interrupt",
+	"save_template", "list_templates", "delete_template"}
 
 // session is an MCP client session with `ramify mcp` run as a subprocess against a real server.
 type session struct {
@@ -281,6 +282,34 @@ func TestMCPSession(t *testing.T) {
 	}
 	s.call(ctx, "destroy_sandbox", map[string]any{"id": c1}, nil)
 
+	// save_template, a sandbox from it with the interpreter's state, list_templates, delete_template.
+	var tp client.Template
+	s.call(ctx, "save_template", map[string]any{"id": id, "name": "mcp-tpl"}, &tp)
+	if tp.Name != "mcp-tpl" || tp.From != id || tp.Size <= 0 {
+		t.Fatalf("save_template = %+v", tp)
+	}
+	var fromTpl client.Sandbox
+	s.call(ctx, "create_sandbox", map[string]any{"template": "mcp-tpl"}, &fromTpl)
+	if fromTpl.Template != "mcp-tpl" || fromTpl.ID == id {
+		t.Fatalf("create_sandbox from a template = %+v", fromTpl)
+	}
+	var srcEx, fromEx client.Execution
+	s.call(ctx, "run_code", map[string]any{"id": id, "code": "repr(x)"}, &srcEx)
+	s.call(ctx, "run_code", map[string]any{"id": fromTpl.ID, "code": "repr(x)"}, &fromEx)
+	if srcEx.Value == nil || fromEx.Value == nil || *fromEx.Value != *srcEx.Value {
+		t.Fatalf("x in the sandbox from the template = %+v, in its source %+v", fromEx, srcEx)
+	}
+	var tl struct{ Templates []client.Template }
+	s.call(ctx, "list_templates", map[string]any{}, &tl)
+	if len(tl.Templates) != 1 || tl.Templates[0].Name != "mcp-tpl" {
+		t.Fatalf("list_templates = %+v", tl)
+	}
+	s.call(ctx, "delete_template", map[string]any{"name": "mcp-tpl"}, nil)
+	if msg := s.callErr(ctx, "delete_template", map[string]any{"name": "mcp-tpl"}); !strings.Contains(msg, "not found") {
+		t.Errorf("second delete_template: %q", msg)
+	}
+	s.call(ctx, "destroy_sandbox", map[string]any{"id": fromTpl.ID}, nil)
+
 	// pause and resume, waiting; the interpreter's state survives.
 	sb = client.Sandbox{}
 	s.call(ctx, "pause", map[string]any{"id": id}, &sb) // waits by default
@@ -403,6 +432,7 @@ func checkAnnotations(t *testing.T, tools map[string]*mcp.Tool) {
 		"merge_into": {destructive: true},
 		"run_code":   {destructive: true, openWorld: true}, "exec": {destructive: true, openWorld: true},
 		"set_timeout": {idempotent: true}, "interrupt": {destructive: true, idempotent: true},
+		"save_template": {}, "list_templates": {readOnly: true, idempotent: true}, "delete_template": {destructive: true},
 	}
 	if len(tools) != len(want) {
 		t.Errorf("%d tools, %d with expected hints: a tool was added without them", len(tools), len(want))

@@ -51,13 +51,14 @@ type CreateSandboxInput struct {
 	Cwd       string            `json:"cwd,omitempty" jsonschema:"absolute working directory of code, commands and relative file paths (default /root)"`
 	Metadata  map[string]string `json:"metadata,omitempty" jsonschema:"free key/value labels (list_sandboxes filters on them)"`
 	// IngressEnabled: the result's ingress.url_template is where a server started in the sandbox can be reached.
-	IngressEnabled bool `json:"ingress_enabled,omitempty" jsonschema:"make the sandbox's ports reachable over HTTP; the result's ingress.url_template (with {port} replaced) is the URL of a server started in the sandbox"`
+	IngressEnabled bool   `json:"ingress_enabled,omitempty" jsonschema:"make the sandbox's ports reachable over HTTP; the result's ingress.url_template (with {port} replaced) is the URL of a server started in the sandbox"`
+	Template       string `json:"template,omitempty" jsonschema:"start from this template (save_template): its files and Python variables, and its settings for fields omitted here"`
 }
 
 func (t *tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateSandboxInput) (*mcp.CallToolResult, *client.Sandbox, error) {
 	sb, err := t.c.Create(ctx, client.CreateRequest{VCPU: in.VCPU, MemMiB: in.MemMiB, MaxProcs: in.MaxProcs, DiskMiB: in.DiskMiB,
 		TimeoutS: in.TimeoutS, OnTimeout: in.OnTimeout, Env: in.Env, Cwd: in.Cwd, Metadata: in.Metadata,
-		IngressEnabled: in.IngressEnabled})
+		IngressEnabled: in.IngressEnabled, Template: in.Template})
 	if err != nil {
 		return nil, nil, t.explain(err)
 	}
@@ -503,4 +504,56 @@ func (t *tools) interrupt(ctx context.Context, _ *mcp.CallToolRequest, in Interr
 		return nil, InterruptOutput{}, t.explain(err, in.ID)
 	}
 	return nil, InterruptOutput{RunCode: n.RunCode, Exec: n.Exec}, nil
+}
+
+type SaveTemplateInput struct {
+	ID   string `json:"id" jsonschema:"the running sandbox to capture"`
+	Name string `json:"name" jsonschema:"the template's name: 1 to 63 characters of a-z, 0-9, '-', '_' and '.', starting with a letter or digit"`
+}
+
+func (t *tools) saveTemplate(ctx context.Context, _ *mcp.CallToolRequest, in SaveTemplateInput) (*mcp.CallToolResult, *client.Template, error) {
+	tp, err := t.c.SaveTemplate(ctx, in.Name, in.ID)
+	if err != nil {
+		return nil, nil, t.explain(err, in.ID)
+	}
+	return nil, template(tp), nil
+}
+
+// template returns tp with its nil collections made empty, so that it matches the tools' output schema.
+func template(tp *client.Template) *client.Template {
+	if tp.NotSaved == nil {
+		tp.NotSaved = []client.Skipped{}
+	}
+	return tp
+}
+
+type ListTemplatesOutput struct {
+	Templates []client.Template `json:"templates"`
+}
+
+func (t *tools) listTemplates(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, ListTemplatesOutput, error) {
+	ts, err := t.c.Templates(ctx)
+	if err != nil {
+		return nil, ListTemplatesOutput{}, t.explain(err)
+	}
+	out := ListTemplatesOutput{Templates: []client.Template{}}
+	for i := range ts {
+		out.Templates = append(out.Templates, *template(&ts[i]))
+	}
+	return nil, out, nil
+}
+
+type DeleteTemplateInput struct {
+	Name string `json:"name" jsonschema:"the template to delete"`
+}
+
+type DeleteTemplateOutput struct {
+	Deleted string `json:"deleted"`
+}
+
+func (t *tools) deleteTemplate(ctx context.Context, _ *mcp.CallToolRequest, in DeleteTemplateInput) (*mcp.CallToolResult, DeleteTemplateOutput, error) {
+	if err := t.c.DeleteTemplate(ctx, in.Name); err != nil {
+		return nil, DeleteTemplateOutput{}, t.explain(err)
+	}
+	return nil, DeleteTemplateOutput{Deleted: in.Name}, nil
 }

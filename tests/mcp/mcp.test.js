@@ -22,7 +22,7 @@ const MAX_TEXT = 32 << 10; // mcpserver.MaxTextBytes
 
 const ALL_TOOLS = ["create_sandbox", "list_sandboxes", "get_sandbox", "destroy_sandbox", "run_code", "exec",
   "read_file", "write_file", "list_files", "fork", "merge_into", "diff", "pause", "resume", "set_timeout",
-  "interrupt"].sort();
+  "interrupt", "save_template", "list_templates", "delete_template"].sort();
 
 // connect starts `ramify mcp` as a subprocess speaking stdio, with env added to the default environment.
 async function connect(env) {
