@@ -622,6 +622,7 @@ func (c *contract) templates(id string) {
 	c.do(exchange{method: "POST", path: "/v1/templates", body: []byte(`{"name": "ct", "from": "` + id + `"}`), status: 409})
 	c.do(exchange{method: "POST", path: "/v1/templates", body: []byte(`{"name": "Bad Name", "from": "` + id + `"}`), status: 400, invalid: true})
 	c.do(exchange{method: "POST", path: "/v1/templates", body: []byte(`{"name": "ct2", "from": "` + unknownID + `"}`), status: 404})
+	c.do(exchange{method: "POST", path: "/v1/templates", body: []byte(`{"name": "ct2"}`), status: 400, invalid: true})
 	c.do(exchange{method: "GET", path: "/v1/templates", status: 200})
 	c.do(exchange{method: "GET", path: "/v1/templates/ct", status: 200})
 	c.do(exchange{method: "GET", path: "/v1/templates/none", status: 404})

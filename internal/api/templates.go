@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/sandbox"
 )
 
@@ -25,6 +26,10 @@ func (s *Server) saveTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := sandbox.ValidTemplateName(req.Name); err != nil {
 		writeError(w, err)
+		return
+	}
+	if req.From == "" {
+		writeError(w, errdefs.New(errdefs.ErrInvalid, "from is required: the id of the running sandbox to capture"))
 		return
 	}
 	if !sandbox.ValidID(req.From) {
