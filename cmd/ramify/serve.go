@@ -61,7 +61,7 @@ func envOr(name, def string) string {
 
 type serveFlags struct {
 	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel  string
-	warmPool, spareAgents                                                     int
+	warmPool, spareAgents, templatePool                                       int
 	observe                                                                   observeFlags
 	ingress                                                                   ingressFlags
 	spareIdle                                                                 time.Duration
@@ -92,6 +92,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.Float64Var(&f.memOvercommit, "mem-overcommit", envFloat("RAMIFY_MEM_OVERCOMMIT", sandbox.DefaultMemOvercommit), "live sandboxes' mem_mib may total this many times the host's memory; past it create, fork and resume answer 503 (env RAMIFY_MEM_OVERCOMMIT)")
 	fs.Float64Var(&f.cpuOvercommit, "cpu-overcommit", envFloat("RAMIFY_CPU_OVERCOMMIT", sandbox.DefaultCPUOvercommit), "live sandboxes' vcpu may total this many times the host's CPUs; past it create, fork and resume answer 503 (env RAMIFY_CPU_OVERCOMMIT)")
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
+	fs.IntVar(&f.templatePool, "template-pool", envInt("RAMIFY_TEMPLATE_POOL", 0), "sandboxes kept restored ahead of time per template, so that a create from a template takes milliseconds; each holds the template's session in memory (env RAMIFY_TEMPLATE_POOL)")
 	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
 	fs.IntVar(&f.spareAgents, "spare-agents", envInt("RAMIFY_SPARE_AGENTS", 8), "agents a fork family keeps started after a fork, so that its next fork of up to that many children skips process start-up; 0 for none (env RAMIFY_SPARE_AGENTS)")
 	fs.StringVar(&f.snapshotDir, "snapshot-dir", os.Getenv("RAMIFY_SNAPSHOT_DIR"), "where pause snapshots go (default <data-dir>/snapshots; env RAMIFY_SNAPSHOT_DIR)")
@@ -292,7 +293,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	svc, err := sandbox.New(ctx, sandbox.Config{IngressHost: ingressHost, Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
-		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool,
+		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool, TemplatePool: f.templatePool,
 		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit, Events: hub})
 	if err != nil {
 		return err

@@ -65,16 +65,21 @@ func (s *Service) fillPool() {
 // claimWarm takes a warm sandbox, applies spec to it and makes it a running sandbox. ok is false when the pool
 // was empty or the claim failed (then the caller starts one cold).
 func (s *Service) claimWarm(ctx context.Context, spec CreateRequest) (Info, bool) {
+	defer s.kickPool()
+	return s.claimFrom(ctx, &s.warm, spec)
+}
+
+// claimFrom is claimWarm from the pool *pool (guarded by s.mu): the plain pool, or a template's.
+func (s *Service) claimFrom(ctx context.Context, pool *[]*entry, spec CreateRequest) (Info, bool) {
 	s.mu.Lock()
-	if len(s.warm) == 0 {
+	if len(*pool) == 0 {
 		s.mu.Unlock()
 		return Info{}, false
 	}
-	e := s.warm[0]
-	s.warm = s.warm[1:]
+	e := (*pool)[0]
+	*pool = (*pool)[1:]
 	h := e.handle
 	s.mu.Unlock()
-	defer s.kickPool()
 
 	release, err := s.acquireEntries(exclusive, func(e *entry) error {
 		return transition(e.rec.ID, Status(e.rec.Status), StatusRunning)

@@ -39,6 +39,8 @@ type Config struct {
 	HostUID, HostGID int
 	// WarmPool is how many pre-started sandboxes to keep ready for Create (0 = none).
 	WarmPool int
+	// TemplatePool is how many sandboxes to keep restored ahead of time per template (0 = none; template.go).
+	TemplatePool int
 	// Snapshots is where pauses write their snapshots (nil: pause is unavailable).
 	Snapshots snapstore.Store
 	// SnapshotsExclusive says that no other server uses Snapshots (the default local store in the data
@@ -87,7 +89,9 @@ type Service struct {
 	filling bool          // guarded by mu: a refill goroutine runs
 	refill  chan struct{} // wakes the refill goroutine
 
-	tmpl templateLocks // one lock per template name (template.go)
+	tmpl        templateLocks       // one lock per template name (template.go)
+	tmplWarm    map[string][]*entry // guarded by mu: each template's ready restored sandboxes
+	tmplFilling map[string]bool     // guarded by mu: templates whose pool a goroutine fills
 }
 
 // entry is the in-memory state of one sandbox.
@@ -124,7 +128,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.CPUOvercommit <= 0 {
 		cfg.CPUOvercommit = DefaultCPUOvercommit
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, refill: make(chan struct{}, 1), host: detectHost()}
+	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, refill: make(chan struct{}, 1), host: detectHost(),
+		tmplWarm: map[string][]*entry{}, tmplFilling: map[string]bool{}}
 	if cfg.HostCPUs > 0 {
 		s.host.cpus = cfg.HostCPUs
 	}
@@ -232,6 +237,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.goBackground(s.fillPool)
 		s.kickPool()
 	}
+	s.startTemplatePools(ctx)
 	if h, ok := cfg.Runtime.(runtime.Healer); ok {
 		s.goBackground(func() { s.watchHealth(h) })
 	}
@@ -329,6 +335,7 @@ func (s *Service) Close() {
 	for _, e := range warm {
 		s.dropWarm(e)
 	}
+	s.dropTemplatePools()
 }
 
 var errNotFound = errdefs.New(errdefs.ErrNotFound, "sandbox not found")

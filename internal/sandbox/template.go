@@ -109,6 +109,7 @@ func (s *Service) SaveTemplate(ctx context.Context, name, from string) (Template
 	if err != nil {
 		return TemplateInfo{}, fmt.Errorf("save template %s of %s: %w", name, from, err)
 	}
+	s.kickTemplatePool(name)
 	s.log.Info("template saved", "template", name, "sandbox", from, "bytes", t.Size, "ms", t.CaptureMs)
 	return t, nil
 }
@@ -195,6 +196,13 @@ func (s *Service) DeleteTemplate(ctx context.Context, name string) error {
 	if err := s.cfg.Store.DeleteTemplate(ctx, name); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	warm := s.tmplWarm[name]
+	delete(s.tmplWarm, name)
+	s.mu.Unlock()
+	for _, e := range warm {
+		s.dropWarm(e)
+	}
 	if s.cfg.Snapshots != nil {
 		if err := s.cfg.Snapshots.Delete(ctx, t.Snapshot); err != nil {
 			s.log.Warn("template deleted; its snapshot was not", "template", name, "prefix", t.Snapshot, "err", err)
@@ -227,13 +235,122 @@ func (s *Service) createFromTemplate(ctx context.Context, req CreateRequest) (In
 	if err := s.fitsHost(spec); err != nil {
 		return Info{}, err
 	}
-	return s.createAs(ctx, spec, StatusRunning, func(ctx context.Context, e *entry) (runtime.Handle, error) {
+	s.mu.Lock()
+	err = s.admitLocked(spec, 1)
+	var one []*entry // the template pool's first ready sandbox, if any
+	if w := s.tmplWarm[t.Name]; err == nil && len(w) > 0 {
+		one, s.tmplWarm[t.Name] = w[:1], w[1:]
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return Info{}, err
+	}
+	defer s.kickTemplatePool(t.Name)
+	if info, ok := s.claimFrom(ctx, &one, spec); ok {
+		return info, nil
+	}
+	return s.createAs(ctx, spec, StatusRunning, s.restoreFrom(t))
+}
+
+// restoreFrom is createAs's start for a sandbox from template t.
+func (s *Service) restoreFrom(t store.Template) func(context.Context, *entry) (runtime.Handle, error) {
+	return func(ctx context.Context, e *entry) (runtime.Handle, error) {
 		_, h, notRestored, err := s.restore(ctx, e, t.Snapshot, time.Now())
 		if len(notRestored) > 0 {
 			s.log.Warn("template: variables not restored", "template", t.Name, "sandbox", e.rec.ID, "n", len(notRestored))
 		}
 		return h, err
-	})
+	}
+}
+
+// A template pool keeps Config.TemplatePool sandboxes per template restored ahead of time (status warm,
+// invisible to the API, like the plain warm pool's), so that a create from the template only configures one
+// (claimFrom): milliseconds instead of a restore. Each holds the template's session in memory. A pool is filled
+// after a capture, after each claim and at start (warm sandboxes do not survive a restart), and dropped with
+// its template and at Close.
+
+// kickTemplatePool fills name's pool in the background, unless another goroutine already does.
+func (s *Service) kickTemplatePool(name string) {
+	if s.cfg.TemplatePool > 0 {
+		s.goBackground(func() { s.fillTemplatePool(name) })
+	}
+}
+
+// fillTemplatePool restores sandboxes of template name until its pool is full. It holds the template shared
+// (a delete waits for it, then drops what it made).
+func (s *Service) fillTemplatePool(name string) {
+	s.mu.Lock()
+	if s.tmplFilling[name] {
+		s.mu.Unlock()
+		return
+	}
+	s.tmplFilling[name] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.tmplFilling, name)
+		s.mu.Unlock()
+	}()
+	l := s.tmpl.of(name)
+	l.RLock()
+	defer l.RUnlock()
+	t, err := s.cfg.Store.GetTemplate(s.ctx, name)
+	if err != nil {
+		return // deleted meanwhile
+	}
+	spec, err := templateSpec(t.Spec, CreateRequest{Template: name})
+	if err != nil {
+		s.log.Warn("template pool", "template", name, "err", err)
+		return
+	}
+	for s.ctx.Err() == nil {
+		s.mu.Lock()
+		full := len(s.tmplWarm[name]) >= s.cfg.TemplatePool
+		s.mu.Unlock()
+		if full {
+			return
+		}
+		info, err := s.createAs(s.ctx, spec, StatusWarm, s.restoreFrom(t))
+		if err != nil {
+			if s.ctx.Err() == nil {
+				s.log.Warn("template pool: restore a sandbox", "template", name, "err", err)
+			}
+			return
+		}
+		s.mu.Lock()
+		if e := s.items[info.ID]; e != nil {
+			s.tmplWarm[name] = append(s.tmplWarm[name], e)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// startTemplatePools fills every template's pool (New).
+func (s *Service) startTemplatePools(ctx context.Context) {
+	if s.cfg.TemplatePool <= 0 {
+		return
+	}
+	ts, err := s.cfg.Store.ListTemplates(ctx)
+	if err != nil {
+		s.log.Warn("template pools", "err", err)
+		return
+	}
+	for _, t := range ts {
+		s.kickTemplatePool(t.Name)
+	}
+}
+
+// dropTemplatePools destroys the templates' ready sandboxes (Close, once background work has stopped).
+func (s *Service) dropTemplatePools() {
+	s.mu.Lock()
+	pools := s.tmplWarm
+	s.tmplWarm = map[string][]*entry{}
+	s.mu.Unlock()
+	for _, warm := range pools {
+		for _, e := range warm {
+			s.dropWarm(e)
+		}
+	}
 }
 
 // templateSpec is a template's spec with every field req sets (non-zero; egress non-null; ingress_enabled

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
 )
@@ -214,5 +215,70 @@ func TestTemplateReclaim(t *testing.T) {
 	}
 	if _, err := e.svc.Create(ctx, CreateRequest{Template: "kept"}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// templatePool lists the ids of template name's ready sandboxes once it holds n (polled: the pool has no
+// notification of its own; no timing is asserted).
+func (e *env) templatePool(name string, n int) []string {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		e.svc.mu.Lock()
+		var ids []string
+		for _, w := range e.svc.tmplWarm[name] {
+			ids = append(ids, w.rec.ID)
+		}
+		e.svc.mu.Unlock()
+		if len(ids) == n {
+			return ids
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("template %s's pool has %d sandboxes, want %d", name, len(ids), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// With a template pool, a create from the template claims a sandbox restored ahead of time (configured with
+// the request's spec), the pool refills, a restart refills it, and a delete of the template drops it.
+func TestTemplatePool(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, func(c *Config) { c.TemplatePool = 1 })
+	a := e.create()
+	e.run(a, "x = 41")
+	if _, err := e.svc.SaveTemplate(ctx, "pooled", a); err != nil {
+		t.Fatal(err)
+	}
+	ready := e.templatePool("pooled", 1)
+	if ids := e.ids(); len(ids) != 1 {
+		t.Fatalf("the pool's sandbox is visible: %v", ids)
+	}
+	in, err := e.svc.Create(ctx, CreateRequest{Template: "pooled", MemMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.ID != ready[0] || in.MemMiB != 256 || in.Template != "pooled" || in.Status != StatusRunning {
+		t.Fatalf("create from a pooled template: %+v, want the ready %s", in, ready[0])
+	}
+	if got := e.run(in.ID, "x"); got != "41" {
+		t.Fatalf("claimed sandbox: x = %q", got)
+	}
+	next := e.templatePool("pooled", 1)
+	if next[0] == in.ID {
+		t.Fatal("the claimed sandbox is still in the pool")
+	}
+	e.svc.Close()
+	e.start()
+	restarted := e.templatePool("pooled", 1)
+	if err := e.svc.DeleteTemplate(ctx, "pooled"); err != nil {
+		t.Fatal(err)
+	}
+	e.templatePool("pooled", 0)
+	if e.rt.Get(restarted[0]) != nil {
+		t.Fatalf("the deleted template's ready sandbox %s still exists", restarted[0])
+	}
+	if got := e.run(in.ID, "x"); got != "41" {
+		t.Fatalf("a claimed sandbox after its template's delete: x = %q", got)
 	}
 }
