@@ -156,3 +156,36 @@ func TestTemplateCLI(t *testing.T) {
 		t.Fatalf("template get after rm: %q %d", errOut, code)
 	}
 }
+
+// With --template-pool, sandboxes from a template are restored ahead of time; a create claims one (or restores
+// one, if the pool is not ready yet): either way it has the template's state and its own id and address, and
+// the request's spec.
+func TestTemplatePoolRealServer(t *testing.T) {
+	s := testserver.Start(t, "--template-pool", "1")
+	ctx := ctxT(t)
+	src := create(t, s, nil)
+	value(t, s, src, templateSetup)
+	if _, err := s.Client.SaveTemplate(ctx, "pooled", src); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		start := time.Now()
+		sb, err := s.Client.Create(ctx, client.CreateRequest{Template: "pooled", MemMiB: 1536})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("create %d from a pooled template: %v (client-side)", i, time.Since(start).Round(time.Millisecond))
+		if sb.MemMiB != 1536 || sb.Template != "pooled" || sb.ID == src {
+			t.Fatalf("sandbox from the pooled template: %+v", sb)
+		}
+		if v := value(t, s, sb.ID, "(counter, df.shape, big.nbytes)"); v != "(41, (1000, 2), 10000000)" {
+			t.Fatalf("sandbox %d from the pooled template: %s", i, v)
+		}
+	}
+	if err := s.Client.DeleteTemplate(ctx, "pooled"); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := s.Client.List(ctx, client.ListOptions{}); err != nil || len(list) != 4 {
+		t.Fatalf("sandboxes after the delete: %d %v", len(list), err)
+	}
+}
