@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -24,6 +25,11 @@ import (
 // outputGrace is how long exec waits, once its command's main process has exited, for output still in the
 // pipes (or written by processes the command left running) before it answers.
 const outputGrace = 150 * time.Millisecond
+
+// outputCatchUp bounds how long exec waits, once the main process has exited, for the agent to read what was
+// already in the pipes then (written before the exit): on a loaded machine the reader may not have run for a
+// while, and that output is the command's, not a background job's.
+const outputCatchUp = 10 * time.Second
 
 // exec runs a command in the sandbox and returns the terminal "exit" event.
 //
@@ -137,11 +143,11 @@ func (r *execRun) closeStdin() {
 
 // collect starts reading the command's output: events go to emit until the call answers (execOutput.finish).
 func (r *execRun) collect(emit func(Event)) *execOutput {
-	out := &execOutput{emit: emit}
+	out := &execOutput{emit: emit, files: [2]*os.File{r.outR, r.errR}}
 	out.stdout.limit, out.stderr.limit = outputLimit, outputLimit
 	out.pipes.Add(2)
-	go out.drain(r.outR, "stdout", &out.stdout)
-	go out.drain(r.errR, "stderr", &out.stderr)
+	go out.drain(r.outR, "stdout", &out.stdout, &out.read[0])
+	go out.drain(r.errR, "stderr", &out.stderr, &out.read[1])
 	return out
 }
 
@@ -202,7 +208,9 @@ func exitCode(werr error) int {
 // still read, for processes the command left running, and what they write is dropped.
 type execOutput struct {
 	emit  func(Event)
-	pipes sync.WaitGroup // one per pipe, done at its end
+	pipes sync.WaitGroup  // one per pipe, done at its end
+	files [2]*os.File     // the read ends of stdout and stderr
+	read  [2]atomic.Int64 // bytes read from each so far
 
 	mu             sync.Mutex
 	stdout, stderr capped
@@ -218,6 +226,26 @@ func (o *execOutput) finish() (stdout, stderr string) {
 		o.pipes.Wait()
 		close(drained)
 	}()
+	// What the pipes held when the main process exited is its output: wait until it has been read.
+	var target [2]int64
+	for i, f := range o.files {
+		target[i] = o.read[i].Load() + queuedBytes(f)
+	}
+	caughtUp := func() bool { return o.read[0].Load() >= target[0] && o.read[1].Load() >= target[1] }
+	catchUp := time.NewTimer(outputCatchUp)
+	tick := time.NewTicker(2 * time.Millisecond)
+wait:
+	for !caughtUp() {
+		select {
+		case <-drained:
+			break wait
+		case <-catchUp.C:
+			break wait
+		case <-tick.C:
+		}
+	}
+	catchUp.Stop()
+	tick.Stop()
 	grace := time.NewTimer(outputGrace)
 	select {
 	case <-drained:
@@ -231,13 +259,14 @@ func (o *execOutput) finish() (stdout, stderr string) {
 }
 
 // drain reads r to its end, sending whole UTF-8 sequences (a rune split across reads waits for the next read).
-func (o *execOutput) drain(r *os.File, typ string, acc *capped) {
+func (o *execOutput) drain(r *os.File, typ string, acc *capped, read *atomic.Int64) {
 	defer o.pipes.Done()
 	defer r.Close()
 	buf := make([]byte, 32<<10)
 	var pending []byte
 	for {
 		n, err := r.Read(buf)
+		read.Add(int64(n))
 		if n > 0 {
 			pending = append(pending, buf[:n]...)
 			if cut := validPrefix(pending); cut > 0 {
@@ -363,4 +392,20 @@ func (a *Agent) runSpawner() error {
 		return fmt.Errorf("seccomp filter for commands: %w", err)
 	}
 	return nil
+}
+
+// queuedBytes is how many bytes pipe f holds unread (0 if it cannot tell, e.g. f is closed).
+func queuedBytes(f *os.File) int64 {
+	if f == nil {
+		return 0
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var n int
+	rc.Control(func(fd uintptr) { //nolint:errcheck // a closed file: nothing queued to wait for
+		n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) // FIONREAD
+	})
+	return int64(n)
 }

@@ -341,3 +341,27 @@ print("ok")
 		t.Fatalf("%v\n%s", err, out)
 	}
 }
+
+// Output the command wrote before it exited is returned even when the agent's reader runs late (a loaded
+// machine): finish waits for what the pipes held at the exit, not only the short grace for late writers. Here
+// the reader starts after the grace, while a "background job" keeps the pipes open.
+func TestFinishWaitsForOutputQueuedAtExit(t *testing.T) {
+	outR, outW, _ := os.Pipe()
+	errR, errW, _ := os.Pipe()
+	defer outW.Close() // held open, as a job left running holds them
+	defer errW.Close()
+	if _, err := outW.Write([]byte("written before the exit\n")); err != nil {
+		t.Fatal(err)
+	}
+	out := &execOutput{emit: func(Event) {}, files: [2]*os.File{outR, errR}}
+	out.stdout.limit, out.stderr.limit = outputLimit, outputLimit
+	out.pipes.Add(2)
+	go func() {
+		time.Sleep(3 * outputGrace) // the reader is late
+		go out.drain(outR, "stdout", &out.stdout, &out.read[0])
+		go out.drain(errR, "stderr", &out.stderr, &out.read[1])
+	}()
+	if stdout, _ := out.finish(); stdout != "written before the exit\n" {
+		t.Fatalf("stdout %q: output queued at the exit was lost", stdout)
+	}
+}
