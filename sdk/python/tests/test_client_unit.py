@@ -809,6 +809,8 @@ class TestAsyncSurface(StubTestCase):
             return [p for p in inspect.signature(fn).parameters.values() if p.name not in ("self", "cls")]
 
         self.assertEqual(params(AsyncSandbox.__init__), params(Sandbox.__init__), "constructor")
+        self.assertEqual([p.name for p in params(AsyncSandbox.create)], [p.name for p in params(Sandbox.__init__)],
+                         "AsyncSandbox.create takes the constructor's arguments")
         missing = []
         for name, attr in inspect.getmembers(Sandbox):
             if name.startswith("_"):

@@ -262,11 +262,13 @@ class AsyncSandbox:
         disk_mib: Optional[int] = None,
         egress: Optional[Sequence[str]] = None,
         ingress_enabled: bool = False,
+        template: Optional[str] = None,
     ) -> _Creating:
         return _Creating(dict(vcpu=vcpu, mem_mib=mem_mib, max_procs=max_procs, timeout_s=timeout_s,
                               on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
                               api_url=api_url, api_key=api_key, request_timeout=request_timeout,
-                              disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled))
+                              disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled,
+                              template=template))
 
     @classmethod
     async def connect(cls, id: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
