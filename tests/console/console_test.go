@@ -343,3 +343,56 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("the console logged errors:\n  %s", strings.Join(errs, "\n  "))
 	}
 }
+
+// Output of sandbox code is inert in the console: a cell's HTML result with scripts and event handlers, an SVG
+// result with a script and an onload handler, and Markdown with a script run nothing in the page that holds the
+// key (HTML goes in a frame sandboxed without scripts, SVG is an image, Markdown is text; the page's
+// Content-Security-Policy allows only the console's own files).
+func TestConsoleKeepsSandboxOutputInert(t *testing.T) {
+	chromium(t)
+	srv := testserver.Start(t)
+	sb, err := srv.Client.Create(context.Background(), client.CreateRequest{Metadata: map[string]string{"suite": "console-attack"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, console := browser(t)
+	attack := "from IPython.display import HTML, SVG, Markdown\n" +
+		"display(HTML('<b id=inside>html result</b><script>top.__pwned = 1; top.sessionStorage.clear()</script>'" +
+		" '<svg onload=\"top.__pwned = 2\"></svg>'))\n" +
+		"display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"10\" height=\"10\" onload=\"top.__pwned = 3\">'" +
+		" '<script>top.__pwned = 4</script><circle r=\"5\"/></svg>'))\n" +
+		"display(Markdown('<script>top.__pwned = 5</script>**md**'))\n" +
+		"'attacked'"
+	step(t, ctx, "open the sandbox",
+		chromedp.Navigate(srv.URL+"/ui/#key="+srv.Key),
+		chromedp.WaitVisible(`#live.on`),
+		chromedp.Navigate(srv.URL+"/ui/#/sb/"+sb.ID),
+		chromedp.WaitVisible(`#code`))
+	step(t, ctx, "run the attacking cell",
+		chromedp.SetValue(`#code`, attack),
+		chromedp.Click(`#run`),
+		chromedp.WaitVisible(`#code-out pre.value`))
+	var pwned bool
+	var keys int
+	var frameSandbox string
+	var framed bool
+	step(t, ctx, "look for its effects",
+		chromedp.Sleep(500*time.Millisecond), // an onload or a late script would have run by now
+		chromedp.Evaluate(`window.__pwned !== undefined`, &pwned),
+		chromedp.Evaluate(`sessionStorage.length`, &keys),
+		chromedp.AttributeValue(`#code-out .result iframe`, "sandbox", &frameSandbox, &framed))
+	if pwned || keys == 0 {
+		t.Fatalf("sandbox output ran in the console: __pwned set %v, sessionStorage keys %d", pwned, keys)
+	}
+	if !framed || frameSandbox != "" {
+		t.Fatalf("the HTML result is not in a frame sandboxed without scripts (sandbox=%q, present %v)", frameSandbox, framed)
+	}
+	for _, l := range console.all() {
+		// The browser reporting that it refused the sandbox's scripts is the defence at work.
+		if strings.Contains(l, "Blocked script execution") || strings.Contains(l, "Content Security Policy") {
+			t.Logf("refused, as it should be: %s", l)
+			continue
+		}
+		t.Errorf("console: %s", l)
+	}
+}
