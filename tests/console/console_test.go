@@ -144,6 +144,26 @@ func shot(t *testing.T, dir, name string) chromedp.Action {
 }
 
 // step runs actions, each step given a minute (a real server's fork or pause takes well under that).
+// load opens url and waits for ready. Chromium aborts loads in flight when the host's network interfaces change
+// (net::ERR_NETWORK_CHANGED), as they do whenever any server on the host (other packages' tests run at the same
+// time) adds a sandbox's veth: a page whose own scripts were cut that way never becomes ready, so the load is
+// retried from a blank page (a navigation that changes only the URL's fragment would not reload it).
+func load(t *testing.T, ctx context.Context, url, ready string) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := chromedp.Run(lctx, chromedp.Navigate("about:blank"), chromedp.Navigate(url), chromedp.WaitVisible(ready))
+		cancel()
+		if err == nil {
+			return
+		}
+		if attempt == 5 {
+			t.Fatalf("load %s: %v", url, err)
+		}
+		t.Logf("load %s, attempt %d: %v; again", url, attempt, err)
+	}
+}
+
 func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action) {
 	t.Helper()
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -189,9 +209,8 @@ func TestConsole(t *testing.T) {
 	dir := artifacts(t)
 
 	// Sign in with the form; the list shows the sandbox with its metadata.
+	load(t, ctx, srv.URL+"/ui/", `#signin #key`)
 	step(t, ctx, "sign in",
-		chromedp.Navigate(srv.URL+"/ui/"),
-		chromedp.WaitVisible(`#signin #key`),
 		chromedp.SendKeys(`#key`, srv.Key),
 		chromedp.Click(`#signin button[type=submit]`),
 		chromedp.WaitVisible(fmt.Sprintf(`tr[data-id=%q]`, parent.ID)),
@@ -367,19 +386,7 @@ func TestConsoleKeepsSandboxOutputInert(t *testing.T) {
 		" '<script>top.__pwned = 4</script><circle r=\"5\"/></svg>'))\n" +
 		"display(Markdown('<script>top.__pwned = 5</script>**md**'))\n" +
 		"'attacked'"
-	// A load cut by a network change (the sandbox's veth appearing) is retried.
-	for attempt := 1; ; attempt++ {
-		lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		err := chromedp.Run(lctx, chromedp.Navigate(srv.URL+"/ui/#key="+srv.Key), chromedp.WaitVisible(`#live.on`))
-		cancel()
-		if err == nil {
-			break
-		}
-		if attempt == 3 {
-			t.Fatalf("the console did not come up: %v", err)
-		}
-		t.Logf("load %d: %v; again", attempt, err)
-	}
+	load(t, ctx, srv.URL+"/ui/#key="+srv.Key, `#live.on`)
 	step(t, ctx, "open the sandbox",
 		chromedp.Navigate(srv.URL+"/ui/#/sb/"+sb.ID),
 		chromedp.WaitVisible(`#code`))
