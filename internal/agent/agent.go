@@ -224,7 +224,7 @@ type Agent struct {
 	started bool
 
 	repl  *repl
-	calls callSet // the run_code and exec calls being served, for interrupt
+	calls CallSet // the run_code and exec calls being served, for interrupt
 
 	token    string // expected token of an attaching forked interpreter ("" when none is expected)
 	forked   bool   // the sandbox's interpreter is a forked one, which attaches (closing attached)
@@ -503,11 +503,11 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: pid})
 	case OpRunCode:
-		ctx, end := a.calls.begin(ctx, OpRunCode)
+		ctx, end := a.calls.Begin(ctx, OpRunCode)
 		defer end()
 		w.emit(a.repl.run(ctx, req.Code, req.Env, req.TimeoutS, w.emit))
 	case OpExec:
-		ctx, end := a.calls.begin(ctx, OpExec)
+		ctx, end := a.calls.Begin(ctx, OpExec)
 		defer end()
 		w.emit(a.exec(ctx, req, w.emit))
 	case OpInterrupt:
@@ -515,7 +515,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: fmt.Sprintf("interrupt: unknown target %q", req.What)})
 			return
 		}
-		n := a.calls.interrupt(req.What)
+		n := a.calls.Interrupt(req.What)
 		w.emit(Event{Type: "ok", Interrupted: &n})
 	case OpSnapshot:
 		if !req.Stream || req.file == nil {

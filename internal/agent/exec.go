@@ -61,7 +61,7 @@ func (a *Agent) exec(ctx context.Context, req Request, emit func(Event)) Event {
 	werr, timedOut := run.wait(ctx, req.TimeoutS)
 	stdout, stderr := out.finish()
 	return Event{Type: "exit", ExitCode: exitCode(werr), TimedOut: timedOut, Stdout: stdout, Stderr: stderr,
-		WasInterrupted: !timedOut && errors.Is(context.Cause(ctx), errInterrupted)}
+		WasInterrupted: !timedOut && errors.Is(context.Cause(ctx), ErrInterrupted)}
 }
 
 // execRun is one started exec command.

@@ -6,13 +6,13 @@ import (
 	"sync"
 )
 
-// errInterrupted is the cause with which an interrupt ends the contexts of the calls it stops.
-var errInterrupted = errors.New("interrupted")
+// ErrInterrupted is the cause with which an interrupt ends the contexts of the calls it stops.
+var ErrInterrupted = errors.New("interrupted")
 
-// callSet tracks the run_code and exec calls the agent is serving, so that an interrupt can stop them: it ends
-// their contexts with errInterrupted, and each call stops as it does when its caller goes away (run_code: SIGINT,
+// CallSet tracks the run_code and exec calls the agent is serving, so that an interrupt can stop them: it ends
+// their contexts with ErrInterrupted, and each call stops as it does when its caller goes away (run_code: SIGINT,
 // then the interpreter killed after a grace period; exec: its command and everything it started killed).
-type callSet struct {
+type CallSet struct {
 	mu    sync.Mutex
 	calls map[*inflight]struct{}
 }
@@ -22,8 +22,8 @@ type inflight struct {
 	cancel context.CancelCauseFunc
 }
 
-// begin registers a call of op; end unregisters it.
-func (s *callSet) begin(ctx context.Context, op string) (context.Context, func()) {
+// Begin registers a call of op (OpRunCode or OpExec); end unregisters it. The zero CallSet is ready to use.
+func (s *CallSet) Begin(ctx context.Context, op string) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	c := &inflight{op: op, cancel: cancel}
 	s.mu.Lock()
@@ -40,8 +40,8 @@ func (s *callSet) begin(ctx context.Context, op string) (context.Context, func()
 	}
 }
 
-// interrupt stops every call in flight of the kind what names (InterruptAll: both) and counts them.
-func (s *callSet) interrupt(what string) Interrupted {
+// Interrupt stops every call in flight of the kind what names (InterruptAll: both) and counts them.
+func (s *CallSet) Interrupt(what string) Interrupted {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var n Interrupted
@@ -49,7 +49,7 @@ func (s *callSet) interrupt(what string) Interrupted {
 		if what != InterruptAll && what != c.op {
 			continue
 		}
-		c.cancel(errInterrupted)
+		c.cancel(ErrInterrupted)
 		delete(s.calls, c) // counted once, even if interrupted again before it ends
 		if c.op == OpRunCode {
 			n.RunCode++

@@ -450,7 +450,7 @@ func (p *repl) run(ctx context.Context, code string, env map[string]string, time
 			if to {
 				ev.Error.Name = "TimeoutError"
 				ev.Error.Value = fmt.Sprintf("execution exceeded %gs and did not stop on interrupt; the interpreter was restarted", limitS)
-			} else if errors.Is(context.Cause(ctx), errInterrupted) {
+			} else if errors.Is(context.Cause(ctx), ErrInterrupted) {
 				ev.Error.Value = "interrupted, and did not stop within the grace period: the interpreter was killed; its state is lost and a fresh one runs the next call"
 				ev.WasInterrupted = true
 			}
@@ -475,7 +475,7 @@ func (p *repl) run(ctx context.Context, code string, env map[string]string, time
 				// The traceback shows where the code was interrupted; its last line says why.
 				m.Error.Traceback = strings.TrimRight(m.Error.Traceback, "\n") + "\nTimeoutError: " + m.Error.Value + "\n"
 			}
-			wasInterrupted := errors.Is(context.Cause(ctx), errInterrupted) && !to
+			wasInterrupted := errors.Is(context.Cause(ctx), ErrInterrupted) && !to
 			// Let the run's fd-level output (read from the pipes by other goroutines) land before answering.
 			p.mu.Lock()
 			spawned := p.cmd != nil
@@ -558,7 +558,7 @@ func (p *repl) waitTurn(ctx context.Context, timeoutS float64) (Event, bool) {
 	case <-ctx.Done():
 		ev := Event{Type: "result", Error: &ExecError{Name: "KeyboardInterrupt",
 			Value: "interrupted while waiting for the interpreter (busy with an earlier call): the code did not run"}}
-		ev.WasInterrupted = errors.Is(context.Cause(ctx), errInterrupted)
+		ev.WasInterrupted = errors.Is(context.Cause(ctx), ErrInterrupted)
 		return ev, false
 	}
 }

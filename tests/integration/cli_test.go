@@ -18,21 +18,8 @@ import (
 func TestCLIAgainstRealServer(t *testing.T) {
 	s := testserver.Start(t)
 	bin := testserver.Binary(t)
-	cli := func(args ...string) (string, string, int) {
-		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = append(os.Environ(), "RAMIFY_API_URL="+s.URL, "RAMIFY_API_KEY="+s.Key)
-		var out, errb strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), errb.String(), code
-	}
+	env := []string{"RAMIFY_API_URL=" + s.URL, "RAMIFY_API_KEY=" + s.Key}
+	cli := func(args ...string) (string, string, int) { t.Helper(); return runCLI(t, bin, env, args...) }
 	out, errOut, code := cli("sandbox", "create", "--meta", "who=cli")
 	id := strings.TrimSpace(out)
 	if code != 0 || !strings.HasPrefix(id, "sbx_") || !strings.Contains(errOut, "ramify run "+id) {

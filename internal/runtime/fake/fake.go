@@ -62,51 +62,11 @@ type Sandbox struct {
 	Spec              runtime.Spec
 	frozen, dead      bool // guarded by Runtime.mu
 
-	mu       sync.Mutex
-	vars     map[string]string
-	count    int
-	client   *agent.Client
-	inflight map[*context.CancelCauseFunc]string // run_code and exec calls being served, by op, for interrupt
-}
-
-// errInterrupted ends the context of a call an interrupt stops.
-var errInterrupted = errors.New("interrupted")
-
-// track registers a run_code or exec call for interrupt until end.
-func (sb *Sandbox) track(ctx context.Context, op string) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	sb.mu.Lock()
-	if sb.inflight == nil {
-		sb.inflight = map[*context.CancelCauseFunc]string{}
-	}
-	sb.inflight[&cancel] = op
-	sb.mu.Unlock()
-	return ctx, func() {
-		sb.mu.Lock()
-		delete(sb.inflight, &cancel)
-		sb.mu.Unlock()
-		cancel(nil)
-	}
-}
-
-// interrupt stops the calls in flight that what names, as the real agent does.
-func (sb *Sandbox) interrupt(what string) agent.Interrupted {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	var n agent.Interrupted
-	for c, op := range sb.inflight {
-		if what != agent.InterruptAll && what != op {
-			continue
-		}
-		(*c)(errInterrupted)
-		delete(sb.inflight, c)
-		if op == agent.OpRunCode {
-			n.RunCode++
-		} else {
-			n.Exec++
-		}
-	}
-	return n
+	mu     sync.Mutex
+	vars   map[string]string
+	count  int
+	client *agent.Client
+	calls  agent.CallSet // run_code and exec calls being served, for interrupt
 }
 
 var (
@@ -592,16 +552,16 @@ func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request,
 	case agent.OpPing, agent.OpStart:
 		return agent.Event{Type: "ok", Pid: sb.Pid}
 	case agent.OpInterrupt:
-		n := sb.interrupt(req.What)
+		n := sb.calls.Interrupt(req.What)
 		return agent.Event{Type: "ok", Interrupted: &n}
 	case agent.OpRunCode:
-		ctx, end := sb.track(ctx, agent.OpRunCode)
+		ctx, end := sb.calls.Begin(ctx, agent.OpRunCode)
 		defer end()
 		ev := r.runCode(ctx, sb, strings.TrimSpace(req.Code), send)
-		ev.WasInterrupted = errors.Is(context.Cause(ctx), errInterrupted)
+		ev.WasInterrupted = errors.Is(context.Cause(ctx), agent.ErrInterrupted)
 		return ev
 	case agent.OpExec:
-		ctx, end := sb.track(ctx, agent.OpExec)
+		ctx, end := sb.calls.Begin(ctx, agent.OpExec)
 		defer end()
 		cmd := req.Cmd
 		if cmd == "" {
@@ -610,7 +570,7 @@ func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request,
 		switch {
 		case strings.HasPrefix(cmd, "wait "):
 			if err := r.wait(ctx, strings.TrimPrefix(cmd, "wait ")); err != nil {
-				if errors.Is(context.Cause(ctx), errInterrupted) {
+				if errors.Is(context.Cause(ctx), agent.ErrInterrupted) {
 					return agent.Event{Type: "exit", ExitCode: -1, WasInterrupted: true}
 				}
 				return agent.Event{Type: "error", Message: err.Error()}
