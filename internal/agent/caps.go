@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
 // UserCaps are the capabilities sandbox code holds: container root keeps what ordinary root work needs (files,
@@ -80,6 +82,35 @@ func confineThread(keep uint64) error {
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	return nil
+}
+
+// sandboxGID is the group every process of this agent's sandbox runs with: seccomp.SandboxGIDBase plus the
+// agent's pid in the family's PID namespace, unique among the family's live sandboxes. Fork siblings share a
+// uid; with a group of their own, the kernel's same-credentials rule no longer lets one open another's
+// /proc/<pid>/mem, environ, fd or root, ptrace it, or see it in a /proc mounted with hidepid (see setupRoot),
+// and the seccomp supervisor lets no process take another sandbox's group.
+func sandboxGID() int { return SandboxGID(os.Getpid()) }
+
+// SandboxGID is the group of the sandbox whose agent has pid agentNsPid in the family's PID namespace.
+func SandboxGID(agentNsPid int) int { return seccomp.SandboxGIDBase + agentNsPid }
+
+// sandboxGroups are the supplementary groups of sandbox processes: root's group, as root has outside ramify
+// (the kernel's ptrace check looks at the primary ids only).
+var sandboxGroups = []uint32{0}
+
+// joinSandboxGroup gives the calling OS thread (locked by the caller) the sandbox's group as its real,
+// effective and saved gid, and root's group as its only supplementary one. Raw calls: Go's wrappers would
+// change every thread of the agent.
+func joinSandboxGroup() error {
+	g := uintptr(sandboxGID())
+	groups := sandboxGroups
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(groups)), uintptr(unsafe.Pointer(&groups[0])), 0); e != 0 {
+		return fmt.Errorf("setgroups: %w", e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, g, g, g); e != 0 {
+		return fmt.Errorf("setresgid %d: %w", g, e)
 	}
 	return nil
 }

@@ -363,7 +363,8 @@ func (a *Agent) startFiltered(cmd *exec.Cmd) error {
 	return <-done
 }
 
-// runSpawner locks an OS thread, reduces its capabilities to UserCaps with no_new_privs, installs the sandbox's
+// runSpawner locks an OS thread, gives it the sandbox's group (see sandboxGID), reduces its capabilities to
+// UserCaps with no_new_privs, installs the sandbox's
 // seccomp filter on it (its listener goes to the family init) and starts commands from it for the rest of the
 // agent's life. Only this thread is filtered and confined: the agent's own signals (timeouts) and the interpreter,
 // which confines itself and installs a filter of its own, start elsewhere.
@@ -372,6 +373,10 @@ func (a *Agent) runSpawner() error {
 	a.spawn = make(chan func())
 	go func() {
 		goruntime.LockOSThread() // never unlocked: the thread carries the filter and dies with the agent
+		if err := joinSandboxGroup(); err != nil {
+			ready <- err
+			return
+		}
 		if err := confineThread(capMask(UserCaps)); err != nil {
 			ready <- err
 			return

@@ -56,6 +56,7 @@ type Request struct {
 // ForkTarget tells a forked interpreter which sandbox to become.
 type ForkTarget struct {
 	AgentPid int    `json:"agent_pid"` // the child agent's pid in the family's PID namespace
+	Gid      int    `json:"gid"`       // the child sandbox's group (SandboxGID), which the forked interpreter takes
 	Token    string `json:"token"`     // proves to the child agent that this interpreter is the one expected
 	Cwd      string `json:"cwd"`
 	// Cgroup is a fragment of /proc/self/cgroup the forked interpreter checks (every ramify line must show it)

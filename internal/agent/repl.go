@@ -118,7 +118,8 @@ func (p *repl) spawn() (int, error) {
 	cmd.ExtraFiles = []*os.File{theirs, srcR} // fd 3: the agent's socket, fd 4: the loop's source
 	stdout, stderr := &streamWriter{p: p, typ: "stdout"}, &streamWriter{p: p, typ: "stderr"}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true,
+		Credential: &syscall.Credential{Uid: 0, Gid: uint32(sandboxGID()), Groups: sandboxGroups}}
 	if err := cmd.Start(); err != nil {
 		conn.Close()
 		return 0, fmt.Errorf("start python3: %w", err)

@@ -616,6 +616,12 @@ def _become_child(t, files, nsfds):
     if not marker or not lines or not all(marker in l for l in lines):
         _log_failure("told it was moved, but not in cgroup %s: %r" % (marker, lines))
         os._exit(72)
+    # Take the child sandbox's group (the supervisor allows only the group of the sandbox whose cgroup this
+    # process is in): with it, the parent's and the siblings' processes are out of this one's reach, and it out
+    # of theirs (see SandboxGID in caps.go). Everything this interpreter starts from now on inherits it.
+    gid = t.get("gid")
+    if gid:
+        os.setresgid(gid, gid, gid)
     # Join the target's IPC, UTS, network and mount namespaces (the mount namespace last).
     for fd, flag in zip(nsfds, (0x08000000, 0x04000000, 0x40000000, 0x00020000)):
         _setns(fd, flag)

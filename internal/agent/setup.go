@@ -35,7 +35,9 @@ func setupRoot(cfg Config) error {
 	for _, d := range []string{"proc", "sys", "dev", "tmp", "root", "run"} {
 		os.MkdirAll(filepath.Join(root, d), 0o755)
 	}
-	if err := must(unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""), "mount /proc"); err != nil {
+	// hidepid=invisible: a process sees in /proc only the processes it could ptrace: those of its own sandbox
+	// (same uid and group, see SandboxGID), not a fork sibling's, nor ramify's own (not dumpable).
+	if err := must(unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "hidepid=invisible"), "mount /proc"); err != nil {
 		return err
 	}
 	// sysfs of the sandbox's own network namespace, read-only. The kernel lets a user namespace mount sysfs only

@@ -204,8 +204,36 @@ func (s *Supervisor) decideOp(r request, callerKey string) verdict {
 		return s.judgeCallerPidfd(r.caller, callerKey, int(fd), unix.EBADF)
 	case opSetns:
 		return s.decideSetns(r, callerKey)
+	case opSetgid:
+		return s.decideGids(r.caller, callerKey, a[:1])
+	case opSetregid:
+		return s.decideGids(r.caller, callerKey, a[:2])
+	case opSetresgid:
+		return s.decideGids(r.caller, callerKey, a[:3])
 	}
 	return deny(unix.EPERM, "unknown syscall "+r.op.String())
+}
+
+// decideGids judges a change of group ids that names a sandbox group (the filter sends only those): every gid
+// from SandboxGIDBase up (but -1, unchanged) must be the caller's own sandbox's, SandboxGIDBase plus the pid of
+// an agent (a protected process) in the caller's sandbox. Taking a sibling's group would give its processes'
+// credentials, which is all the kernel asks of a same-uid caller to open their /proc/<pid>/mem.
+func (s *Supervisor) decideGids(caller int, callerKey string, gids []uint64) verdict {
+	for _, g := range gids {
+		gid := uint32(g) // gid_t: the kernel uses the low 32 bits
+		if gid < SandboxGIDBase || gid == math.MaxUint32 {
+			continue
+		}
+		agent := int(gid - SandboxGIDBase)
+		if agent <= 1 || s.guard == nil || !s.guard.Protected(agent) {
+			return deny(unix.EPERM, "gid "+strconv.FormatUint(uint64(gid), 10)+" is not a sandbox's group")
+		}
+		key, err := s.sandboxKey(agent)
+		if err != nil || key != callerKey {
+			return deny(unix.EPERM, "gid "+strconv.FormatUint(uint64(gid), 10)+" is another sandbox's group")
+		}
+	}
+	return allow("own sandbox's group")
 }
 
 // judgePid allows a call of caller (a tid) whose target is pid when pid is in the sandbox callerKey and is not

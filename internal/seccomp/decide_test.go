@@ -217,7 +217,7 @@ func (g guardOf) Namespaces(tgid int) []string { return g[tgid] }
 // for setns although their /proc/<pid>/ns cannot be read.
 func TestDecideGuard(t *testing.T) {
 	s := newFixture(t)
-	s.SetGuard(guardOf{1: nil, 201: {"net:[444]"}})
+	s.SetGuard(guardOf{1: nil, 201: {"net:[444]"}, 301: nil})
 	f := &fakeProc{t: t, root: s.procRoot}
 	f.link("100/fd/13", "net:[444]")
 	cases := []struct {
@@ -237,6 +237,18 @@ func TestDecideGuard(t *testing.T) {
 		{name: "kill own sandbox's process still allowed", op: opKill, args: []uint64{200, 9}, kind: vContinue},
 		{name: "the agent's own calls are trusted", caller: 201, op: opKill, args: []uint64{300, 9}, kind: vContinue},
 		{name: "setns into a namespace the agent registered", op: opSetns, args: []uint64{13, 0}, kind: vContinue},
+		// Sandbox groups: SandboxGIDBase + the pid of the sandbox's agent (201 in A, 301 in B).
+		{name: "setgid own sandbox's group", op: opSetgid, args: []uint64{SandboxGIDBase + 201}, kind: vContinue},
+		{name: "setresgid own group, all three", op: opSetresgid, args: []uint64{SandboxGIDBase + 201, SandboxGIDBase + 201, SandboxGIDBase + 201}, kind: vContinue},
+		{name: "setregid -1 and own group", op: opSetregid, args: []uint64{0xffffffff, SandboxGIDBase + 201}, kind: vContinue},
+		{name: "setgid own group, high word ignored", op: opSetgid, args: []uint64{1<<32 | (SandboxGIDBase + 201)}, kind: vContinue},
+		{name: "setgid a sibling's group", op: opSetgid, args: []uint64{SandboxGIDBase + 301}, kind: vErrno},
+		{name: "setresgid a sibling's group as saved gid", op: opSetresgid, args: []uint64{0, 0xffffffff, SandboxGIDBase + 301}, kind: vErrno},
+		{name: "setregid own then sibling's", op: opSetregid, args: []uint64{SandboxGIDBase + 201, SandboxGIDBase + 301}, kind: vErrno},
+		{name: "setgid group of a process that is not an agent", op: opSetgid, args: []uint64{SandboxGIDBase + 200}, kind: vErrno},
+		{name: "setgid group of the init", op: opSetgid, args: []uint64{SandboxGIDBase + 1}, kind: vErrno},
+		{name: "setgid group of no process", op: opSetgid, args: []uint64{SandboxGIDBase + 999}, kind: vErrno},
+		{name: "setgid below the sandbox groups (no check)", op: opSetgid, args: []uint64{1000}, kind: vContinue},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -48,6 +48,9 @@
 //     caller with SECCOMP_IOCTL_NOTIF_ADDFD). Acting on a copy closes the race in which another thread of the caller
 //     swaps the fd (dup2) between the check and the kernel's use of it. Only real pidfds are accepted: a /proc/<pid>
 //     directory fd given to pidfd_send_signal is refused with EPERM. The PIDFD_SELF_* sentinels are allowed.
+//   - setgid, setregid, setresgid, setfsgid (and their i386 forms) reach the supervisor only when they name a
+//     sandbox group ([SandboxGIDBase] up): CONTINUE when it is the caller's own sandbox's (SandboxGIDBase plus the
+//     pid of the agent in the caller's sandbox, a protected process), else EPERM.
 //   - process_madvise(pidfd) and setns(fd) are judged through /proc/<caller>/fdinfo/<fd> and /proc/<caller>/fd/<fd>
 //     and then continued. setns with a pidfd judges its process; setns with a namespace file is allowed only when some
 //     process of the caller's sandbox is in that namespace (so namespaces the sandbox created pass, a sibling's do

@@ -42,6 +42,9 @@ const (
 	opProcessMadvise
 	opKcmp
 	opSetns
+	opSetgid    // setgid, setfsgid: one gid
+	opSetregid  // two gids
+	opSetresgid // three gids
 )
 
 var opNames = map[op]string{
@@ -49,6 +52,7 @@ var opNames = map[op]string{
 	opRtTgsigqueueinfo: "rt_tgsigqueueinfo", opPidfdOpen: "pidfd_open", opPidfdSendSignal: "pidfd_send_signal",
 	opPidfdGetfd: "pidfd_getfd", opPtrace: "ptrace", opProcessVMReadv: "process_vm_readv",
 	opProcessVMWritev: "process_vm_writev", opProcessMadvise: "process_madvise", opKcmp: "kcmp", opSetns: "setns",
+	opSetgid: "setgid", opSetregid: "setregid", opSetresgid: "setresgid",
 }
 
 func (o op) String() string {
@@ -72,13 +76,28 @@ var syscallsI386 = map[uint32]op{
 	347: opProcessVMReadv, 348: opProcessVMWritev, 440: opProcessMadvise, 349: opKcmp, 346: opSetns,
 }
 
+// gidCallsX8664 and gidCallsI386 are the group-id calls that reach the supervisor only for some arguments (a
+// sandbox group: policy.go's gidCheck). setfsgid takes one gid, as setgid does.
+var gidCallsX8664 = map[uint32]op{106: opSetgid, 123: opSetgid, 114: opSetregid, 119: opSetresgid}
+
+var gidCallsI386 = map[uint32]op{
+	214: opSetgid, 216: opSetgid, 204: opSetregid, 210: opSetresgid, // 32-bit ids
+	46: opSetgid, 139: opSetgid, 71: opSetregid, 170: opSetresgid, // 16-bit ids
+}
+
 // lookupOp returns the operation of a trapped syscall, or 0.
 func lookupOp(arch uint32, nr int32) op {
 	switch arch {
 	case auditArchX8664:
-		return syscallsX8664[uint32(nr)]
+		if o, ok := syscallsX8664[uint32(nr)]; ok {
+			return o
+		}
+		return gidCallsX8664[uint32(nr)]
 	case auditArchI386:
-		return syscallsI386[uint32(nr)]
+		if o, ok := syscallsI386[uint32(nr)]; ok {
+			return o
+		}
+		return gidCallsI386[uint32(nr)]
 	}
 	return 0
 }

@@ -66,3 +66,108 @@ for pid in [int(p) for p in sys.argv[1:]]:
 		}
 	}
 }
+
+// The processes a member starts, with exec or from its interpreter (subprocess), are out of every other member's
+// reach as well: not listed in its /proc, their memory, environment, descriptors, files and executable closed,
+// no ptrace, process_vm or signal, and no member can take another's group (which would give it their
+// credentials). Within a sandbox, everything keeps working: its own processes are listed and open to it.
+func TestFamilyProcessesOutOfEachOthersReach(t *testing.T) {
+	s := testserver.Start(t)
+	parent := s.Create(t, nil)
+	kids := s.Fork(t, parent, 2)
+	members := append([]string{parent}, kids...)
+	type victim struct {
+		pids []string
+		gid  string
+	}
+	victims := map[string]victim{}
+	for i, id := range members {
+		// One process from exec (left running in the background), one from the interpreter.
+		bg := strings.TrimSpace(s.Sh(t, id, fmt.Sprintf("SECRET=env-of-%d sleep %d >/dev/null 2>&1 & echo $!", i, 1000+i)).Stdout)
+		sub := strings.Trim(s.Value(t, id, fmt.Sprintf("import subprocess\np = subprocess.Popen(['sleep', '%d'])\nstr(p.pid)", 2000+i)), "'")
+		gid := strings.TrimSpace(s.Sh(t, id, "id -g").Stdout)
+		victims[id] = victim{pids: []string{bg, sub}, gid: gid}
+		// Its own processes: listed, open, and its /proc shows nothing else of the family.
+		own := s.Sh(t, id, fmt.Sprintf(`ls /proc | grep -qx %s && ls /proc | grep -qx %s && tr '\0' '\n' < /proc/%s/environ | grep -x SECRET=env-of-%d && ps -eo args --no-headers`, bg, sub, bg, i))
+		if own.ExitCode != 0 || !strings.Contains(own.Stdout, fmt.Sprintf("sleep %d", 1000+i)) || !strings.Contains(own.Stdout, fmt.Sprintf("sleep %d", 2000+i)) {
+			t.Fatalf("%s: its own processes are not all listed and open to it: %+v", id, own)
+		}
+		for j := range members {
+			if j != i && (strings.Contains(own.Stdout, fmt.Sprintf("sleep %d", 1000+j)) || strings.Contains(own.Stdout, fmt.Sprintf("sleep %d", 2000+j))) {
+				t.Errorf("%s: ps shows another member's process:\n%s", id, own.Stdout)
+			}
+		}
+		if sub := s.Value(t, id, fmt.Sprintf("open('/proc/%s/cmdline').read()", sub)); !strings.Contains(sub, "sleep") {
+			t.Errorf("%s: the interpreter cannot read its own subprocess's /proc: %s", id, sub)
+		}
+	}
+	for i, a := range members {
+		for _, b := range members[i+1:] {
+			if victims[a].gid == victims[b].gid {
+				t.Fatalf("members %s and %s share group %s", a, b, victims[a].gid)
+			}
+		}
+	}
+	probe := `
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(what, f):
+    try:
+        f()
+        print("REACHED", what)
+    except OSError as e:
+        print("refused", what, e.errno)
+def visible(pid):
+    if str(pid) in os.listdir("/proc"):
+        return
+    raise OSError(2, "not listed")
+groups, pids = sys.argv[1].split(","), [int(p) for p in sys.argv[2:]]
+for g in groups:
+    attempt("setgid %s" % g, lambda: os.setgid(int(g)))
+    attempt("setresgid %s" % g, lambda: os.setresgid(-1, -1, int(g)))
+    attempt("setfsgid %s" % g, lambda: (_ for _ in ()).throw(OSError(1, "setfsgid")) if libc.setfsgid(int(g)) != os.getgid() or libc.setfsgid(-1) != os.getgid() else None)
+for pid in pids:
+    attempt("list %d" % pid, lambda: visible(pid))
+    for name in ("mem", "environ", "auxv", "fd/0", "root/etc/hostname", "cwd/."):
+        attempt("open %d %s" % (pid, name), lambda: os.close(os.open("/proc/%d/%s" % (pid, name), os.O_RDONLY)))
+    attempt("readlink %d exe" % pid, lambda: os.readlink("/proc/%d/exe" % pid))
+    attempt("signal %d" % pid, lambda: os.kill(pid, signal.SIGSTOP))
+    def ptrace(pid=pid):
+        if libc.ptrace(16, pid, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "ptrace")
+    attempt("ptrace %d" % pid, ptrace)
+    def vm_read(pid=pid):
+        buf = ctypes.create_string_buffer(8)
+        local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)
+        remote = (ctypes.c_void_p * 2)(0x400000, 8)
+        if libc.process_vm_readv(pid, local, 1, remote, 1, 0) < 0:
+            raise OSError(ctypes.get_errno(), "process_vm_readv")
+    attempt("process_vm_readv %d" % pid, vm_read)
+`
+	for _, attacker := range members {
+		var groups, targets []string
+		for _, v := range members {
+			if v != attacker {
+				groups = append(groups, victims[v].gid)
+				targets = append(targets, victims[v].pids...)
+			}
+		}
+		s.Sh(t, attacker, "cat > /tmp/probe.py <<'PY'\n"+probe+"PY")
+		args := strings.Join(groups, ",") + " " + strings.Join(targets, " ")
+		fromShell := s.Sh(t, attacker, "python3 /tmp/probe.py "+args)
+		fromRepl := s.Run(t, attacker, fmt.Sprintf("import sys, runpy; sys.argv = ['probe'] + %q.split(); runpy.run_path('/tmp/probe.py')", args))
+		want := 3*len(groups) + 11*len(targets)
+		for name, out := range map[string]string{"shell": fromShell.Stdout + fromShell.Stderr, "interpreter": fromRepl.Stdout + fromRepl.Stderr} {
+			if strings.Contains(out, "REACHED") || strings.Count(out, "refused") != want {
+				t.Errorf("%s's %s reached another member's processes (want %d refusals):\n%s", attacker, name, want, out)
+			}
+		}
+	}
+	// Every victim is untouched and still running.
+	for i, id := range members {
+		v := victims[id]
+		if r := s.Sh(t, id, fmt.Sprintf("grep State /proc/%s/status /proc/%s/status", v.pids[0], v.pids[1])); r.ExitCode != 0 || strings.Contains(r.Stdout, "stopped") || strings.Count(r.Stdout, "State") != 2 {
+			t.Errorf("member %d (%s): its processes after the attempts: %+v", i, id, r)
+		}
+	}
+}

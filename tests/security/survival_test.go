@@ -74,16 +74,24 @@ func TestSandboxSurvivesKillingEverything(t *testing.T) {
 	}
 }
 
-// ramifyPids lists, as sandbox code sees them, the family init (PID 1) and every agent (their command lines say
-// __agent): the processes ramify runs next to sandbox code.
+// ramifyPids returns the pids of ramify's processes next to sandbox id's code, as that code numbers them: the
+// family init (PID 1) and the sandbox's agent (the parent of every command it runs). Sandbox code cannot list
+// them (its /proc shows only its own sandbox's processes), so the agent is found as a command's parent; that it
+// is not listed is checked here too.
 func ramifyPids(t *testing.T, s *testserver.Server, id string) []string {
 	t.Helper()
-	out := s.Sh(t, id, `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q '__agent\|__init' && echo ${p#/proc/}; done; true`).Stdout
-	pids := strings.Fields(out)
-	if len(pids) < 2 {
-		t.Fatalf("expected the init and at least one agent among the sandbox's processes, saw %q", out)
+	out := s.Sh(t, id, `echo $PPID; ls -d /proc/[0-9]* | sed 's,/proc/,,'`).Stdout
+	lines := strings.Fields(out)
+	if len(lines) < 2 {
+		t.Fatalf("no parent pid or process list: %q", out)
 	}
-	return pids
+	agentPid, listed := lines[0], lines[1:]
+	for _, p := range listed {
+		if p == "1" || p == agentPid {
+			t.Errorf("%s: ramify's process %s is listed in the sandbox's /proc: %v", id, p, listed)
+		}
+	}
+	return []string{"1", agentPid}
 }
 
 // Nothing in a sandbox, not even its root, can read or write the memory, descriptors, environment, files or
@@ -92,8 +100,10 @@ func TestRamifyProcessesOutOfReach(t *testing.T) {
 	s := testserver.Start(t)
 	parent := s.Create(t, nil)
 	kids := s.Fork(t, parent, 1)
+	// Each member tries its own agent, the family init and the other member's agent.
+	parentPids, kidPids := ramifyPids(t, s, parent), ramifyPids(t, s, kids[0])
 	for _, id := range []string{parent, kids[0]} {
-		pids := ramifyPids(t, s, id)
+		pids := append(append([]string{}, parentPids...), kidPids[1])
 		probe := fmt.Sprintf(`
 import ctypes, os, signal
 libc = ctypes.CDLL(None, use_errno=True)

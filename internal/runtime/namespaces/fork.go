@@ -173,7 +173,7 @@ func (r *Runtime) forkInterpreter(ctx context.Context, parentID string, kids []*
 	var passed []*os.File // taken (sent and closed) by ForkInterpreter
 	moved := make([]*os.File, len(kids))
 	for i, c := range kids {
-		targets[i] = agent.ForkTarget{AgentPid: c.sb.h.AgentNsPid, Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID), NS: len(passed)}
+		targets[i] = agent.ForkTarget{AgentPid: c.sb.h.AgentNsPid, Gid: agent.SandboxGID(c.sb.h.AgentNsPid), Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID), NS: len(passed)}
 		fs, err := namespaceFiles(c.sb.h.AgentPid)
 		if err == nil {
 			var pr *os.File

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/layer"
 	"github.com/ramify-dev/ramify/internal/network"
 	"github.com/ramify-dev/ramify/internal/runtime"
+	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
 // HostUID and HostGID are the host ids that container root maps to.
@@ -104,6 +106,18 @@ func New(cfg Config) (*Runtime, error) {
 	return &Runtime{cfg: cfg, log: cfg.Logger, families: map[string]*family{}, sandboxes: map[string]*sandbox{}, bin: bin, logs: logs}, nil
 }
 
+// gidRange is how many group ids a family maps: the ordinary 65536 and, above them, one sandbox group per
+// possible agent pid (agent.SandboxGID: seccomp.SandboxGIDBase + the agent's pid in the family's PID namespace).
+func gidRange() int {
+	pidMax := 1 << 22 // PID_MAX_LIMIT on 64-bit
+	if b, err := os.ReadFile("/proc/sys/kernel/pid_max"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
+			pidMax = n
+		}
+	}
+	return seccomp.SandboxGIDBase + pidMax
+}
+
 // cleanup is a rollback stack: functions run in reverse order unless Release is called.
 type cleanup struct{ fns []func() }
 
@@ -134,7 +148,7 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET |
 			syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostUID, Size: idRange}},
-		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostGID, Size: idRange}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostGID, Size: gidRange()}},
 		GidMappingsEnableSetgroups: true,
 		Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
 		Setsid:                     true,
