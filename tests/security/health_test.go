@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -119,5 +120,75 @@ func waitFor(t *testing.T, limit time.Duration, cond func() bool) {
 			t.Fatalf("condition not met within %v", limit)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The family's own machinery lives inside limits of the family's own: its init and the spare agents it keeps
+// are in a cgroup named after the family (with a tasks limit), not in the server's, and that cgroup goes with
+// the family's last sandbox.
+func TestFamilyMachineryInFamilyCgroup(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0") // one family: the sandbox's
+	id := s.Create(t, nil)
+	s.Fork(t, id, 2) // a family that has forked keeps spare agents
+	info, err := s.Client.Get(testserver.Ctx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := s.Inventory()
+	if len(inv.Inits) != 1 {
+		t.Fatalf("family inits: %v", inv.Inits)
+	}
+	pidsCgroup := func(pid int) string {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.SplitN(l, ":", 3); len(f) == 3 && (f[1] == "pids" || f[0] == "0") {
+				return f[2]
+			}
+		}
+		return ""
+	}
+	want := "/ramify/" + s.Owner() + "/" + info.FamilyID
+	procs := []int{inv.Inits[0]}
+	// The init's children that are spares (the others are the sandboxes' agents, in their sandboxes' cgroups).
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, st := range stats {
+		b, _ := os.ReadFile(st)
+		var pid, ppid int
+		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
+			fmt.Sscanf(string(b[i+2:]), "%c %d", new(byte), &ppid)
+			fmt.Sscan(string(b), &pid)
+		}
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if ppid == inv.Inits[0] && strings.Contains(string(cmd), "--spare") {
+			procs = append(procs, pid)
+		}
+	}
+	if len(procs) < 2 {
+		t.Errorf("no spare agent found among the init's children")
+	}
+	for _, pid := range procs {
+		if got := pidsCgroup(pid); got != want {
+			t.Errorf("process %d is in cgroup %q, want %q", pid, got, want)
+		}
+	}
+	limit, err := os.ReadFile("/sys/fs/cgroup/pids" + want + "/pids.max")
+	if err != nil {
+		limit, err = os.ReadFile("/sys/fs/cgroup" + want + "/pids.max")
+	}
+	if err != nil || strings.TrimSpace(string(limit)) == "max" {
+		t.Errorf("family cgroup's tasks limit: %q %v", limit, err)
+	}
+	// The cgroup ends with the family: removed when its last sandbox is deleted.
+	list, err := s.Client.List(testserver.Ctx(t), client.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list {
+		if err := s.Client.Delete(testserver.Ctx(t), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cgs := s.Inventory().Cgroups; slices.Contains(cgs, info.FamilyID) {
+		t.Errorf("family cgroup %s left after its last sandbox: %v", info.FamilyID, cgs)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/cgroups"
 	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
@@ -442,7 +443,8 @@ type family struct {
 	initStart uint64
 	netFD     int // the init's network namespace, where its control socket is
 	members   map[string]bool
-	cmd       *exec.Cmd // nil for a family recovered after a restart
+	cmd       *exec.Cmd       // nil for a family recovered after a restart
+	cgroups   cgroups.Manager // where its init's cgroup (named after the family) is; nil: none to remove
 }
 
 // call sends one request (with optional fds) to the family's init.

@@ -158,17 +158,30 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 	}
 	go cmd.Wait() //nolint:errcheck // reaps the init when it exits
 	pid := cmd.Process.Pid
-	start, err := procStart(pid)
+	// The init, and the spare agents it starts, live in a cgroup of the family's own, not the server's.
+	cg, err := r.cfg.Cgroups.Create(id, familyLimits)
+	if err == nil {
+		err = cg.Add(pid)
+	}
 	if err != nil {
 		cmd.Process.Kill()
+		if cg != nil {
+			cg.Kill(ctx) //nolint:errcheck // best effort: the init is being killed anyway
+			cg.Delete()  //nolint:errcheck
+		}
+		return nil, fmt.Errorf("family cgroup: %w", err)
+	}
+	start, err := procStart(pid)
+	if err != nil {
+		(&family{id: id, initPid: pid, cgroups: r.cfg.Cgroups}).kill()
 		return nil, fmt.Errorf("family init exited at once (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, err)
 	}
 	netFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		cmd.Process.Kill()
+		(&family{id: id, initPid: pid, initStart: start, cgroups: r.cfg.Cgroups}).kill()
 		return nil, err
 	}
-	f := &family{id: id, initPid: pid, initStart: start, netFD: netFD, members: map[string]bool{}, cmd: cmd}
+	f := &family{id: id, initPid: pid, initStart: start, netFD: netFD, members: map[string]bool{}, cmd: cmd, cgroups: r.cfg.Cgroups}
 	// Wait for its control socket.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -183,13 +196,30 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 	return f, nil
 }
 
+// familyLimits bound a family's own cgroup, which holds its init and the spare agents not yet claimed (a claimed
+// agent moves to its sandbox's cgroup): tasks (processes and threads: the init and up to maxSpares spares, a few
+// Go threads each), so that nothing the family's machinery does can fill the host's pid space. Memory and CPU
+// are accounted there but not capped: a spare's start-up memory stays charged to it after its claim (cgroup v1
+// does not move charges), and an out-of-memory kill of the init would end every sandbox of the family.
+var familyLimits = cgroups.Limits{Pids: 1024}
+
+// kill ends the family: its init (and with it every process of its PID namespace) and the family's cgroup.
 func (f *family) kill() {
-	if alive(f.initPid, f.initStart) {
+	if f.initPid > 0 && (f.initStart == 0 || alive(f.initPid, f.initStart)) {
 		syscall.Kill(f.initPid, syscall.SIGKILL)
 	}
 	if f.netFD > 0 {
 		unix.Close(f.netFD)
 		f.netFD = -1
+	}
+	if f.cgroups == nil || f.id == "" {
+		return
+	}
+	if cg, err := f.cgroups.Load(f.id); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cg.Kill(ctx) //nolint:errcheck // what is left goes with the reclaim scan of the next start
+		cg.Delete()  //nolint:errcheck
 	}
 }
 
@@ -449,6 +479,7 @@ func (r *Runtime) forget(h runtime.Handle) (*family, *sandbox) {
 	if f == nil {
 		f = &family{id: h.FamilyID, initPid: h.InitPid, initStart: h.InitStart}
 	}
+	f.cgroups = r.cfg.Cgroups
 	return f, sb
 }
 
@@ -496,7 +527,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		if err != nil {
 			return err
 		}
-		f = &family{id: h.FamilyID, initPid: h.InitPid, initStart: h.InitStart, netFD: nfd, members: map[string]bool{}}
+		f = &family{id: h.FamilyID, initPid: h.InitPid, initStart: h.InitStart, netFD: nfd, members: map[string]bool{}, cgroups: r.cfg.Cgroups}
 		r.families[h.FamilyID] = f
 	}
 	f.members[h.ID] = true

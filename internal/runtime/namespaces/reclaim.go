@@ -38,7 +38,7 @@ func (r *Runtime) Reclaim(ctx context.Context, owned runtime.Owned) (runtime.Rec
 	for _, h := range owned.Running {
 		inits[[2]uint64{uint64(h.InitPid), h.InitStart}] = true
 		agents[[2]uint64{uint64(h.AgentPid), h.AgentStart}] = true
-		cgs[h.CgroupName()], veths[vethOf(h)], layers[h.Layer()] = true, true, true
+		cgs[h.CgroupName()], cgs[h.FamilyID], veths[vethOf(h)], layers[h.Layer()] = true, true, true, true
 	}
 	for _, l := range owned.Layers {
 		layers[l] = true
