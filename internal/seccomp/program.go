@@ -132,14 +132,19 @@ func buildInstructions() ([]bpf.Instruction, error) {
 	if err != nil {
 		return nil, err
 	}
-	x86Tree := searchTree(segments(x86Rules))
+	return dispatch(segments(x86Rules), segments(i386Rules)), nil
+}
+
+// dispatch returns a filter that checks the architecture and searches x86 or i386's segments for the syscall
+// number (x32 syscalls answer ENOSYS, other architectures are killed).
+func dispatch(x86, i386 []segment) []bpf.Instruction {
 	x86Block := []bpf.Instruction{
 		bpf.LoadAbsolute{Off: offNr, Size: 4},
 		bpf.JumpIf{Cond: bpf.JumpGreaterOrEqual, Val: x32SyscallBit, SkipFalse: 1},
 		retENOSYS,
 	}
-	x86Block = append(x86Block, x86Tree...)
-	i386Block := append([]bpf.Instruction{bpf.LoadAbsolute{Off: offNr, Size: 4}}, searchTree(segments(i386Rules))...)
+	x86Block = append(x86Block, searchTree(x86)...)
+	i386Block := append([]bpf.Instruction{bpf.LoadAbsolute{Off: offNr, Size: 4}}, searchTree(i386)...)
 
 	prog := []bpf.Instruction{
 		bpf.LoadAbsolute{Off: offArch, Size: 4},
@@ -152,7 +157,7 @@ func buildInstructions() ([]bpf.Instruction, error) {
 		bpf.RetConstant{Val: unix.SECCOMP_RET_KILL_PROCESS},
 	}
 	prog = append(prog, x86Block...)
-	return append(prog, i386Block...), nil
+	return append(prog, i386Block...)
 }
 
 // Program returns the seccomp filter as a classic-BPF program for the running architecture. Only amd64 (x86_64) is
@@ -165,6 +170,11 @@ func Program() ([]unix.SockFilter, error) {
 	if err != nil {
 		return nil, err
 	}
+	return assemble(ins)
+}
+
+// assemble turns a filter into the kernel's sock_filter array.
+func assemble(ins []bpf.Instruction) ([]unix.SockFilter, error) {
 	raw, err := bpf.Assemble(ins)
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: assemble filter: %w", err)

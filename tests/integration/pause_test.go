@@ -359,3 +359,45 @@ func TestWaitEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// A parent paused while its fork children run on, then resumed, starts a new family; the children's family (its
+// init, its cgroup) is still theirs: both the children and the resumed parent fork again, and deleting one side
+// leaves the other working.
+func TestResumeWhileChildrenRunKeepsFamiliesApart(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0")
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	value(t, s, parent, "x = 'parent state'")
+	kids, err := s.Client.Fork(ctx, parent, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pauseAndWait(t, s, parent)
+	pinfo := resumeAndWait(t, s, parent)
+	kinfo, _ := s.Client.Get(ctx, kids[0])
+	if pinfo == nil || kinfo == nil || pinfo.FamilyID == kinfo.FamilyID {
+		t.Fatalf("resumed parent and running child share a family: %+v %+v", pinfo, kinfo)
+	}
+	grandkids, err := s.Client.Fork(ctx, kids[0], 1)
+	if err != nil {
+		t.Fatalf("fork of the child after its parent's resume: %v", err)
+	}
+	if v := value(t, s, grandkids[0], "x"); v != "'parent state'" {
+		t.Errorf("grandchild: %s", v)
+	}
+	again, err := s.Client.Fork(ctx, parent, 1)
+	if err != nil {
+		t.Fatalf("fork of the resumed parent: %v", err)
+	}
+	if v := value(t, s, again[0], "x"); v != "'parent state'" {
+		t.Errorf("resumed parent's child: %s", v)
+	}
+	for _, id := range append([]string{kids[0]}, grandkids...) {
+		if err := s.Client.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := value(t, s, again[0], "x"); v != "'parent state'" {
+		t.Errorf("after the old family's end: %s", v)
+	}
+}

@@ -69,8 +69,8 @@ func spareAgents(initPid int) []int {
 			continue
 		}
 		pid, _ := strconv.Atoi(strings.Split(f, "/")[2])
-		if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); strings.Contains(string(cg), "/ramify/") {
-			continue // claimed: it is a sandbox's agent now
+		if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); strings.Contains(string(cg), "/sbx_") {
+			continue // claimed: it is a sandbox's agent now (a spare is in its family's cgroup, fam_...)
 		}
 		if ppid, _ := strconv.Atoi(procField(pid, "PPid")); ppid == initPid {
 			out = append(out, pid)

@@ -75,6 +75,10 @@ func InitMain(args []string) error {
 	if err := initRoot(); err != nil {
 		return fmt.Errorf("init: %w", err)
 	}
+	// The machinery's deny-list, on every thread of the init and inherited by every agent it starts.
+	if err := seccomp.InstallMachineryFilter(); err != nil {
+		return fmt.Errorf("init: %w", err)
+	}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + initSocket, Net: "unixpacket"})
 	if err != nil {
 		return fmt.Errorf("init: listen: %w", err)

@@ -354,6 +354,19 @@ func (r *Runtime) dialer(netFD int) func(ctx context.Context) (net.Conn, error) 
 	return func(ctx context.Context) (net.Conn, error) { return dialAbstract(netFD, agent.SocketName) }
 }
 
+// newFamilyID names a new family after the sandbox it starts with: fam_<id>, or, when a family of that name still
+// lives (a resumed sandbox whose fork children run on in its old family, a revived one), fam_<id>_r<time>.
+func (r *Runtime) newFamilyID(sandboxID string) string {
+	id := "fam_" + strings.TrimPrefix(sandboxID, "sbx_")
+	r.mu.Lock()
+	_, taken := r.families[id]
+	r.mu.Unlock()
+	if _, err := r.cfg.Cgroups.Load(id); taken || err == nil {
+		id = fmt.Sprintf("%s_r%d", id, time.Now().UnixNano())
+	}
+	return id
+}
+
 // Create implements runtime.Runtime.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Handle, err error) {
 	var undo cleanup
@@ -380,7 +393,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
 		return runtime.Handle{}, err
 	}
-	f, err := r.startFamily(ctx, "fam_"+spec.ID[len("sbx_"):])
+	f, err := r.startFamily(ctx, r.newFamilyID(spec.ID))
 	if err != nil {
 		return runtime.Handle{}, err
 	}
@@ -682,7 +695,7 @@ func (r *Runtime) Revive(ctx context.Context, h runtime.Handle, spec runtime.Spe
 			undo.run()
 		}
 	}()
-	f, err := r.startFamily(ctx, fmt.Sprintf("fam_%s_r%d", h.ID[len("sbx_"):], time.Now().UnixNano()))
+	f, err := r.startFamily(ctx, r.newFamilyID(h.ID))
 	if err != nil {
 		return runtime.Handle{}, err
 	}
