@@ -125,7 +125,7 @@ func waitFor(t *testing.T, limit time.Duration, cond func() bool) {
 
 // The family's own machinery lives inside limits of the family's own: its init and the spare agents it keeps
 // are in a cgroup named after the family (with a tasks limit), not in the server's, and that cgroup goes with
-// the family's last sandbox.
+// the family's last sandbox. The init and every agent run under a seccomp filter.
 func TestFamilyMachineryInFamilyCgroup(t *testing.T) {
 	s := testserver.Start(t, "--warm-pool", "0") // one family: the sandbox's
 	id := s.Create(t, nil)
@@ -169,6 +169,13 @@ func TestFamilyMachineryInFamilyCgroup(t *testing.T) {
 	for _, pid := range procs {
 		if got := pidsCgroup(pid); got != want {
 			t.Errorf("process %d is in cgroup %q, want %q", pid, got, want)
+		}
+	}
+	// The init, the spares and the sandbox's agent run under a seccomp filter (the machinery's deny-list).
+	for _, pid := range append(procs, testserver.AgentPid(id)) {
+		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if !strings.Contains(string(status), "\nSeccomp:\t2\n") {
+			t.Errorf("process %d is not filtered:\n%s", pid, status)
 		}
 	}
 	limit, err := os.ReadFile("/sys/fs/cgroup/pids" + want + "/pids.max")
