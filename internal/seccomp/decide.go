@@ -210,6 +210,10 @@ func (s *Supervisor) decideOp(r request, callerKey string) verdict {
 		return s.decideGids(r.caller, callerKey, a[:2])
 	case opSetresgid:
 		return s.decideGids(r.caller, callerKey, a[:3])
+	case opSchedPid:
+		return s.judgeSchedTarget(r.caller, callerKey, int32(a[0]), unix.EINVAL)
+	case opWhichWho:
+		return s.judgeSchedTarget(r.caller, callerKey, int32(a[1]), unix.ESRCH)
 	}
 	return deny(unix.EPERM, "unknown syscall "+r.op.String())
 }
@@ -234,6 +238,19 @@ func (s *Supervisor) decideGids(caller int, callerKey string, gids []uint64) ver
 		}
 	}
 	return allow("own sandbox's group")
+}
+
+// judgeSchedTarget judges a scheduling call aimed at pid (the filter sends only pid != 0): a negative pid gets
+// what the kernel answers (negErrno: EINVAL for sched_*, ESRCH for setpriority and ioprio_set); otherwise the
+// target must be in the caller's sandbox.
+func (s *Supervisor) judgeSchedTarget(caller int, callerKey string, pid int32, negErrno unix.Errno) verdict {
+	if pid < 0 {
+		return deny(negErrno, "scheduling call: pid < 0")
+	}
+	if pid == 0 {
+		return allow("the caller itself")
+	}
+	return s.judgePid(caller, callerKey, int(pid))
 }
 
 // judgePid allows a call of caller (a tid) whose target is pid when pid is in the sandbox callerKey and is not

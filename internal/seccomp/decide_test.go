@@ -238,6 +238,12 @@ func TestDecideGuard(t *testing.T) {
 		{name: "the agent's own calls are trusted", caller: 201, op: opKill, args: []uint64{300, 9}, kind: vContinue},
 		{name: "setns into a namespace the agent registered", op: opSetns, args: []uint64{13, 0}, kind: vContinue},
 		// Sandbox groups: SandboxGIDBase + the pid of the sandbox's agent (201 in A, 301 in B).
+		{name: "sched_setaffinity own process", op: opSchedPid, args: []uint64{200}, kind: vContinue},
+		{name: "sched_setaffinity sibling", op: opSchedPid, args: []uint64{300}, kind: vErrno},
+		{name: "sched_setattr agent", op: opSchedPid, args: []uint64{201}, kind: vErrno},
+		{name: "setpriority own process", op: opWhichWho, args: []uint64{0, 200, 19}, kind: vContinue},
+		{name: "setpriority sibling", op: opWhichWho, args: []uint64{0, 301, 19}, kind: vErrno},
+		{name: "ioprio_set sibling", op: opWhichWho, args: []uint64{1, 300, 0}, kind: vErrno},
 		{name: "setgid own sandbox's group", op: opSetgid, args: []uint64{SandboxGIDBase + 201}, kind: vContinue},
 		{name: "setresgid own group, all three", op: opSetresgid, args: []uint64{SandboxGIDBase + 201, SandboxGIDBase + 201, SandboxGIDBase + 201}, kind: vContinue},
 		{name: "setregid -1 and own group", op: opSetregid, args: []uint64{0xffffffff, SandboxGIDBase + 201}, kind: vContinue},

@@ -48,6 +48,9 @@
 //     caller with SECCOMP_IOCTL_NOTIF_ADDFD). Acting on a copy closes the race in which another thread of the caller
 //     swaps the fd (dup2) between the check and the kernel's use of it. Only real pidfds are accepted: a /proc/<pid>
 //     directory fd given to pidfd_send_signal is refused with EPERM. The PIDFD_SELF_* sentinels are allowed.
+//   - sched_setaffinity, sched_setparam, sched_setscheduler, sched_setattr (pid in args[0]), setpriority and
+//     ioprio_set (which = a process, pid in args[1]) reach the supervisor only when aimed at another process:
+//     CONTINUE when it is in the caller's sandbox (the kernel checks the uid only, which fork siblings share).
 //   - setgid, setregid, setresgid, setfsgid (and their i386 forms) reach the supervisor only when they name a
 //     sandbox group ([SandboxGIDBase] up): CONTINUE when it is the caller's own sandbox's (SandboxGIDBase plus the
 //     pid of the agent in the caller's sandbox, a protected process), else EPERM.

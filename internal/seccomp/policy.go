@@ -18,8 +18,8 @@ import (
 //   - the process-targeting syscalls of [syscallsX8664] go to the supervisor (SECCOMP_RET_USER_NOTIF), as before;
 //   - clone3 fails with ENOSYS: its flags live in memory the filter cannot read, and glibc (and Go) fall back to
 //     clone, whose flags the filter checks (Docker does the same);
-//   - clone, unshare, socket, socketcall, personality and prlimit64 are allowed for some arguments only
-//     ([argRules]); every argument checked is an int (or a flags word the kernel truncates to 32 bits), so the
+//   - clone, unshare, socket, socketcall, personality and prlimit64 are allowed for some arguments only, and the
+//     group-id and scheduling calls go to the supervisor for some ([argRules]); every argument checked is an int (or a flags word the kernel truncates to 32 bits), so the
 //     filter compares the low 32 bits, which is what the kernel uses (a high word cannot hide a value); the one
 //     pointer checked, prlimit64's new_limit, is compared whole.
 // The profile is the same for exec'd commands and the interpreter. The interpreter holds CAP_SYS_ADMIN (for a
@@ -75,10 +75,9 @@ var allowGroups = []group{
 		"getuid32", "geteuid32", "getgid32", "getegid32", "getresuid32", "getresgid32", "getgroups32",
 		"setuid", "setreuid", "setresuid", "setfsuid", "setgroups",
 		"setuid32", "setreuid32", "setresuid32", "setfsuid32", "setgroups32",
-		"getpriority", "setpriority", "sched_yield", "sched_getaffinity", "sched_setaffinity", "sched_getparam",
-		"sched_setparam", "sched_getscheduler", "sched_setscheduler", "sched_get_priority_max",
-		"sched_get_priority_min", "sched_rr_get_interval", "sched_rr_get_interval_time64", "sched_getattr",
-		"sched_setattr", "ioprio_get", "ioprio_set",
+		"getpriority", "sched_yield", "sched_getaffinity", "sched_getparam", "sched_getscheduler",
+		"sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval", "sched_rr_get_interval_time64",
+		"sched_getattr", "ioprio_get",
 		"getrlimit", "setrlimit", "ugetrlimit", "getrusage", "times", "sysinfo", "uname", "getcpu",
 		"process_mrelease", "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self",
 		"lsm_get_self_attr", "lsm_list_modules",
@@ -224,6 +223,13 @@ var argRules = map[string]struct {
 	"setregid32":  {sandboxGroupWhy, gidCheck(2)},
 	"setresgid":   {sandboxGroupWhy, gidCheck(3)},
 	"setresgid32": {sandboxGroupWhy, gidCheck(3)},
+	// Scheduling of another process: the kernel checks the uid only, which fork siblings share.
+	"sched_setaffinity":  {schedWhy, pidCheck(0)},
+	"sched_setparam":     {schedWhy, pidCheck(0)},
+	"sched_setscheduler": {schedWhy, pidCheck(0)},
+	"sched_setattr":      {schedWhy, pidCheck(0)},
+	"setpriority":        {prioWhy, whichWhoCheck(0)}, // PRIO_PROCESS
+	"ioprio_set":         {prioWhy, whichWhoCheck(1)}, // IOPRIO_WHO_PROCESS
 	"prlimit64": {"reading any process's limits and setting one's own (pid 0: setrlimit, ulimit); setting " +
 		"another process's limits is refused, since fork siblings share a uid and could starve each other",
 		func() []bpf.Instruction {
@@ -247,6 +253,38 @@ var argRules = map[string]struct {
 // as long as no sibling can take another's group, which this package's filter and supervisor see to. The ids
 // are above the 16-bit range, so i386's old 16-bit calls cannot name one.
 const SandboxGIDBase = 1 << 16
+
+const schedWhy = "the caller's own scheduling (pid 0) freely; another process's (the kernel checks only the " +
+	"uid, which fork siblings share) goes to the supervisor, which allows a target in the caller's own sandbox"
+
+const prioWhy = "the priority of the caller (who 0) freely; of another process through the supervisor, as for " +
+	"sched_setaffinity; of a process group or every process of a user (which would reach fork siblings) refused"
+
+// pidCheck returns the check of a call whose argument i is a pid: ALLOW for 0 (the caller), else USER_NOTIF.
+func pidCheck(i int) func() []bpf.Instruction {
+	return func() []bpf.Instruction {
+		return []bpf.Instruction{
+			ldArg(i),
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipFalse: 1},
+			retAllow, retNotify,
+		}
+	}
+}
+
+// whichWhoCheck returns the check of setpriority(which, who, ...) and ioprio_set: which == process (the value
+// given) with who 0 is the caller: ALLOW; with another who: USER_NOTIF; any other which (a process group, a
+// user): EPERM.
+func whichWhoCheck(process uint32) func() []bpf.Instruction {
+	return func() []bpf.Instruction {
+		return []bpf.Instruction{
+			ldArg(0),
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: process, SkipFalse: 4},
+			ldArg(1),
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipFalse: 1},
+			retAllow, retNotify, retEPERM,
+		}
+	}
+}
 
 const sandboxGroupWhy = "changing group ids within the user namespace; a sandbox group (from SandboxGIDBase " +
 	"up) is judged by the supervisor: a process may take its own sandbox's group only, since the kernel lets a " +

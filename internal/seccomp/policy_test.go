@@ -188,6 +188,21 @@ func TestPolicyArguments(t *testing.T) {
 		{"clone", []uint64{unix.CLONE_NEWIPC}, retE},
 		{"clone", []uint64{unix.CLONE_NEWCGROUP}, retE},
 		{"clone", []uint64{hi | unix.CLONE_NEWUSER}, retE},
+		{"sched_setaffinity", []uint64{0, 8, 0}, retA},
+		{"sched_setaffinity", []uint64{1234, 8, 0}, retN},
+		{"sched_setscheduler", []uint64{hi | 0, 0, 0}, retA},
+		{"sched_setscheduler", []uint64{77, 0, 0}, retN},
+		{"sched_setparam", []uint64{77, 0}, retN},
+		{"sched_setattr", []uint64{0, 0, 0}, retA},
+		{"sched_setattr", []uint64{0xffffffff, 0, 0}, retN},
+		{"setpriority", []uint64{0, 0, 10}, retA},    // PRIO_PROCESS, the caller
+		{"setpriority", []uint64{0, 1234, 10}, retN}, // another process
+		{"setpriority", []uint64{1, 0, 10}, retE},    // PRIO_PGRP
+		{"setpriority", []uint64{2, 0, 10}, retE},    // PRIO_USER: every process of the uid
+		{"ioprio_set", []uint64{1, 0, 0}, retA},      // IOPRIO_WHO_PROCESS, the caller
+		{"ioprio_set", []uint64{1, 99, 0}, retN},
+		{"ioprio_set", []uint64{2, 0, 0}, retE}, // IOPRIO_WHO_PGRP
+		{"ioprio_set", []uint64{3, 0, 0}, retE}, // IOPRIO_WHO_USER
 		{"setgid", []uint64{0}, retA},
 		{"setgid", []uint64{1000}, retA},
 		{"setgid", []uint64{SandboxGIDBase - 1}, retA},

@@ -45,6 +45,8 @@ const (
 	opSetgid    // setgid, setfsgid: one gid
 	opSetregid  // two gids
 	opSetresgid // three gids
+	opSchedPid  // sched_setaffinity, sched_setparam, sched_setscheduler, sched_setattr: pid in args[0]
+	opWhichWho  // setpriority, ioprio_set with "which" a process: pid in args[1]
 )
 
 var opNames = map[op]string{
@@ -52,7 +54,8 @@ var opNames = map[op]string{
 	opRtTgsigqueueinfo: "rt_tgsigqueueinfo", opPidfdOpen: "pidfd_open", opPidfdSendSignal: "pidfd_send_signal",
 	opPidfdGetfd: "pidfd_getfd", opPtrace: "ptrace", opProcessVMReadv: "process_vm_readv",
 	opProcessVMWritev: "process_vm_writev", opProcessMadvise: "process_madvise", opKcmp: "kcmp", opSetns: "setns",
-	opSetgid: "setgid", opSetregid: "setregid", opSetresgid: "setresgid",
+	opSetgid: "setgid", opSetregid: "setregid", opSetresgid: "setresgid", opSchedPid: "sched_set*",
+	opWhichWho: "setpriority/ioprio_set",
 }
 
 func (o op) String() string {
@@ -76,13 +79,16 @@ var syscallsI386 = map[uint32]op{
 	347: opProcessVMReadv, 348: opProcessVMWritev, 440: opProcessMadvise, 349: opKcmp, 346: opSetns,
 }
 
-// gidCallsX8664 and gidCallsI386 are the group-id calls that reach the supervisor only for some arguments (a
-// sandbox group: policy.go's gidCheck). setfsgid takes one gid, as setgid does.
-var gidCallsX8664 = map[uint32]op{106: opSetgid, 123: opSetgid, 114: opSetregid, 119: opSetresgid}
+// argCallsX8664 and argCallsI386 are the calls that reach the supervisor only for some arguments (policy.go's
+// argRules): group-id changes naming a sandbox group (setfsgid takes one gid, as setgid does), and scheduling
+// calls aimed at another process.
+var argCallsX8664 = map[uint32]op{106: opSetgid, 123: opSetgid, 114: opSetregid, 119: opSetresgid,
+	203: opSchedPid, 142: opSchedPid, 144: opSchedPid, 314: opSchedPid, 141: opWhichWho, 251: opWhichWho}
 
-var gidCallsI386 = map[uint32]op{
+var argCallsI386 = map[uint32]op{
 	214: opSetgid, 216: opSetgid, 204: opSetregid, 210: opSetresgid, // 32-bit ids
 	46: opSetgid, 139: opSetgid, 71: opSetregid, 170: opSetresgid, // 16-bit ids
+	241: opSchedPid, 154: opSchedPid, 156: opSchedPid, 351: opSchedPid, 97: opWhichWho, 289: opWhichWho,
 }
 
 // lookupOp returns the operation of a trapped syscall, or 0.
@@ -92,12 +98,12 @@ func lookupOp(arch uint32, nr int32) op {
 		if o, ok := syscallsX8664[uint32(nr)]; ok {
 			return o
 		}
-		return gidCallsX8664[uint32(nr)]
+		return argCallsX8664[uint32(nr)]
 	case auditArchI386:
 		if o, ok := syscallsI386[uint32(nr)]; ok {
 			return o
 		}
-		return gidCallsI386[uint32(nr)]
+		return argCallsI386[uint32(nr)]
 	}
 	return 0
 }

@@ -100,6 +100,10 @@ func TestFamilyProcessesOutOfEachOthersReach(t *testing.T) {
 		if sub := s.Value(t, id, fmt.Sprintf("open('/proc/%s/cmdline').read()", sub)); !strings.Contains(sub, "sleep") {
 			t.Errorf("%s: the interpreter cannot read its own subprocess's /proc: %s", id, sub)
 		}
+		// Scheduling of its own processes (and of itself) works.
+		if r := s.Sh(t, id, fmt.Sprintf("renice -n 5 -p %s $$ && taskset -p 1 %s && nice -n 3 true", bg, bg)); r.ExitCode != 0 {
+			t.Errorf("%s: scheduling its own processes: %+v", id, r)
+		}
 	}
 	for i, a := range members {
 		for _, b := range members[i+1:] {
@@ -132,6 +136,8 @@ for pid in pids:
         attempt("open %d %s" % (pid, name), lambda: os.close(os.open("/proc/%d/%s" % (pid, name), os.O_RDONLY)))
     attempt("readlink %d exe" % pid, lambda: os.readlink("/proc/%d/exe" % pid))
     attempt("signal %d" % pid, lambda: os.kill(pid, signal.SIGSTOP))
+    attempt("setpriority %d" % pid, lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))
+    attempt("sched_setaffinity %d" % pid, lambda: os.sched_setaffinity(pid, {0}))
     def ptrace(pid=pid):
         if libc.ptrace(16, pid, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "ptrace")
@@ -144,6 +150,10 @@ for pid in pids:
             raise OSError(ctypes.get_errno(), "process_vm_readv")
     attempt("process_vm_readv %d" % pid, vm_read)
 `
+	// Priorities of a process group or of every process of the uid would reach the siblings: refused.
+	if r := s.Sh(t, parent, "renice -n 5 -u root; echo user:$?; renice -n 5 -g $$; echo group:$?"); !strings.Contains(r.Stdout, "user:1") || !strings.Contains(r.Stdout, "group:1") {
+		t.Errorf("renice of a user or a process group: %+v", r)
+	}
 	for _, attacker := range members {
 		var groups, targets []string
 		for _, v := range members {
@@ -156,7 +166,7 @@ for pid in pids:
 		args := strings.Join(groups, ",") + " " + strings.Join(targets, " ")
 		fromShell := s.Sh(t, attacker, "python3 /tmp/probe.py "+args)
 		fromRepl := s.Run(t, attacker, fmt.Sprintf("import sys, runpy; sys.argv = ['probe'] + %q.split(); runpy.run_path('/tmp/probe.py')", args))
-		want := 3*len(groups) + 11*len(targets)
+		want := 3*len(groups) + 13*len(targets)
 		for name, out := range map[string]string{"shell": fromShell.Stdout + fromShell.Stderr, "interpreter": fromRepl.Stdout + fromRepl.Stderr} {
 			if strings.Contains(out, "REACHED") || strings.Count(out, "refused") != want {
 				t.Errorf("%s's %s reached another member's processes (want %d refusals):\n%s", attacker, name, want, out)
