@@ -180,6 +180,11 @@ const maxLine = 16 << 10
 // runLogged runs a command with stdout and stderr merged into rep (progress, debug log, tail for errors). It
 // kills the command when ctx ends or when no output line arrived for stall.
 func runLogged(ctx context.Context, rep *reporter, stall time.Duration, name string, args ...string) error {
+	return runLoggedWith(ctx, rep, stall, nil, name, args...)
+}
+
+// runLoggedWith is runLogged with prep adjusting the command before it starts (nil: nothing to adjust).
+func runLoggedWith(ctx context.Context, rep *reporter, stall time.Duration, prep func(*exec.Cmd), name string, args ...string) error {
 	base := filepath.Base(name)
 	rep.resetTail(base)
 	rep.log.Debug("image: running", "cmd", name, "args", args)
@@ -195,6 +200,9 @@ func runLogged(ctx context.Context, rep *reporter, stall time.Duration, name str
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGTERM) }
 	cmd.WaitDelay = killGrace
+	if prep != nil {
+		prep(cmd)
+	}
 	if err := cmd.Start(); err != nil {
 		pr.Close()
 		pw.Close()

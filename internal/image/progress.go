@@ -39,6 +39,8 @@ var (
 	dbExtractRE   = regexp.MustCompile(`^I: Extracting (\S+)\.\.\.$`)
 	dbUnpackRE    = regexp.MustCompile(`^I: Unpacking (\S+)\.\.\.$`)
 	dbConfigureRE = regexp.MustCompile(`^I: Configuring (\S+)\.\.\.$`)
+	pipCollectRE  = regexp.MustCompile(`^Collecting (\S+)`)
+	pipDoneRE     = regexp.MustCompile(`^Successfully installed (.+)$`)
 )
 
 // phases maps informational lines of mmdebstrap and debootstrap to what we show (an empty value hides the line).
@@ -142,6 +144,13 @@ func (p *parser) parse(line string) (event, bool) {
 	}
 	if m := dbConfigureRE.FindStringSubmatch(line); m != nil {
 		return p.step("setup", "configuring "+pkgBase(m[1]))
+	}
+	// pip
+	if m := pipCollectRE.FindStringSubmatch(line); m != nil {
+		return event{msg: "pip: collecting " + m[1]}, true
+	}
+	if m := pipDoneRE.FindStringSubmatch(line); m != nil {
+		return event{msg: "pip: installed " + m[1]}, true
 	}
 	return event{}, false
 }

@@ -1,0 +1,112 @@
+package image
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+func TestNamedOptionsNormalize(t *testing.T) {
+	ok := NamedOptions{Dir: "/x", Name: "ml-1.0", Apt: []string{"tree", " jq", "tree"}, Pip: []string{"attrs==23.1.0", "requests[socks]>=2,<3"},
+		PipIndex: "http://127.0.0.1:1/simple/"}
+	n, err := ok.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(n.Apt, ",") != "jq,tree" || len(n.Pip) != 2 {
+		t.Errorf("normalized: %+v", n)
+	}
+	for _, bad := range []NamedOptions{
+		{Name: "Bad"}, {Name: ""}, {Name: "default", Apt: []string{"tree"}}, {Name: "../x", Apt: []string{"tree"}},
+		{Name: "a", Apt: []string{"tree;rm"}},
+		{Name: "a"},
+		{Name: "a", Pip: []string{"x"}},
+		{Name: "a", Pip: []string{"x"}, PipIndex: "ftp://h/"},
+		{Name: "a", Pip: []string{"--index-url=http://evil/ x"}, PipIndex: "http://h/"},
+		{Name: "a", Pip: []string{"git+https://h/x"}, PipIndex: "http://h/"},
+		{Name: "a", Apt: []string{"tree"}, PipIndex: "http://h/"},
+	} {
+		if _, err := bad.Normalize(); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%+v: %v, want invalid", bad, err)
+		}
+	}
+}
+
+// TestBuildNamedReal builds a named image with one Debian package and one pip requirement from a local index on
+// top of the shared default image (in a fresh images directory: the shared one is not touched), and checks the
+// layer, the manifest, what the default image looks like afterwards, and removal.
+func TestBuildNamedReal(t *testing.T) {
+	needRoot(t)
+	dir := testserver.ImageDir(t)
+	index := testserver.ServePyIndex(t, testserver.PyPackage{Name: "ramify-hello", Version: "1.2.3", Module: "ramify_hello",
+		Source: "def hello():\n    return 'hello from a wheel'\n"})
+	base, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(base.Rootfs, "usr/bin/tree")); err == nil {
+		t.Fatal("the default image already has tree: pick another package")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var progress strings.Builder
+	img, err := BuildNamed(ctx, NamedOptions{Dir: dir, Name: "hello", Apt: []string{"tree"}, Pip: []string{"ramify-hello==1.2.3"},
+		PipIndex: index, Progress: &progress})
+	t.Logf("progress:\n%s", progress.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"installing tree with apt-get", "pip: installed ramify-hello-1.2.3", "hello done"} {
+		if !strings.Contains(progress.String(), want) {
+			t.Errorf("progress lacks %q", want)
+		}
+	}
+	if img.BaseID != base.ID || img.SizeBytes <= 0 {
+		t.Errorf("manifest: %+v", img)
+	}
+	lowers, err := Lowers(dir, "hello")
+	if err != nil || len(lowers) != 2 || lowers[1] != base.Rootfs {
+		t.Fatalf("Lowers: %v, %v", lowers, err)
+	}
+	tree := filepath.Join(lowers[0], "usr/bin/tree")
+	if uid, gid, _ := owner(t, tree); uid != DefaultHostID || gid != DefaultHostID {
+		t.Errorf("tree owned by %d:%d, want the sandboxes' root", uid, gid)
+	}
+	mods, _ := filepath.Glob(filepath.Join(lowers[0], "usr/local/lib/python3*/dist-packages/ramify_hello.py"))
+	if len(mods) != 1 {
+		t.Errorf("the pip module is not in the layer: %v", mods)
+	}
+	if _, err := os.Lstat(filepath.Join(base.Rootfs, "usr/bin/tree")); err == nil {
+		t.Error("the build changed the default image")
+	}
+	if debs, _ := filepath.Glob(filepath.Join(lowers[0], "var/cache/apt/archives/*.deb")); len(debs) > 0 {
+		t.Errorf("downloaded packages left in the layer: %v", debs)
+	}
+	// The layered tree works: python3 of the default image imports the module from the layer.
+	out, err := exec.CommandContext(ctx, "unshare", "--mount", "sh", "-c",
+		"mount -t overlay overlay -o lowerdir="+lowers[0]+":"+lowers[1]+" /mnt && chroot /mnt python3 -c 'import ramify_hello; print(ramify_hello.hello())' && chroot /mnt tree -L 1 /").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "hello from a wheel") {
+		t.Errorf("the image does not work: %v\n%s", err, out)
+	}
+	list, err := ListNamed(dir)
+	if err != nil || len(list) != 1 || list[0].Name != "hello" {
+		t.Errorf("ListNamed: %+v, %v", list, err)
+	}
+	if err := RemoveNamed(ctx, dir, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Lowers(dir, "hello"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("after remove: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, namedDir)); len(ents) != 0 {
+		t.Errorf("left behind: %v", ents)
+	}
+}
