@@ -266,6 +266,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	}
 	defer st.Close()
 	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, ImageRootfs: img.Rootfs, Layers: layers,
+		Images: func(name string) ([]string, error) { return image.Lowers(f.imageDir, name) },
 		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle, Owner: owner})
 	if err != nil {
 		return err
@@ -292,7 +293,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	svc, err := sandbox.New(ctx, sandbox.Config{IngressHost: ingressHost, Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
+	svc, err := sandbox.New(ctx, sandbox.Config{ImageDir: f.imageDir, IngressHost: ingressHost, Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
 		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool, TemplatePool: f.templatePool,
 		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit, Events: hub})
 	if err != nil {

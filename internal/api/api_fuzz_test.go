@@ -59,7 +59,7 @@ func (r *fuzzRuntime) Swap(context.Context, runtime.Handle, runtime.Handle) (run
 func (r *fuzzRuntime) UpperDir(runtime.Handle) string               { return r.upper }
 func (r *fuzzRuntime) Freeze(context.Context, runtime.Handle) error { return errReached }
 func (r *fuzzRuntime) Thaw(context.Context, runtime.Handle) error   { return nil }
-func (r *fuzzRuntime) LowerDir() string                             { return r.lower }
+func (r *fuzzRuntime) LowerDirs(runtime.Handle) ([]string, error)   { return []string{r.lower}, nil }
 
 type noIPs struct{}
 

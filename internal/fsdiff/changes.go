@@ -140,7 +140,7 @@ func (s *changeScan) touch(rel string, dir bool) error {
 			names[e.Name()] = true
 		}
 		if isOpaque(hp) {
-			lowerTree(l.Lower, rel, s.cands)
+			lowerTree(l, rel, s.cands)
 		}
 	}
 	for n := range names {
@@ -173,7 +173,7 @@ func (s *changeScan) entry(rel string) error {
 		switch {
 		case x == nil:
 		case !isDir(x):
-			lowerTree(l.Lower, rel, s.cands) // an image directory deleted or replaced here hides its files
+			lowerTree(l, rel, s.cands) // an image directory deleted or replaced here hides its files
 		case o == nil || !isDir(o) || o.Ino != x.Ino:
 			fd, err := unix.Open(filepath.Join(l.Upper, rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err != nil {
@@ -216,5 +216,5 @@ func (v lazyView) resolve(rel string) (*entry, error) {
 			break
 		}
 	}
-	return lowerEntry(v.l.Lower, rel)
+	return lowerEntry(v.l, rel)
 }

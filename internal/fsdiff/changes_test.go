@@ -308,7 +308,7 @@ func TestCompareChangesNeedsSharedHistory(t *testing.T) {
 		t.Fatalf("unrelated layers: ok %v, %v", ok, err)
 	}
 	f := newFixture(t)
-	if _, ok, err := compareChanges(Layers{f.a, f.lower}, Layers{f.b, f.lower}, []string{"/"}); ok || err != nil {
+	if _, ok, err := compareChanges(Layers{Upper: f.a, Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower}, []string{"/"}); ok || err != nil {
 		t.Fatalf("plain directories: ok %v, %v", ok, err)
 	}
 	res, err := Compare(ls[0], ls[1], []string{"/root"})

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -42,12 +43,21 @@ var maxEntries = MaxEntries
 // Layers are one sandbox's layers on the host.
 type Layers struct {
 	Upper string // the overlay upper directory
-	Lower string // the image
+	Lower string // the image (the default image, under a named image's own layers)
+	// Over are a named image's own layers above Lower, top first (overlay lower dirs, whiteouts and opaque
+	// directories included); empty for the default image.
+	Over []string
 }
+
+// lowers are the image's layers, top first.
+func (l Layers) lowers() []string { return append(append([]string(nil), l.Over...), l.Lower) }
 
 // Compare returns the differences of b relative to a under paths (absolute, inside the sandboxes). Only
 // non-directory entries (regular files, symlinks, others) are reported.
 func Compare(a, b Layers, paths []string) (Result, error) {
+	if !slices.Equal(a.lowers(), b.lowers()) {
+		return compareWalk(a, b, paths) // different images: their files are candidates too
+	}
 	if res, ok, err := compareChanges(a, b, paths); ok || err != nil {
 		return res, err
 	}
@@ -83,6 +93,14 @@ func compareWalk(a, b Layers, paths []string) (Result, error) {
 	cands := candA
 	for n := range candB {
 		cands[n] = true
+	}
+	if !slices.Equal(a.lowers(), b.lowers()) {
+		// Sandboxes on different images: whatever either image holds may differ (the layers' whole trees
+		// under paths; files both images share by path compare equal at once).
+		for _, p := range paths {
+			lowerTree(a, p, cands)
+			lowerTree(b, p, cands)
+		}
 	}
 	// Without a common history nothing says whether two files with one inode number are one snapshot-shared
 	// inode (btrfs numbers inodes per subvolume, so numbers collide): compare contents.
@@ -206,7 +224,7 @@ func (v *view) collect(p string, cands map[string]bool) error {
 		if st, _ := lstat(root); st != nil {
 			v.files[p] = *st
 			cands[p] = true
-			lowerTree(v.l.Lower, p, cands) // an image directory p replaced or deleted: its files are hidden
+			lowerTree(v.l, p, cands) // an image directory p replaced or deleted: its files are hidden
 		}
 	default:
 		return fmt.Errorf("open %s: %w", root, err)
@@ -216,7 +234,7 @@ func (v *view) collect(p string, cands map[string]bool) error {
 		hp := filepath.Join(v.l.Upper, dir)
 		if st, _ := lstat(hp); st != nil && (!isDir(st) || isOpaque(hp)) {
 			v.hidden[p] = true
-			lowerTree(v.l.Lower, p, cands)
+			lowerTree(v.l, p, cands)
 			break
 		}
 		if dir == "/" {
@@ -235,7 +253,7 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 	v.dirs[rel] = op
 	cands[rel] = true // a directory hides an image file of the same name
 	if op {
-		lowerTree(v.l.Lower, rel, cands)
+		lowerTree(v.l, rel, cands)
 	}
 	ents, err := f.ReadDir(-1)
 	if err != nil {
@@ -261,10 +279,10 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 		v.files[child] = st
 		cands[child] = true
 		if lowerDirs == nil {
-			lowerDirs = subdirs(filepath.Join(v.l.Lower, rel))
+			lowerDirs = lowerSubdirs(v.l, rel)
 		}
 		if lowerDirs[e.Name()] {
-			lowerTree(v.l.Lower, child, cands) // a deleted or replaced image directory hides its whole subtree
+			lowerTree(v.l, child, cands) // a deleted or replaced image directory hides its whole subtree
 		}
 	}
 	return nil
@@ -292,8 +310,26 @@ func subdirs(dir string) map[string]bool {
 	return set
 }
 
-// lowerTree adds every non-directory of the image at or below rel to cands.
-func lowerTree(lower, rel string, cands map[string]bool) {
+// lowerSubdirs are the directories of the image's layers at rel (a superset of what the image shows).
+func lowerSubdirs(l Layers, rel string) map[string]bool {
+	set := map[string]bool{}
+	for _, lower := range l.lowers() {
+		for d := range subdirs(filepath.Join(lower, rel)) {
+			set[d] = true
+		}
+	}
+	return set
+}
+
+// lowerTree adds every non-directory of the image's layers at or below rel to cands (a superset of what the
+// image shows there: candidates are resolved one by one).
+func lowerTree(l Layers, rel string, cands map[string]bool) {
+	for _, lower := range l.lowers() {
+		lowerTree1(lower, rel, cands)
+	}
+}
+
+func lowerTree1(lower, rel string, cands map[string]bool) {
 	root := filepath.Join(lower, rel)
 	filepath.WalkDir(root, func(hp string, d fs.DirEntry, err error) error { //nolint:errcheck // best effort: missing is fine
 		if err != nil {
@@ -333,17 +369,43 @@ func (v *view) resolve(rel string) (*entry, error) {
 			break
 		}
 	}
-	return lowerEntry(v.l.Lower, rel)
+	return lowerEntry(v.l, rel)
 }
 
 // lowerEntry is the image's non-directory at rel, if any.
-func lowerEntry(lower, rel string) (*entry, error) {
-	hp := filepath.Join(lower, rel)
-	st, err := lstat(hp)
-	if err != nil || st == nil || isDir(st) {
-		return nil, err
+func lowerEntry(l Layers, rel string) (*entry, error) {
+	lowers := l.lowers()
+	for i, lower := range lowers {
+		hp := filepath.Join(lower, rel)
+		st, err := lstat(hp)
+		if err != nil {
+			return nil, err
+		}
+		if st != nil {
+			if isDir(st) || isWhiteout(st) {
+				return nil, nil
+			}
+			return &entry{host: hp, st: *st}, nil
+		}
+		if i < len(lowers)-1 && hidesBelow(lower, rel) {
+			return nil, nil
+		}
 	}
-	return &entry{host: hp, st: *st}, nil
+	return nil, nil
+}
+
+// hidesBelow reports whether an image layer hides the layers below it at rel: an ancestor of rel is deleted
+// (a whiteout), not a directory, or an opaque directory there.
+func hidesBelow(lower, rel string) bool {
+	for dir := path.Dir(rel); ; dir = path.Dir(dir) {
+		hd := filepath.Join(lower, dir)
+		if st, _ := lstat(hd); st != nil && (!isDir(st) || isOpaque(hd)) {
+			return true
+		}
+		if dir == "/" {
+			return false
+		}
+	}
 }
 
 func isDir(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFDIR }

@@ -142,8 +142,8 @@ func BenchmarkCompareUnchanged(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	la := Layers{filepath.Join(d.Path("c1"), "upper"), lower}
-	lb := Layers{filepath.Join(d.Path("c2"), "upper"), lower}
+	la := Layers{Upper: filepath.Join(d.Path("c1"), "upper"), Lower: lower}
+	lb := Layers{Upper: filepath.Join(d.Path("c2"), "upper"), Lower: lower}
 	for _, c := range []struct {
 		name string
 		fn   func(a, b Layers, paths []string) (Result, error)
@@ -171,4 +171,41 @@ func fmtInt(i int) string {
 		i /= 10
 	}
 	return string(b)
+}
+
+// TestCompareNamedImage compares a sandbox on a named image (its own layer above the default image, with a
+// deleted file, a new one and an opaque directory) with one on the default image, and with a sibling on the
+// same image.
+func TestCompareNamedImage(t *testing.T) {
+	f := newFixture(t)
+	over := filepath.Join(filepath.Dir(f.lower), "over")
+	write(t, f.lower, "etc/a", "a")
+	write(t, f.lower, "etc/b", "b")
+	write(t, f.lower, "d/x", "x")
+	write(t, f.lower, "etc/m", "lower")
+	whiteout(t, over, "etc/a")
+	write(t, over, "etc/c", "c")
+	write(t, over, "etc/m", "over")
+	opaque(t, over, "d")
+	write(t, over, "d/y", "y")
+	named := Layers{Upper: f.a, Lower: f.lower, Over: []string{over}}
+	plain := Layers{Upper: f.b, Lower: f.lower}
+	got, err := Compare(named, plain, []string{"/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Result{Added: []string{"/d/x", "/etc/a"}, Removed: []string{"/d/y", "/etc/c"}, Modified: []string{"/etc/m"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("named vs default image:\n got %+v\nwant %+v", got, want)
+	}
+	// Siblings on the same image: only their own changes.
+	write(t, f.b, "etc/c", "changed")
+	got, err = Compare(named, Layers{Upper: f.b, Lower: f.lower, Over: []string{over}}, []string{"/etc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = Result{Added: []string{}, Removed: []string{}, Modified: []string{"/etc/c"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("same image:\n got %+v\nwant %+v", got, want)
+	}
 }

@@ -83,6 +83,8 @@ type Image struct {
 	Rootfs  string    // the root file system, for use as an overlay lower dir
 	ID      string    // hash of suite, packages and FormatVersion
 	BuiltAt time.Time // when the build finished
+	// SizeBytes is the tree's size (from the manifest; 0 when Build returned it).
+	SizeBytes int64
 }
 
 // manifest is Dir/default/manifest.json.
@@ -198,7 +200,7 @@ func load(dir string) (Image, manifest, error) {
 	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
 		return Image{}, manifest{}, fmt.Errorf("load image: %s missing: %w", rootfs, errdefs.ErrNotFound)
 	}
-	return Image{Name: defaultName, Rootfs: rootfs, ID: m.ID, BuiltAt: m.BuiltAt}, m, nil
+	return Image{Name: defaultName, Rootfs: rootfs, ID: m.ID, BuiltAt: m.BuiltAt, SizeBytes: m.SizeBytes}, m, nil
 }
 
 // Ensure returns the existing default image when its manifest matches o (same ID, same ownership shift) and

@@ -26,6 +26,9 @@ type Spec struct {
 	// Egress is the sandbox's outbound allowlist (network.ParseEgress): nil is the server's default policy,
 	// empty means no outbound traffic.
 	Egress []string
+	// Image names the read-only image under the sandbox ("" is the default image). A fork child always gets
+	// its parent's.
+	Image string
 	// Populate, when set, fills the new sandbox's writable layer (its overlay upper directory, on the host)
 	// before anything runs in it: a resume from a snapshot.
 	Populate func(upperDir string) error
@@ -40,7 +43,8 @@ type Handle struct {
 	AgentStart uint64 `json:"agent_start"` // its start time (clock ticks since boot), to detect pid reuse
 	InitPid    int    `json:"init_pid"`    // host pid of the family's init
 	InitStart  uint64 `json:"init_start"`
-	AgentNsPid int    `json:"agent_ns_pid"` // the agent's pid inside the family's PID namespace
+	AgentNsPid int    `json:"agent_ns_pid"`    // the agent's pid inside the family's PID namespace
+	Image      string `json:"image,omitempty"` // the image under the sandbox ("": the default)
 
 	// The sandbox's resources are named after the id it was created with; after a merge the surviving id
 	// drives resources named after the winner. Empty means ID.
@@ -140,8 +144,9 @@ type Forker interface {
 	Freeze(ctx context.Context, h Handle) error
 	// Thaw resumes the sandbox's processes.
 	Thaw(ctx context.Context, h Handle) error
-	// LowerDir is the host directory of the read-only image under every sandbox.
-	LowerDir() string
+	// LowerDirs are the host directories of the read-only image under the sandbox, top first (the overlay's
+	// lower dirs: a named image's own layer above the default image).
+	LowerDirs(h Handle) ([]string, error)
 }
 
 // Lost is a sandbox whose own machinery (its agent, or its family's init) died: it cannot answer.

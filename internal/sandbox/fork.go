@@ -137,7 +137,7 @@ func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkO
 			return fail(err)
 		}
 		specs[i] = runtime.Spec{ID: cid, Hostname: hostnameOf(cid), IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
-			MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd}
+			MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd, Image: spec.Image}
 		specs[i].Egress = spec.Egress
 		k := &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusCreating), FamilyID: e.rec.FamilyID,
 			ParentID: id, IP: ip.String(), Hostname: specs[i].Hostname, CreatedAt: now, Spec: specJSON}}
@@ -215,6 +215,12 @@ func (s *Service) MergeInto(ctx context.Context, parentID, winnerID string) erro
 	defer release()
 	p, w := es[0], es[1]
 	s.mu.Lock()
+	if p.spec.Image != w.spec.Image {
+		pi, wi := s.info(p).Image, s.info(w).Image
+		s.mu.Unlock()
+		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("cannot merge %s into %s: they run on different images (%s and %s); merge_into needs one image",
+			winnerID, parentID, wi, pi))
+	}
 	ph, wh := p.handle, w.handle
 	oldP, oldW := p.rec, w.rec
 	nh := fk.Rekeyed(ph, wh)
@@ -303,11 +309,28 @@ func (s *Service) Diff(ctx context.Context, aID, bID string, paths []string) (fs
 	ha, hb := a.handle, b.handle
 	s.mu.Unlock()
 	start := time.Now()
-	res, err := fsdiff.Compare(fsdiff.Layers{Upper: fk.UpperDir(ha), Lower: fk.LowerDir()},
-		fsdiff.Layers{Upper: fk.UpperDir(hb), Lower: fk.LowerDir()}, clean)
+	la, err := layersOf(fk, ha)
+	if err != nil {
+		return fsdiff.Result{}, fmt.Errorf("diff %s %s: %w", aID, bID, err)
+	}
+	lb, err := layersOf(fk, hb)
+	if err != nil {
+		return fsdiff.Result{}, fmt.Errorf("diff %s %s: %w", aID, bID, err)
+	}
+	res, err := fsdiff.Compare(la, lb, clean)
 	if err != nil {
 		return res, fmt.Errorf("diff %s %s: %w", aID, bID, err)
 	}
 	s.emit(events.Event{Type: events.Diffed, Sandbox: aID, Other: bID, Family: a.rec.FamilyID, Ms: msSince(start)})
 	return res, nil
+}
+
+// layersOf is a running sandbox's file system as layers on the host: its writable layer over its image's.
+func layersOf(fk runtime.Forker, h runtime.Handle) (fsdiff.Layers, error) {
+	lowers, err := fk.LowerDirs(h)
+	if err != nil {
+		return fsdiff.Layers{}, err
+	}
+	n := len(lowers)
+	return fsdiff.Layers{Upper: fk.UpperDir(h), Lower: lowers[n-1], Over: lowers[:n-1]}, nil
 }

@@ -49,7 +49,7 @@ func (s *Service) heal(h runtime.Healer, l runtime.Lost) {
 	start := time.Now()
 	nh, err := h.Revive(ctx, cur, runtime.Spec{
 		ID: cur.ID, Hostname: hostname, IP: parseIP(ip), VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
-		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd, Egress: spec.Egress,
+		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd, Egress: spec.Egress, Image: spec.Image,
 	})
 	s.mu.Lock()
 	if err != nil {

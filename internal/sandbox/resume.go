@@ -23,6 +23,9 @@ func (s *Service) Resume(ctx context.Context, id string) (info Info, accepted bo
 		if e.rec.Snapshot == "" {
 			return errdefs.New(errdefs.ErrConflict, "sandbox is not paused or in error (it has no snapshot to resume)")
 		}
+		if err := s.imageForResume(e.spec.Image); err != nil {
+			return err
+		}
 		return s.admitLocked(e.spec, 1) // called under s.mu
 	}
 	return s.startLifecycle(ctx, id, OpResume, StatusRunning, StatusResuming, hasSnapshot, s.resume)
@@ -63,7 +66,7 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID: id, Hostname: hostname, IP: parseIP(ipStr), VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
 		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
-		Egress: spec.Egress,
+		Egress: spec.Egress, Image: spec.Image,
 		Populate: func(upper string) error {
 			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
 				return err

@@ -19,6 +19,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/files"
+	"github.com/ramify-dev/ramify/internal/image"
 	"github.com/ramify-dev/ramify/internal/runtime"
 	"github.com/ramify-dev/ramify/internal/snapstore"
 	"github.com/ramify-dev/ramify/internal/store"
@@ -63,6 +64,9 @@ type Config struct {
 	// IngressHost is the ingress listener's public host (domain and port, "localhost:7080"); empty: no ingress
 	// listener (the API's ports route still serves ingress-enabled sandboxes).
 	IngressHost string
+	// ImageDir is the images directory (internal/image): the default image and the named ones. Empty: only the
+	// default image, and no image operations.
+	ImageDir string
 }
 
 // DefaultCloseTimeout is Config.CloseTimeout's default.
@@ -92,6 +96,9 @@ type Service struct {
 	tmpl        templateLocks       // one lock per template name (template.go)
 	tmplWarm    map[string][]*entry // guarded by mu: each template's ready restored sandboxes
 	tmplFilling map[string]bool     // guarded by mu: templates whose pool a goroutine fills
+
+	imgMu    sync.RWMutex    // images.go: shared by creates on named images, exclusive by removal
+	building map[string]bool // guarded by mu: named images being built
 }
 
 // entry is the in-memory state of one sandbox.
@@ -129,7 +136,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.CPUOvercommit = DefaultCPUOvercommit
 	}
 	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, refill: make(chan struct{}, 1), host: detectHost(),
-		tmplWarm: map[string][]*entry{}, tmplFilling: map[string]bool{}}
+		tmplWarm: map[string][]*entry{}, tmplFilling: map[string]bool{}, building: map[string]bool{}}
 	if cfg.HostCPUs > 0 {
 		s.host.cpus = cfg.HostCPUs
 	}
@@ -398,6 +405,10 @@ func (s *Service) info(e *entry) Info {
 	in.Ingress = s.ingressInfo(r.ID, spec)
 	in.DiskMiB = spec.DiskMiB
 	in.Template = spec.Template
+	in.Image = spec.Image
+	if in.Image == "" {
+		in.Image = image.DefaultName
+	}
 	if in.Metadata == nil {
 		in.Metadata = map[string]string{}
 	}
@@ -561,6 +572,14 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	if spec.Image != "" { // the warm pool holds default-image sandboxes only
+		release, err := s.useImage(spec.Image)
+		if err != nil {
+			return Info{}, err
+		}
+		defer release()
+		return s.createCold(ctx, spec, StatusRunning)
+	}
 	if info, ok := s.claimWarm(ctx, spec); ok {
 		return info, nil
 	}
@@ -573,6 +592,7 @@ func (s *Service) createCold(ctx context.Context, spec CreateRequest, status Sta
 		return s.cfg.Runtime.Create(ctx, runtime.Spec{
 			ID: e.rec.ID, Hostname: e.rec.Hostname, IP: parseIP(e.rec.IP), VCPU: spec.VCPU, MemMiB: spec.MemMiB,
 			MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd, Egress: spec.Egress,
+			Image: spec.Image,
 		})
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/image"
 	"github.com/ramify-dev/ramify/internal/network"
 )
 
@@ -31,6 +32,9 @@ type CreateRequest struct {
 	// Template names the template the sandbox starts from (template.go): its files, interpreter session and,
 	// for every field above left zero, its spec.
 	Template string `json:"template,omitempty"`
+	// Image names the image the sandbox runs on (images.go): "" or "default" is the default image; stored as ""
+	// for it.
+	Image string `json:"image,omitempty"`
 }
 
 // Defaults and bounds of a sandbox's shape.
@@ -102,6 +106,12 @@ func (r CreateRequest) normalize() (CreateRequest, error) {
 		return r, invalid("metadata has more than 64 entries")
 	}
 	r.Cwd = path.Clean(r.Cwd)
+	if r.Image != "" {
+		if err := image.ValidName(r.Image); err != nil {
+			return r, err
+		}
+		r.Image = imageName(r.Image)
+	}
 	if _, err := network.ParseEgress(r.Egress); err != nil {
 		return r, err
 	}
@@ -174,6 +184,8 @@ type Info struct {
 	Egress []string `json:"egress"`
 	// Ingress says whether the sandbox's ports are reachable through the ingress, and where.
 	Ingress IngressInfo `json:"ingress"`
+	// Image is the image the sandbox runs on ("default" for the default image).
+	Image string `json:"image"`
 	// Template is the template the sandbox was created from, if any.
 	Template string `json:"template,omitempty"`
 	// Pause reports the last pause and resume: what could not be saved, sizes, timings.

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/image"
 	"github.com/ramify-dev/ramify/internal/runtime"
 	"github.com/ramify-dev/ramify/internal/store"
 )
@@ -232,6 +234,11 @@ func (s *Service) createFromTemplate(ctx context.Context, req CreateRequest) (In
 	if err != nil {
 		return Info{}, err
 	}
+	releaseImage, err := s.useImage(spec.Image)
+	if err != nil {
+		return Info{}, fmt.Errorf("template %s: %w", t.Name, err)
+	}
+	defer releaseImage()
 	if err := s.fitsHost(spec); err != nil {
 		return Info{}, err
 	}
@@ -391,6 +398,10 @@ func templateSpec(base json.RawMessage, req CreateRequest) (CreateRequest, error
 		spec.IngressEnabled = true
 	}
 	spec.Template = req.Template
+	if req.Image != "" && imageName(req.Image) != spec.Image {
+		return spec, invalid("template %s runs on image %q: a sandbox created from it cannot ask for image %q", req.Template,
+			cmp.Or(spec.Image, image.DefaultName), req.Image)
+	}
 	return spec.normalize()
 }
 

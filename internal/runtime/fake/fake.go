@@ -399,8 +399,10 @@ func (r *Runtime) Rekeyed(parent, winner runtime.Handle) runtime.Handle {
 // UpperDir is the sandbox's layer directory.
 func (r *Runtime) UpperDir(h runtime.Handle) string { return r.layerDir(h.Layer()) }
 
-// LowerDir is an empty "image".
-func (r *Runtime) LowerDir() string { return filepath.Join(r.dir, "lower") }
+// LowerDirs is an empty "image".
+func (r *Runtime) LowerDirs(runtime.Handle) ([]string, error) {
+	return []string{filepath.Join(r.dir, "lower")}, nil
+}
 
 // Freeze marks the sandbox frozen.
 func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {

@@ -39,6 +39,11 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	if psb == nil || f == nil {
 		return res, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
 	}
+	// Children run on their parent's image: the forked interpreters hold its files open.
+	children = append([]runtime.Spec(nil), children...)
+	for i := range children {
+		children[i].Image = psb.h.Image
+	}
 	var undo cleanup
 	defer func() {
 		if err != nil {
@@ -360,8 +365,8 @@ func (r *Runtime) UpperDir(h runtime.Handle) string {
 	return filepath.Join(r.cfg.Layers.Path(h.Layer()), "upper")
 }
 
-// LowerDir implements runtime.Forker.
-func (r *Runtime) LowerDir() string { return r.cfg.ImageRootfs }
+// LowerDirs implements runtime.Forker.
+func (r *Runtime) LowerDirs(h runtime.Handle) ([]string, error) { return r.lowers(h.Image) }
 
 // Freeze implements runtime.Forker.
 func (r *Runtime) Freeze(ctx context.Context, h runtime.Handle) error {

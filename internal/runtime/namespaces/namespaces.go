@@ -45,11 +45,14 @@ type Config struct {
 	// Binary is the statically linked ramify executable run as family init and agent (default /proc/self/exe).
 	// It must be static: the family init runs it from an empty root file system.
 	Binary      string
-	ImageRootfs string // the read-only lower layer
-	Layers      layer.Driver
-	Cgroups     cgroups.Manager
-	Network     *network.Manager
-	Logger      *slog.Logger
+	ImageRootfs string // the default image: the read-only lower layer of sandboxes without an image of their own
+	// Images returns the overlay lower dirs of a named image, top first (image.Lowers); nil: only the default
+	// image exists.
+	Images  func(name string) ([]string, error)
+	Layers  layer.Driver
+	Cgroups cgroups.Manager
+	Network *network.Manager
+	Logger  *slog.Logger
 	// SpareAgents is how many spare agents a family keeps ready after a fork (up to the number of children
 	// that fork made), so that its next fork hands children to running agents instead of starting processes.
 	// 0 turns spares off.
@@ -227,14 +230,19 @@ func (f *family) kill() {
 // and work directories, and returns its mount fd. The agent attaches it in its own mount namespace: an overlay
 // mounted by host root works whatever namespace it ends up in, where one mounted inside the user namespace
 // could not reach layers outside its mount namespace.
-func (r *Runtime) mountOverlay(dir string) (int, error) {
+func (r *Runtime) mountOverlay(dir string, lowers []string) (int, error) {
+	for _, l := range lowers {
+		if strings.ContainsAny(l, ":,\\") {
+			return -1, fmt.Errorf("overlay: image directory %q has a character overlayfs cannot take", l)
+		}
+	}
 	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
 	for _, kv := range [][2]string{
-		{"lowerdir", r.cfg.ImageRootfs},
+		{"lowerdir", strings.Join(lowers, ":")},
 		{"upperdir", filepath.Join(dir, "upper")},
 		{"workdir", filepath.Join(dir, "work")},
 	} {
@@ -250,6 +258,17 @@ func (r *Runtime) mountOverlay(dir string) (int, error) {
 		return -1, fmt.Errorf("fsmount overlay: %w", err)
 	}
 	return mfd, nil
+}
+
+// lowers returns the overlay lower dirs of image name ("": the default image), top first.
+func (r *Runtime) lowers(name string) ([]string, error) {
+	if name == "" {
+		return []string{r.cfg.ImageRootfs}, nil
+	}
+	if r.cfg.Images == nil {
+		return nil, errdefs.New(errdefs.ErrNotFound, fmt.Sprintf("image %q not found: this server has only the default image", name))
+	}
+	return r.cfg.Images(name)
 }
 
 // prepareLayer makes the upper and work directories of a fresh layer, owned by container root.
@@ -291,7 +310,11 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 	undo.add(func() { cg.Kill(context.Background()); cg.Delete() })
 
 	phase("cgroup")
-	mfd, err := r.mountOverlay(dir)
+	lowers, err := r.lowers(spec.Image)
+	if err != nil {
+		return nil, err
+	}
+	mfd, err := r.mountOverlay(dir, lowers)
 	if err != nil {
 		return nil, err
 	}
@@ -329,7 +352,7 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 	}
 	sb := &sandbox{
 		h: runtime.Handle{ID: spec.ID, FamilyID: f.id, AgentPid: hostPid, AgentStart: start,
-			InitPid: f.initPid, InitStart: f.initStart, AgentNsPid: rep.Pid},
+			InitPid: f.initPid, InitStart: f.initStart, AgentNsPid: rep.Pid, Image: spec.Image},
 		netFD: netFD,
 		cg:    cg,
 	}
@@ -701,7 +724,7 @@ func (r *Runtime) Revive(ctx context.Context, h runtime.Handle, spec runtime.Spe
 	}
 	undo.add(f.kill)
 	name := h.CgroupName()
-	spec.ID = name
+	spec.ID, spec.Image = name, h.Image
 	sb, err := r.launch(ctx, f, spec, r.cfg.Layers.Path(h.Layer()), func(nh *runtime.Handle) {
 		nh.ID, nh.LayerID, nh.Cgroup, nh.Veth = h.ID, h.Layer(), name, network.VethName(name)
 	})
