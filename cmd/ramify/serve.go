@@ -266,7 +266,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	}
 	defer st.Close()
 	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, ImageRootfs: img.Rootfs, Layers: layers,
-		Images: func(name string) ([]string, error) { return image.Lowers(f.imageDir, name) },
+		Images:  func(name string) ([]string, error) { return image.Lowers(f.imageDir, name) },
 		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle, Owner: owner})
 	if err != nil {
 		return err
