@@ -49,6 +49,8 @@ type Sandbox struct {
 	Pause *PauseInfo `json:"pause,omitempty"`
 	// Template is the template the sandbox was created from ("" when none).
 	Template string `json:"template,omitempty"`
+	// Image is the image the sandbox runs on ("default" for the default image).
+	Image string `json:"image"`
 	// Usage is the sandbox's resource use now: set by Get for a running sandbox only.
 	Usage *Usage `json:"usage,omitempty"`
 }
@@ -101,6 +103,8 @@ type CreateRequest struct {
 	// Template starts the sandbox from a template (SaveTemplate): its files and interpreter session, and its
 	// spec for every field left zero.
 	Template string `json:"template,omitempty"`
+	// Image names the image the sandbox runs on (BuildImage); "" is the default image.
+	Image string `json:"image,omitempty"`
 }
 
 // Ingress says whether a sandbox's ports are reachable over HTTP, and where ("{port}" stands for the port).

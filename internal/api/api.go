@@ -73,6 +73,7 @@ func (s *Server) routes() {
 	s.extraRoutes(m)
 	s.ingressRoutes()
 	s.templateRoutes()
+	s.imageRoutes()
 	s.observeRoutes()
 	s.docRoutes(m)
 }
