@@ -47,6 +47,7 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	cwd := fs.String("cwd", "", "working directory (server default /root)")
 	fs.Var(meta, "meta", "metadata label K=V (repeatable)")
 	template := fs.String("template", "", "start from this template (ramify template save): its files, variables and, for flags not given, its settings")
+	img := fs.String("image", "", "run on this image (ramify image build --name; ramify image ls); default: the default image")
 	pos, _, _, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -56,7 +57,7 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	}
 	req := client.CreateRequest{
 		VCPU: *vcpu, MemMiB: int(mem), MaxProcs: *maxProcs, TimeoutS: timeout.n, OnTimeout: *onTimeout,
-		Cwd: *cwd, IngressEnabled: *ingress, Template: *template,
+		Cwd: *cwd, IngressEnabled: *ingress, Template: *template, Image: *img,
 	}
 	req.DiskMiB = int(disk)
 	switch {

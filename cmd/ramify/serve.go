@@ -39,7 +39,7 @@ var version = "dev"
 
 func init() {
 	register("serve", "run the ramify server", serveCmd)
-	register("image build", "(re)build the default sandbox image", imageBuildCmd)
+	register("image build", "(re)build the default sandbox image; with --name, build a named image on the server", imageBuildCmd)
 	registerHidden("__init", func(ctx context.Context, args []string) error { return namespaces.InitMain(args) })
 	registerHidden("__agent", func(ctx context.Context, args []string) error { return agent.Main(args) })
 }
@@ -348,6 +348,9 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 }
 
 func imageBuildCmd(ctx context.Context, args []string) error {
+	if namedBuild(args) {
+		return clientRunner((*cli).imageBuildNamed)(ctx, args)
+	}
 	fs := flag.NewFlagSet("image build", flag.ContinueOnError)
 	fs.Usage = flagUsage(fs, "image build [flags]")
 	dataDir := fs.String("data-dir", envOr("RAMIFY_DATA_DIR", "/var/lib/ramify"), "data directory (env RAMIFY_DATA_DIR)")

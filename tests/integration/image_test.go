@@ -1,0 +1,148 @@
+package integration
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+// A named image end to end, through the API: built on the server from a Debian package absent from the default
+// image (tree) and a pip requirement from a local index, then a sandbox on it runs both, its fork children and
+// a pause/resume keep the image, a restart keeps it, the image cannot be removed while used, and errors are
+// clear. The images directory is a fresh one whose default image is the shared one (not rebuilt or changed).
+func TestNamedImage(t *testing.T) {
+	dir := testserver.ImageDir(t)
+	index := testserver.ServePyIndex(t, testserver.PyPackage{Name: "ramify-hello", Version: "1.0", Module: "ramify_hello",
+		Source: "def hello():\n    return 'hello from the image'\n"})
+	s := testserver.Start(t, "--image-dir", dir, "--warm-pool", "1")
+	ctx := ctxT(t)
+	c := s.Client
+
+	// Bad input is refused before anything is built.
+	for _, bad := range []client.BuildImageRequest{
+		{Name: "Bad Name", Apt: []string{"tree"}},
+		{Name: "x", Pip: []string{"ramify-hello"}}, // no index
+		{Name: "default", Apt: []string{"tree"}},
+		{Name: "x"},
+	} {
+		if _, err := c.BuildImage(ctx, bad, nil); !errors.Is(err, client.ErrInvalid) {
+			t.Errorf("build %+v: %v, want invalid", bad, err)
+		}
+	}
+	if _, err := c.Create(ctx, client.CreateRequest{Image: "nosuch"}); !errors.Is(err, client.ErrNotFound) ||
+		!strings.Contains(err.Error(), `image "nosuch" not found`) {
+		t.Errorf("create on an unknown image: %v", err)
+	}
+	if _, err := c.Create(ctx, client.CreateRequest{Image: "../etc"}); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("create on a bad image name: %v", err)
+	}
+
+	var lines []string
+	img, err := c.BuildImage(ctx, client.BuildImageRequest{Name: "hello", Apt: []string{"tree"}, Pip: []string{"ramify-hello==1.0"},
+		PipIndex: index}, func(l string) { lines = append(lines, l) })
+	if err != nil {
+		t.Fatalf("build: %v\nprogress:\n%s", err, strings.Join(lines, "\n"))
+	}
+	if img.Name != "hello" || !slices.Equal(img.Apt, []string{"tree"}) || img.SizeBytes <= 0 {
+		t.Errorf("built image: %+v", img)
+	}
+	if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "pip: installed ramify-hello-1.0") }) {
+		t.Errorf("no pip progress line in:\n%s", strings.Join(lines, "\n"))
+	}
+
+	plain := create(t, s, nil)
+	if got := sh(t, s, plain, "command -v tree || echo absent").Stdout; !strings.Contains(got, "absent") {
+		t.Errorf("the default image has tree now: %q", got)
+	}
+	sb, err := c.Create(ctx, client.CreateRequest{Image: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	if sb.Image != "hello" {
+		t.Errorf("created sandbox's image %q", sb.Image)
+	}
+	checkImage := func(id string) {
+		t.Helper()
+		if r := sh(t, s, id, "tree -L 1 / | tail -1"); r.ExitCode != 0 || !strings.Contains(r.Stdout, "directories") {
+			t.Errorf("%s: tree: %+v", id, r)
+		}
+		if v := value(t, s, id, "import ramify_hello; ramify_hello.hello()"); v != "'hello from the image'" {
+			t.Errorf("%s: module: %s", id, v)
+		}
+	}
+	checkImage(id)
+	value(t, s, id, "x = 42")
+	sh(t, s, id, "echo mine > /root/f")
+
+	kids := s.Fork(t, id, 2)
+	for _, k := range kids {
+		if g, err := c.Get(ctx, k); err != nil || g.Image != "hello" {
+			t.Errorf("fork child %s: %+v, %v", k, g, err)
+		}
+		checkImage(k)
+	}
+	sh(t, s, kids[0], "echo changed > /root/f")
+	if d, err := c.Diff(ctx, id, kids[0], []string{"/root"}); err != nil || !slices.Equal(d.Modified, []string{"/root/f"}) {
+		t.Errorf("diff of a fork on the image: %+v, %v", d, err)
+	}
+	// Different images: the diff includes what the images differ in.
+	if d, err := c.Diff(ctx, plain, id, []string{"/usr/bin"}); err != nil || !slices.Contains(d.Added, "/usr/bin/tree") {
+		t.Errorf("diff across images: %+v, %v", d, err)
+	}
+	if err := c.MergeInto(ctx, plain, kids[1]); !errors.Is(err, client.ErrConflict) || !strings.Contains(err.Error(), "different images") {
+		t.Errorf("merge across images: %v", err)
+	}
+	if err := c.DeleteImage(ctx, "hello"); !errors.Is(err, client.ErrConflict) {
+		t.Errorf("delete of a used image: %v", err)
+	}
+	if _, err := c.BuildImage(ctx, client.BuildImageRequest{Name: "hello", Apt: []string{"tree"}}, nil); !errors.Is(err, client.ErrConflict) {
+		t.Errorf("rebuild of a used image: %v", err)
+	}
+	imgs, err := c.Images(ctx)
+	if err != nil || len(imgs) != 2 || !imgs[0].Default || imgs[1].Name != "hello" || imgs[1].Sandboxes != 3 {
+		t.Errorf("images: %+v, %v", imgs, err)
+	}
+
+	// Pause and resume: back on the same image, with its variables.
+	if _, _, err := c.Pause(ctx, kids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitStatus(ctx, kids[0], "paused"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Resume(ctx, kids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitStatus(ctx, kids[0], "running"); err != nil {
+		t.Fatal(err)
+	}
+	checkImage(kids[0])
+	if v := value(t, s, kids[0], "x"); v != "42" {
+		t.Errorf("resumed child's x = %s", v)
+	}
+
+	// A restart keeps running sandboxes on their image.
+	s.Restart()
+	c = s.Client // the restarted server listens on another port
+	checkImage(id)
+	if got := sh(t, s, id, "cat /root/f").Stdout; got != "mine\n" {
+		t.Errorf("after restart: /root/f = %q", got)
+	}
+
+	for _, sid := range append([]string{id, plain}, kids...) {
+		if err := c.Delete(ctx, sid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteImage(ctx, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetImage(ctx, "hello"); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("deleted image: %v", err)
+	}
+}
