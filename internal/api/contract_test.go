@@ -91,7 +91,8 @@ func decodeSSE(body io.Reader, _ http.Header, schema *openapi3.SchemaRef, _ open
 }
 
 func TestContractEveryOperation(t *testing.T) {
-	srv := testserver.Start(t)
+	// A fresh images directory over the shared default image: the images the test builds go there.
+	srv := testserver.Start(t, "--image-dir", testserver.ImageDir(t))
 	c := newContract(t, srv)
 	c.health()
 	ids := c.sandboxes()
@@ -100,6 +101,7 @@ func TestContractEveryOperation(t *testing.T) {
 	c.forkMergeDiff(ids.a)
 	c.pauseResume(ids.a)
 	c.templates(ids.a)
+	c.images()
 	c.observe(ids.a)
 	c.ingress(ids.a)
 	c.deleteSandbox(ids.a)
@@ -635,6 +637,38 @@ func (c *contract) templates(id string) {
 	c.do(exchange{method: "POST", path: "/v1/sandboxes", body: []byte(`{"template": "none"}`), status: 404})
 	c.do(exchange{method: "DELETE", path: "/v1/templates/ct", status: 204})
 	c.do(exchange{method: "DELETE", path: "/v1/templates/ct", status: 404})
+}
+
+// images builds a named image (streamed, and plain), starts a sandbox on it, and the errors: bad names, no pip
+// index, unknown images, a rebuild or delete of an image in use, the default image's delete.
+func (c *contract) images() {
+	nd := map[string]string{"Accept": "application/x-ndjson"}
+	_, b := c.do(exchange{method: "POST", path: "/v1/images", body: []byte(`{"name": "ct-img", "apt": ["tree"]}`), header: nd, status: 200})
+	if !strings.Contains(string(b), `"type":"done"`) || !strings.Contains(string(b), `"type":"progress"`) {
+		c.t.Errorf("image build stream: %s", b)
+	}
+	c.do(exchange{method: "POST", path: "/v1/images", body: []byte(`{"name": "ct-img2", "apt": ["tree"]}`), status: 201})
+	c.do(exchange{method: "POST", path: "/v1/images", body: []byte(`{"name": "Bad Name", "apt": ["tree"]}`), status: 400, invalid: true})
+	c.do(exchange{method: "POST", path: "/v1/images", body: []byte(`{"name": "ct-x", "pip": ["attrs"]}`), status: 400})
+	c.do(exchange{method: "GET", path: "/v1/images", status: 200})
+	c.do(exchange{method: "GET", path: "/v1/images/ct-img", status: 200})
+	c.do(exchange{method: "GET", path: "/v1/images/default", status: 200})
+	c.do(exchange{method: "GET", path: "/v1/images/none", status: 404})
+	_, b = c.do(exchange{method: "POST", path: "/v1/sandboxes", body: []byte(`{"image": "ct-img"}`), status: 201})
+	var sb struct{ ID, Image string }
+	c.json(b, &sb)
+	if sb.Image != "ct-img" {
+		c.t.Errorf("sandbox on ct-img: %s", b)
+	}
+	c.do(exchange{method: "POST", path: "/v1/sandboxes", body: []byte(`{"image": "none"}`), status: 404})
+	c.do(exchange{method: "POST", path: "/v1/sandboxes", body: []byte(`{"image": "Bad Name"}`), status: 400, invalid: true})
+	c.do(exchange{method: "POST", path: "/v1/images", body: []byte(`{"name": "ct-img", "apt": ["tree"]}`), status: 409})
+	c.do(exchange{method: "DELETE", path: "/v1/images/ct-img", status: 409})
+	c.deleteSandbox(sb.ID)
+	c.do(exchange{method: "DELETE", path: "/v1/images/ct-img", status: 204})
+	c.do(exchange{method: "DELETE", path: "/v1/images/ct-img", status: 404})
+	c.do(exchange{method: "DELETE", path: "/v1/images/ct-img2", status: 204})
+	c.do(exchange{method: "DELETE", path: "/v1/images/default", status: 400})
 }
 
 func (c *contract) deleteSandbox(id string) {
