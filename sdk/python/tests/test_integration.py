@@ -596,5 +596,96 @@ class TestTemplateIntegration(unittest.TestCase):
             Sandbox(template=name, metadata=META)
 
 
+def _serve_wheel_index(project: str, version: str, module: str, source: str):
+    """Serve a PEP 503 simple index on loopback with one pure-Python wheel (written here with zipfile)
+    and return (url, server)."""
+    import base64
+    import http.server
+    import io
+    import threading
+    import zipfile
+
+    dist = project.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {f"{module}.py": source,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: ramify-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        record = []
+        for name, body in files.items():
+            z.writestr(name, body)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(body.encode()).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={digest},{len(body)}")
+        record.append(f"{info}/RECORD,,")
+        z.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    wheel = buf.getvalue()
+    wheel_name = f"{dist}-{version}-py3-none-any.whl"
+    page = f'<a href="/files/{wheel_name}#sha256={hashlib.sha256(wheel).hexdigest()}">{wheel_name}</a>'.encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            if self.path == f"/simple/{project}/":
+                body, ctype = page, "text/html"
+            elif self.path == f"/files/{wheel_name}":
+                body, ctype = wheel, "application/octet-stream"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}/simple/", srv
+
+
+@unittest.skipUnless(HAVE_SERVER, SKIP_MSG)
+@unittest.skipUnless(os.environ.get("RAMIFY_TEST_IMAGES") == "1",
+                     "image tests build images on the server: run through scripts/with-test-server (RAMIFY_TEST_IMAGES=1)")
+class TestImageIntegration(unittest.TestCase):
+    def test_build_create_fork_delete(self):
+        name = f"py-{RUN_ID}"
+        index, srv = _serve_wheel_index("ramify-py-hello", "0.1", "ramify_py_hello", "GREETING = 'hi from pip'\n")
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        with self.assertRaises(InvalidRequest):
+            Sandbox.build_image("Bad Name", apt=["tree"])
+        lines = []
+        img = Sandbox.build_image(name, apt=["tree"], pip=["ramify-py-hello==0.1"], pip_index=index,
+                                  on_progress=lines.append)
+        try:
+            self.assertEqual(img["name"], name)
+            self.assertTrue(any("pip: installed ramify-py-hello-0.1" in line for line in lines), lines)
+            self.assertIn(name, [x["name"] for x in Sandbox.list_images()])
+            with Sandbox(image=name, metadata=META) as sb:
+                self.assertEqual(sb.info.get("image"), name)
+                self.assertEqual(sb.exec("tree -L 1 / >/dev/null && echo ok").stdout, "ok\n")
+                self.assertEqual(sb.run_code("import ramify_py_hello; ramify_py_hello.GREETING").value, "'hi from pip'")
+                if FORK:
+                    kid = sb.fork(1)[0]
+                    try:
+                        self.assertEqual(kid.refresh().get("image"), name)
+                        self.assertEqual(kid.run_code("ramify_py_hello.GREETING").value, "'hi from pip'")
+                    finally:
+                        kid.close()
+                with self.assertRaises(Conflict):
+                    Sandbox.delete_image(name)
+        finally:
+            Sandbox.delete_image(name)
+        with self.assertRaises(NotFound) as cm:
+            Sandbox.get_image(name)
+        self.assertNotIsInstance(cm.exception, SandboxNotFound)
+        with self.assertRaises(NotFound) as cm:
+            Sandbox(image=name, metadata=META)
+        self.assertNotIsInstance(cm.exception, SandboxNotFound)
+
+
 if __name__ == "__main__":
     unittest.main()

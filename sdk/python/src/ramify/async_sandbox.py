@@ -208,6 +208,7 @@ class AsyncSandbox:
         egress: Optional[Sequence[str]] = None,
         ingress_enabled: bool = False,
         template: Optional[str] = None,
+        image: Optional[str] = None,
     ):
         self._sync: Optional[Sandbox] = None
         self._kwargs: Optional[Dict[str, Any]] = None
@@ -218,7 +219,7 @@ class AsyncSandbox:
                             on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
                             api_url=api_url, api_key=api_key, request_timeout=request_timeout,
                             disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled,
-                            template=template)
+                            template=template, image=image)
 
     def _wrap(self, sandbox: Sandbox) -> "AsyncSandbox":
         self._sync = sandbox
@@ -263,12 +264,13 @@ class AsyncSandbox:
         egress: Optional[Sequence[str]] = None,
         ingress_enabled: bool = False,
         template: Optional[str] = None,
+        image: Optional[str] = None,
     ) -> _Creating:
         return _Creating(dict(vcpu=vcpu, mem_mib=mem_mib, max_procs=max_procs, timeout_s=timeout_s,
                               on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
                               api_url=api_url, api_key=api_key, request_timeout=request_timeout,
                               disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled,
-                              template=template))
+                              template=template, image=image))
 
     @classmethod
     async def connect(cls, id: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
@@ -372,6 +374,29 @@ class AsyncSandbox:
     async def diff(self, other: Union["AsyncSandbox", Sandbox, str],
                    paths: Optional[Iterable[str]] = None) -> Dict[str, Any]:
         return await _run(self._s().diff, _unwrap(other), paths)
+
+    # -- images (see Sandbox) --------------------------------------------------------------------
+    @staticmethod
+    async def build_image(name: str, apt: Optional[Sequence[str]] = None, pip: Optional[Sequence[str]] = None,
+                          pip_index: Optional[str] = None, on_progress: Optional[Callable[[str], None]] = None,
+                          api_url: Optional[str] = None, api_key: Optional[str] = None,
+                          timeout: float = 1800.0) -> Dict[str, Any]:
+        return await _run(Sandbox.build_image, name, apt, pip, pip_index, on_progress, api_url, api_key, timeout)
+
+    @staticmethod
+    async def list_images(api_url: Optional[str] = None, api_key: Optional[str] = None,
+                          request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> List[Dict[str, Any]]:
+        return await _run(Sandbox.list_images, api_url, api_key, request_timeout)
+
+    @staticmethod
+    async def get_image(name: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
+                        request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> Dict[str, Any]:
+        return await _run(Sandbox.get_image, name, api_url, api_key, request_timeout)
+
+    @staticmethod
+    async def delete_image(name: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
+                           request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> None:
+        await _run(Sandbox.delete_image, name, api_url, api_key, request_timeout)
 
     # -- templates (see Sandbox) -----------------------------------------------------------------
     async def save_template(self, name: str) -> Dict[str, Any]:

@@ -110,8 +110,8 @@ def error_for_status(status: int, message: str, body: Any = None, file_route: bo
         gone = _SANDBOX_GONE.match(message)
         if gone is None and file_route:
             return FileNotFound(message, status, body)
-        if gone is None and message.startswith("template "):
-            return NotFound(message, status, body)  # a template's 404: no sandbox is missing
+        if gone is None and (message.startswith("template ") or message.startswith("image ")):
+            return NotFound(message, status, body)  # a template's or an image's 404: no sandbox is missing
         if gone is not None and gone.group(1):
             return SandboxDefunct(message, status, body)
         return SandboxNotFound(message, status, body)

@@ -86,11 +86,13 @@ class Sandbox:
         egress: Optional[Sequence[str]] = None,
         ingress_enabled: bool = False,
         template: Optional[str] = None,
+        image: Optional[str] = None,
     ):
         client = HTTPClient(api_url, api_key, request_timeout)
         body: Dict[str, Any] = {}
         for k, v in (
             ("template", template),
+            ("image", image),
             ("vcpu", vcpu),
             ("mem_mib", mem_mib),
             ("max_procs", max_procs),
@@ -511,6 +513,60 @@ class Sandbox:
                         request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> None:
         """Delete a template; sandboxes made from it are not affected. Raises :class:`NotFound`."""
         HTTPClient(api_url, api_key, request_timeout).request("DELETE", f"/v1/templates/{_q(name)}")
+
+    # -- images ------------------------------------------------------------------------------------
+    @staticmethod
+    def build_image(name: str, apt: Optional[Sequence[str]] = None, pip: Optional[Sequence[str]] = None,
+                    pip_index: Optional[str] = None, on_progress: Optional[Callable[[str], None]] = None,
+                    api_url: Optional[str] = None, api_key: Optional[str] = None,
+                    timeout: float = 1800.0) -> Dict[str, Any]:
+        """Build (or rebuild) the named image ``name`` on the server, on top of the default image
+        (``POST /v1/images``): Debian packages ``apt`` and pip requirements ``pip`` (installed from
+        ``pip_index``, a PEP 503 simple index the server reaches; Debian's ``python3-*`` packages
+        need none). ``on_progress`` gets each progress line. Returns the image; raises
+        :class:`InvalidRequest` for bad input, :class:`Conflict` while sandboxes use the name, and
+        :class:`RamifyError` when the build fails. ``Sandbox(image=name)`` runs on it."""
+        body: Dict[str, Any] = {"name": name}
+        if apt:
+            body["apt"] = [str(p) for p in apt]
+        if pip:
+            body["pip"] = [str(p) for p in pip]
+        if pip_index:
+            body["pip_index"] = pip_index
+        client = HTTPClient(api_url, api_key, DEFAULT_REQUEST_TIMEOUT)
+        resp = client.request("POST", "/v1/images", json_body=body, timeout=timeout, stream=True,
+                              headers={"Accept": "application/x-ndjson"})
+        assert isinstance(resp, StreamResponse)
+        with resp:
+            for ev in iter_ndjson(resp):
+                typ = ev.get("type")
+                if typ == "progress":
+                    if on_progress:
+                        on_progress(str(ev.get("data") or ""))
+                elif typ == "done":
+                    return dict(ev.get("image") or {})
+                elif typ == "error":
+                    raise RamifyError(f"image build failed: {ev.get('error')}", 500, ev)
+        raise RamifyError("image build: the stream ended without a result")
+
+    @staticmethod
+    def list_images(api_url: Optional[str] = None, api_key: Optional[str] = None,
+                    request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> List[Dict[str, Any]]:
+        """The default image and the named ones (``GET /v1/images``)."""
+        data = HTTPClient(api_url, api_key, request_timeout).json("GET", "/v1/images")
+        return list((data or {}).get("images") or [])
+
+    @staticmethod
+    def get_image(name: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
+                  request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> Dict[str, Any]:
+        """One image (``GET /v1/images/{name}``; ``default`` is the default one); raises :class:`NotFound`."""
+        return HTTPClient(api_url, api_key, request_timeout).json("GET", f"/v1/images/{_q(name)}")
+
+    @staticmethod
+    def delete_image(name: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
+                     request_timeout: Optional[float] = DEFAULT_REQUEST_TIMEOUT) -> None:
+        """Delete a named image; raises :class:`Conflict` while sandboxes or templates use it."""
+        HTTPClient(api_url, api_key, request_timeout).request("DELETE", f"/v1/images/{_q(name)}")
 
     # -- pause / resume -----------------------------------------------------------------------------
     def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
