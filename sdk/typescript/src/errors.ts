@@ -78,7 +78,8 @@ export function errorForStatus(status: number, message: string, body?: unknown, 
   if (status === 404) {
     const gone = SANDBOX_GONE.exec(message);
     if (gone === null && fileRoute) return new FileNotFound(message, status, body);
-    if (gone === null && message.startsWith("template ")) return new NotFound(message, status, body); // a template's 404
+    if (gone === null && (message.startsWith("template ") || message.startsWith("image ")))
+      return new NotFound(message, status, body); // a template's or an image's 404
     if (gone !== null && gone[1]) return new SandboxDefunct(message, status, body);
     return new SandboxNotFound(message, status, body);
   }

@@ -25,6 +25,8 @@ export interface SandboxInfo {
   ingress?: IngressInfo;
   /** The template the sandbox was created from, if any. */
   template?: string;
+  /** The image the sandbox runs on (`"default"` for the default image). */
+  image?: string;
   [key: string]: unknown;
 }
 
@@ -50,6 +52,26 @@ export interface TemplateInfo {
   capture_ms: number;
   /** What sandboxes created from it get unless their create options say otherwise. */
   spec: Record<string, unknown>;
+}
+
+/** An image (`POST /v1/images`): the default one, or a named one built on top of it (wire field names). */
+export interface ImageInfo {
+  name: string;
+  id: string;
+  default: boolean;
+  /** A named image: the default image it was built on. */
+  base_id?: string;
+  apt: string[];
+  pip: string[];
+  pip_index?: string;
+  built_at: string;
+  /** Bytes of the image (a named image: its own layer). */
+  size_bytes: number;
+  /** Sandboxes (any status) and templates on the image. */
+  sandboxes: number;
+  templates: number;
+  /** Why sandboxes cannot start on it now, if they cannot. */
+  error?: string;
 }
 
 /** An exception raised by code run with `runCode`. */

@@ -21,6 +21,7 @@ import {
   type Interrupted,
   type SandboxInfo,
   type TemplateInfo,
+  type ImageInfo,
 } from "./models.js";
 
 /** Called with each chunk of output as it arrives. */
@@ -51,6 +52,22 @@ export interface CreateOptions extends ClientOptions {
   ingressEnabled?: boolean;
   /** Start from this template (`saveTemplate`): its files and variables, and its settings for options not given. */
   template?: string;
+  /** Run on this image (`Sandbox.buildImage`); absent or `"default"` is the default image. */
+  image?: string;
+}
+
+/** What `Sandbox.buildImage` puts on top of the default image. */
+export interface BuildImageOptions extends ClientOptions {
+  /** Debian packages (Debian's `python3-*` packages need no pip index). */
+  apt?: string[];
+  /** pip requirements (`"name"`, `"name==1.2"`), installed from `pipIndex`. */
+  pip?: string[];
+  /** A PEP 503 simple index the server reaches. */
+  pipIndex?: string;
+  /** Called with each progress line. */
+  onProgress?: (line: string) => unknown;
+  /** How long the build may take, in seconds (default 1800; `null`: no limit). */
+  timeoutS?: number | null;
 }
 
 export interface ListOptions extends ClientOptions {
@@ -152,6 +169,7 @@ export class Sandbox {
       ["egress", opts.egress],
       ["ingress_enabled", opts.ingressEnabled || undefined],
       ["template", opts.template],
+      ["image", opts.image],
     ];
     for (const [k, v] of fields) if (v !== undefined && v !== null) body[k] = v;
     const res = await client.request("POST", "/v1/sandboxes", { json: body, timeoutS: client.longer(120) });
@@ -420,6 +438,52 @@ export class Sandbox {
       timeoutS: this._client.longer(300),
     });
     return { ...(d ?? {}), added: d?.added ?? [], removed: d?.removed ?? [], modified: d?.modified ?? [] };
+  }
+
+  // -- images ---------------------------------------------------------------------------------------
+  /**
+   * Build (or rebuild) the named image `name` on the server, on top of the default image (`POST /v1/images`),
+   * streaming its progress to `opts.onProgress`. Resolves to the image; throws `InvalidRequest` for bad input,
+   * `Conflict` while sandboxes use the name, `ServerError` when the build fails. `Sandbox.create({ image: name })`
+   * runs on it.
+   */
+  static async buildImage(name: string, opts: BuildImageOptions = {}): Promise<ImageInfo> {
+    const client = new HttpClient(opts);
+    const body: Record<string, unknown> = { name };
+    if (opts.apt?.length) body.apt = opts.apt;
+    if (opts.pip?.length) body.pip = opts.pip;
+    if (opts.pipIndex) body.pip_index = opts.pipIndex;
+    const res = await client.request("POST", "/v1/images", {
+      json: body,
+      timeoutS: opts.timeoutS === undefined ? 1800 : opts.timeoutS,
+      headers: { Accept: "application/x-ndjson" },
+    });
+    for await (const ev of iterNdjson(res, "POST /v1/images")) {
+      if (ev.type === "progress") {
+        if (opts.onProgress) await opts.onProgress(String(ev.data ?? ""));
+      } else if (ev.type === "done") {
+        return ev.image as ImageInfo;
+      } else if (ev.type === "error") {
+        throw new ServerError(`image build failed: ${String(ev.error)}`, res.status, ev);
+      }
+    }
+    throw new RamifyError("image build: the stream ended without a result", res.status);
+  }
+
+  /** The default image and the named ones (`GET /v1/images`). */
+  static async listImages(opts: ClientOptions = {}): Promise<ImageInfo[]> {
+    const data = await new HttpClient(opts).json<{ images?: ImageInfo[] } | null>("GET", "/v1/images");
+    return data?.images ?? [];
+  }
+
+  /** One image (`GET /v1/images/{name}`; `"default"` is the default one); throws `NotFound`. */
+  static async getImage(name: string, opts: ClientOptions = {}): Promise<ImageInfo> {
+    return new HttpClient(opts).json<ImageInfo>("GET", `/v1/images/${enc(name)}`);
+  }
+
+  /** Delete a named image; throws `Conflict` while sandboxes or templates use it. */
+  static async deleteImage(name: string, opts: ClientOptions = {}): Promise<void> {
+    await new HttpClient(opts).request("DELETE", `/v1/images/${enc(name)}`);
   }
 
   // -- templates ------------------------------------------------------------------------------------

@@ -407,3 +407,29 @@ describe("integration: templates", { skip: PAUSE }, () => {
     await assert.rejects(Sandbox.create({ template: name, metadata: META }), NotFound);
   });
 });
+
+const IMAGES = HAVE_SERVER && process.env.RAMIFY_TEST_IMAGES === "1" ? false : SKIP || "set RAMIFY_TEST_IMAGES=1 (scripts/with-test-server does)";
+
+describe("integration: images", { skip: IMAGES }, () => {
+  test("buildImage with progress, create on it, list, delete", async () => {
+    const name = `ts-${process.pid}-${Date.now()}`;
+    await assert.rejects(Sandbox.buildImage("Bad Name", { apt: ["tree"] }), InvalidRequest);
+    const lines = [];
+    const img = await Sandbox.buildImage(name, { apt: ["tree"], onProgress: (l) => lines.push(l) });
+    try {
+      assert.equal(img.name, name);
+      assert.deepEqual(img.apt, ["tree"]);
+      assert.ok(lines.some((l) => l.includes("installing tree with apt-get")), lines.join("\n"));
+      assert.ok((await Sandbox.listImages()).some((i) => i.name === name));
+      await withSandbox(async (sb) => {
+        assert.equal(sb.info.image, name);
+        assert.equal((await sb.exec("tree -L 1 / > /dev/null && echo ok")).stdout, "ok\n");
+        await assert.rejects(Sandbox.deleteImage(name), Conflict);
+      }, { image: name });
+    } finally {
+      await Sandbox.deleteImage(name);
+    }
+    await assert.rejects(Sandbox.getImage(name), (e) => e instanceof NotFound && !(e instanceof SandboxNotFound));
+    await assert.rejects(Sandbox.create({ image: name, metadata: META }), (e) => e instanceof NotFound && !(e instanceof SandboxNotFound));
+  });
+});
