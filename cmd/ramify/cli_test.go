@@ -812,3 +812,23 @@ func TestResolve(t *testing.T) {
 		}
 	}
 }
+
+func TestNamedBuildAndReadList(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--name", "x"}, true}, {[]string{"--apt", "tree", "--name=x"}, true}, {[]string{"-name", "x"}, true},
+		{[]string{"--force"}, false}, {[]string{"--", "--name"}, false}, {nil, false},
+	} {
+		if got := namedBuild(tc.args); got != tc.want {
+			t.Errorf("namedBuild(%q) = %v", tc.args, got)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "reqs")
+	os.WriteFile(p, []byte("# comment\n\nnumpy==1.26  # pinned\n  attrs\n"), 0o644)
+	got, err := readList(p)
+	if err != nil || !reflect.DeepEqual(got, []string{"numpy==1.26", "attrs"}) {
+		t.Errorf("readList: %q, %v", got, err)
+	}
+}

@@ -356,6 +356,8 @@ func imageBuildCmd(ctx context.Context, args []string) error {
 	dataDir := fs.String("data-dir", envOr("RAMIFY_DATA_DIR", "/var/lib/ramify"), "data directory (env RAMIFY_DATA_DIR)")
 	imageDir := fs.String("image-dir", os.Getenv("RAMIFY_IMAGE_DIR"), "images directory (default <data-dir>/images)")
 	force := fs.Bool("force", true, "rebuild even if an image with the same package list exists")
+	// Never set here (namedBuild sends such a command line to the server): listed so that -h shows it.
+	fs.String("name", "", "build a named image on the server instead, on top of the default image: --name NAME [--apt pkg,pkg] [--apt-file F] [--pip req] [--requirements F] [--pip-index URL] (ramify image build --name x -h)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

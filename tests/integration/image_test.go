@@ -2,6 +2,8 @@ package integration
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -144,5 +146,50 @@ func TestNamedImage(t *testing.T) {
 	}
 	if _, err := c.GetImage(ctx, "hello"); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("deleted image: %v", err)
+	}
+}
+
+// The CLI's image verbs on a real server: build with progress and a requirements file, a sandbox on the image,
+// ls, rm refused while used, then done; and the errors users meet (a bad name, pip without an index).
+func TestNamedImageCLI(t *testing.T) {
+	bin := testserver.Binary(t)
+	dir := testserver.ImageDir(t)
+	index := testserver.ServePyIndex(t, testserver.PyPackage{Name: "cli-hello", Version: "2.0", Module: "cli_hello",
+		Source: "VALUE = 7\n"})
+	s := testserver.Start(t, "--image-dir", dir)
+	env := []string{"RAMIFY_API_URL=" + s.URL, "RAMIFY_API_KEY=" + s.Key}
+	reqs := filepath.Join(t.TempDir(), "requirements.txt")
+	if err := os.WriteFile(reqs, []byte("# what the agent needs\ncli-hello==2.0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := runCLI(t, bin, env, "image", "build", "--name", "cli-img", "--apt", "tree", "--requirements", reqs, "--pip-index", index)
+	if code != 0 || out != "cli-img\n" || !strings.Contains(errOut, "pip: installed cli-hello-2.0") {
+		t.Fatalf("image build: exit %d\nstdout %q\nstderr %s", code, out, errOut)
+	}
+	id, errOut, code := runCLI(t, bin, env, "sandbox", "create", "--image", "cli-img")
+	id = strings.TrimSpace(id)
+	if code != 0 {
+		t.Fatalf("create --image: exit %d: %s", code, errOut)
+	}
+	if out, _, code := runCLI(t, bin, env, "run", id, "import cli_hello; cli_hello.VALUE"); code != 0 || out != "7\n" {
+		t.Errorf("run on the image: exit %d, %q", code, out)
+	}
+	if out, _, code := runCLI(t, bin, env, "image", "ls"); code != 0 || !strings.Contains(out, "cli-img") || !strings.Contains(out, "cli-hello==2.0") {
+		t.Errorf("image ls: exit %d\n%s", code, out)
+	}
+	if _, errOut, code := runCLI(t, bin, env, "image", "rm", "cli-img"); code == 0 || !strings.Contains(errOut, "1 sandboxes") {
+		t.Errorf("image rm of a used image: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code := runCLI(t, bin, env, "image", "build", "--name", "Bad", "--apt", "tree"); code == 0 || !strings.Contains(errOut, "bad image name") {
+		t.Errorf("bad name: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code := runCLI(t, bin, env, "image", "build", "--name", "x", "--pip", "cli-hello"); code == 0 || !strings.Contains(errOut, "pip_index") {
+		t.Errorf("pip without an index: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code := runCLI(t, bin, env, "rm", id); code != 0 {
+		t.Fatalf("rm: %s", errOut)
+	}
+	if _, errOut, code := runCLI(t, bin, env, "image", "rm", "cli-img"); code != 0 {
+		t.Errorf("image rm: exit %d, %s", code, errOut)
 	}
 }
