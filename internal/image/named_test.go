@@ -110,3 +110,25 @@ func TestBuildNamedReal(t *testing.T) {
 		t.Errorf("left behind: %v", ents)
 	}
 }
+
+// Lowers refuses a named image built on a default image that has been rebuilt since, and an unknown one.
+func TestLowersBaseRebuilt(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "default", "rootfs"), 0o755)
+	os.WriteFile(filepath.Join(dir, "default", manifestName), []byte(`{"id": "new"}`), 0o644)
+	os.MkdirAll(filepath.Join(dir, namedDir, "x", layerName), 0o755)
+	os.WriteFile(filepath.Join(dir, namedDir, "x", manifestName), []byte(`{"name": "x", "base_id": "old"}`), 0o644)
+	if _, err := Lowers(dir, "x"); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "build \"x\" again") {
+		t.Errorf("rebuilt base: %v", err)
+	}
+	if _, err := Lowers(dir, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("unknown: %v", err)
+	}
+	if l, err := Lowers(dir, ""); err != nil || len(l) != 1 {
+		t.Errorf("default: %v, %v", l, err)
+	}
+	os.WriteFile(filepath.Join(dir, namedDir, "x", manifestName), []byte(`{"name": "x", "base_id": "new"}`), 0o644)
+	if l, err := Lowers(dir, "x"); err != nil || len(l) != 2 {
+		t.Errorf("matching base: %v, %v", l, err)
+	}
+}

@@ -53,12 +53,13 @@ type CreateSandboxInput struct {
 	// IngressEnabled: the result's ingress.url_template is where a server started in the sandbox can be reached.
 	IngressEnabled bool   `json:"ingress_enabled,omitempty" jsonschema:"make the sandbox's ports reachable over HTTP; the result's ingress.url_template (with {port} replaced) is the URL of a server started in the sandbox"`
 	Template       string `json:"template,omitempty" jsonschema:"start from this template (save_template): its files and Python variables, and its settings for fields omitted here"`
+	Image          string `json:"image,omitempty" jsonschema:"run on this named image (built with ramify image build --name: the default image plus extra Debian and pip packages); omitted: the default image"`
 }
 
 func (t *tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateSandboxInput) (*mcp.CallToolResult, *client.Sandbox, error) {
 	sb, err := t.c.Create(ctx, client.CreateRequest{VCPU: in.VCPU, MemMiB: in.MemMiB, MaxProcs: in.MaxProcs, DiskMiB: in.DiskMiB,
 		TimeoutS: in.TimeoutS, OnTimeout: in.OnTimeout, Env: in.Env, Cwd: in.Cwd, Metadata: in.Metadata,
-		IngressEnabled: in.IngressEnabled, Template: in.Template})
+		IngressEnabled: in.IngressEnabled, Template: in.Template, Image: in.Image})
 	if err != nil {
 		return nil, nil, t.explain(err)
 	}

@@ -128,6 +128,52 @@ func TestNamedImage(t *testing.T) {
 		t.Errorf("resumed child's x = %s", v)
 	}
 
+	// A template of a sandbox on the image keeps the image; a create from it cannot ask for another one.
+	if _, err := c.SaveTemplate(ctx, "on-hello", id); err != nil {
+		t.Fatal(err)
+	}
+	tsb, err := c.Create(ctx, client.CreateRequest{Template: "on-hello"})
+	if err != nil || tsb.Image != "hello" {
+		t.Fatalf("create from a template on the image: %+v, %v", tsb, err)
+	}
+	checkImage(tsb.ID)
+	if v := value(t, s, tsb.ID, "x"); v != "42" {
+		t.Errorf("template's x = %s", v)
+	}
+	if _, err := c.Create(ctx, client.CreateRequest{Template: "on-hello", Image: "default"}); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("create from the template on another image: %v", err)
+	}
+	if err := c.Delete(ctx, tsb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if img, err := c.GetImage(ctx, "hello"); err != nil || img.Templates != 1 {
+		t.Errorf("image with a template: %+v, %v", img, err)
+	}
+	if err := c.DeleteTemplate(ctx, "on-hello"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A paused sandbox whose image has gone (removed behind the server's back) cannot resume, and says why.
+	if _, err := c.BuildImage(ctx, client.BuildImageRequest{Name: "gone", Apt: []string{"tree"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	g := create(t, s, &client.CreateRequest{Image: "gone"})
+	if _, _, err := c.Pause(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitStatus(ctx, g, "paused"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "named", "gone")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Resume(ctx, g); !errors.Is(err, client.ErrConflict) || !strings.Contains(err.Error(), `image "gone"`) {
+		t.Errorf("resume on a removed image: %v", err)
+	}
+	if err := c.Delete(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+
 	// A restart keeps running sandboxes on their image.
 	s.Restart()
 	c = s.Client // the restarted server listens on another port
