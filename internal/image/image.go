@@ -2,7 +2,8 @@
 // mmdebstrap or debootstrap) that is the read-only lower layer of every sandbox's overlayfs. It builds the
 // image once, shifts its ownership into the sandboxes' user-namespace range (container uid/gid 0..65535 map
 // to host HostUID.., HostGID..), records what was built in a manifest, and returns the existing image when the
-// manifest matches what is asked for.
+// manifest matches what is asked for. It also builds named images on top of the default one (named.go): the
+// default image plus Debian and pip packages, kept as one overlay layer.
 //
 // On disk, under Options.Dir:
 //
@@ -11,6 +12,7 @@
 //	.cache/apt/            downloaded .deb files, kept across rebuilds so a rebuild downloads little
 //	.default.tmp-XXXX/     a build in progress (removed on failure; stale ones are removed by the next build)
 //	.lock                  serialises builds between processes
+//	named/<name>/          named images (named.go)
 package image
 
 import (
