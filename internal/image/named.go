@@ -233,7 +233,7 @@ func RemoveNamed(ctx context.Context, dir, name string) error {
 }
 
 // BuildNamed builds (or rebuilds) the named image o.Name on top of the default image in o.Dir: it mounts an
-// overlay of the default image with an empty layer, runs apt-get and pip in it (chrooted, as root of a user
+// overlay of the default image with an empty layer, runs apt-get and pip in it (with the tree as its root, as root of a user
 // namespace that maps container root to HostUID, like a sandbox, so the new files are owned as the image's
 // are), and keeps the layer. Progress lines go to o.Progress. The default image is not modified.
 func BuildNamed(ctx context.Context, o NamedOptions) (NamedImage, error) {
@@ -322,7 +322,7 @@ func namedID(baseID string, o NamedOptions) string {
 }
 
 // searchable checks that container root (host uid HostUID, without capabilities on the host) can reach path:
-// the build chroots into a directory next to it from inside a user namespace.
+// the build enters a directory next to it from inside a user namespace.
 func searchable(path string) error {
 	for d := filepath.Dir(path); ; d = filepath.Dir(d) {
 		var st unix.Stat_t
@@ -356,15 +356,10 @@ func buildLayer(ctx context.Context, rep *reporter, o NamedOptions, base, tmp st
 	if err := os.Chmod(layer, fs.FileMode(st.Mode&0o777)); err != nil {
 		return err
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", base, layer, work)
-	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
-		return fmt.Errorf("mount overlay: %w", err)
+	if err := mountOverlayAt(base, layer, work, merged); err != nil {
+		return err
 	}
-	defer func() {
-		if err := unix.Unmount(merged, unix.MNT_DETACH); err != nil {
-			o.Logger.Warn("image: unmount build overlay", "dir", merged, "err", err)
-		}
-	}()
+	defer unmountQuiet(o, merged)
 	if len(o.Apt) > 0 {
 		if err := aptInstall(ctx, rep, host, merged, o.Apt); err != nil {
 			return err
@@ -384,6 +379,26 @@ func buildLayer(ctx context.Context, rep *reporter, o NamedOptions, base, tmp st
 		os.Remove(filepath.Join(merged, p)) //nolint:errcheck // absent is fine
 	}
 	return nil
+}
+
+// mountOverlayAt mounts overlay(lower, upper) at merged, on the host.
+func mountOverlayAt(lower, upper, work, merged string) error {
+	for _, p := range []string{lower, upper, work} {
+		if strings.ContainsAny(p, ",:\\") {
+			return fmt.Errorf("mount overlay: %q has a character overlayfs options cannot take", p)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay: %w", err)
+	}
+	return nil
+}
+
+func unmountQuiet(o NamedOptions, merged string) {
+	if err := unix.Unmount(merged, unix.MNT_DETACH); err != nil {
+		o.Logger.Warn("image: unmount build overlay", "dir", merged, "err", err)
+	}
 }
 
 func aptInstall(ctx context.Context, rep *reporter, host ids, root string, pkgs []string) error {
@@ -418,11 +433,29 @@ func pipInstall(ctx context.Context, rep *reporter, host ids, root string, o Nam
 	return nil
 }
 
-// inRoot runs argv chrooted in root, as root of a new user namespace mapping container ids 0..65535 to
-// host.. (the sandboxes' mapping, as the default image records it), with its own mount, PID, UTS and IPC namespaces and /proc; it shares
-// the host's network (the mirror and the pip index are reached from the host).
+// inRoot runs argv with root as its root file system, as root of a new user namespace mapping container ids
+// 0..65535 to host.. (the sandboxes' mapping, as the default image records it), with its own mount, PID, UTS and
+// IPC namespaces and /proc; it shares the host's network (the mirror and the pip index are reached from the
+// host). The root is entered with pivot_root and the host's tree unmounted, not with chroot, which root of a user
+// namespace could leave: what pip runs (an sdist's setup.py) cannot reach the host's files.
 func inRoot(ctx context.Context, rep *reporter, host ids, root string, argv ...string) error {
-	sh := append([]string{"-c", `mount -t proc proc /proc 2>/dev/null; exec "$@"`, "sh"}, argv...)
+	mount, pivot := findExe("mount"), findExe("pivot_root")
+	if mount == "" || pivot == "" {
+		return errors.New("building an image needs mount and pivot_root (util-linux) on the host")
+	}
+	// The overlay is bound onto itself first: pivot_root refuses a mount copied from a more privileged mount
+	// namespace as the new root. umount (the image's) reads /proc/self/mountinfo, so /proc comes first.
+	const script = `set -e
+"$1" --make-rprivate /
+"$1" --rbind "$3" "$3"
+cd "$3"
+"$2" . mnt
+cd /
+mount -t proc proc /proc
+umount -l /mnt
+shift 3
+exec "$@"`
+	args := append([]string{"-c", script, "sh", mount, pivot, root}, argv...)
 	return runLoggedWith(ctx, rep, stallTimeout, func(cmd *exec.Cmd) {
 		cmd.Dir = "/"
 		cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -432,10 +465,9 @@ func inRoot(ctx context.Context, rep *reporter, host ids, root string, argv ...s
 			GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: host.gid, Size: 65536}},
 			GidMappingsEnableSetgroups: true,
 			Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
-			Chroot:                     root,
 			Setpgid:                    true,
 		}
-	}, "/bin/sh", sh...)
+	}, "/bin/sh", args...)
 }
 
 // ids are the host uid and gid that container root maps to.

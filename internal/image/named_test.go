@@ -3,6 +3,7 @@ package image
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,5 +131,46 @@ func TestLowersBaseRebuilt(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, namedDir, "x", manifestName), []byte(`{"name": "x", "base_id": "new"}`), 0o644)
 	if l, err := Lowers(dir, "x"); err != nil || len(l) != 2 {
 		t.Errorf("matching base: %v, %v", l, err)
+	}
+}
+
+// What runs in a build cannot reach the host's files: its root is the image (pivot_root, the host's tree
+// unmounted), and it is container root, not host root.
+func TestInRootConfined(t *testing.T) {
+	needRoot(t)
+	dir := testserver.ImageDir(t)
+	base, m, err := load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "confine")
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeTree(tmp) })
+	marker := filepath.Join(dir, "host-marker")
+	os.WriteFile(marker, []byte("host"), 0o644)
+	var out strings.Builder
+	o := NamedOptions{Logger: slog.New(slog.DiscardHandler)}
+	rep := newReporter(&out, o.Logger)
+	layer, work, merged := filepath.Join(tmp, "l"), filepath.Join(tmp, "w"), filepath.Join(tmp, "m")
+	for _, d := range []string{layer, work, merged} {
+		os.Mkdir(d, 0o755)
+	}
+	if err := mountOverlayAt(base.Rootfs, layer, work, merged); err != nil {
+		t.Fatal(err)
+	}
+	defer unmountQuiet(o, merged)
+	ctx := context.Background()
+	// The chroot escape (chroot into a subdirectory, climb out with ..) finds the image's root, not the host's.
+	code := `import os, sys
+os.chroot("/tmp"); os.chdir("../../../../../../../.."); os.chroot(".")
+print("escaped" if os.path.exists(` + "\"" + marker + "\"" + `) else "confined", os.getuid())`
+	if err := inRoot(ctx, rep, ids{m.HostUID, m.HostGID}, merged, "python3", "-c", code); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	tail := strings.Join(rep.lastLines(), "\n")
+	if !strings.Contains(tail, "confined 0") {
+		t.Errorf("inside the build: %q", tail)
 	}
 }
