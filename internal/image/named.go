@@ -224,6 +224,7 @@ func RemoveNamed(ctx context.Context, dir, name string) error {
 		return fmt.Errorf("remove image %s: %w", name, err)
 	}
 	defer unlock()
+	removeStaleNamed(filepath.Join(dir, namedDir), slog.Default())
 	p := filepath.Join(dir, namedDir, name)
 	gone := filepath.Join(dir, namedDir, fmt.Sprintf("%s%s-rm%d", namedTmp, name, time.Now().UnixNano()))
 	if err := os.Rename(p, gone); err != nil { // the name is free at once; the files go next
@@ -262,6 +263,7 @@ func BuildNamed(ctx context.Context, o NamedOptions) (NamedImage, error) {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return NamedImage{}, err
 	}
+	removeStaleNamed(parent, o.Logger)
 	tmp, err := os.MkdirTemp(parent, namedTmp+o.Name+"-")
 	if err != nil {
 		return NamedImage{}, err
@@ -296,6 +298,23 @@ func BuildNamed(ctx context.Context, o NamedOptions) (NamedImage, error) {
 	}
 	rep.say("%s done in %s, %s of its own on top of the default image", o.Name, time.Since(start).Round(time.Second), humanSize(size))
 	return m, nil
+}
+
+// removeStaleNamed removes what builds and removals killed half-way left in parent (their overlay may still be
+// mounted). The caller holds the images directory's lock, so no build is running.
+func removeStaleNamed(parent string, log *slog.Logger) {
+	ents, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), namedTmp) {
+			p := filepath.Join(parent, e.Name())
+			if err := removeTree(p); err != nil {
+				log.Warn("image: cannot remove a stale build directory", "dir", p, "err", err)
+			}
+		}
+	}
 }
 
 // installNamed moves the finished build into place, replacing (and removing) an older image of the name.

@@ -174,3 +174,34 @@ print("escaped" if os.path.exists(` + "\"" + marker + "\"" + `) else "confined",
 		t.Errorf("inside the build: %q", tail)
 	}
 }
+
+// A build killed half-way (its overlay still mounted) is cleaned up by the next removal or build.
+func TestStaleNamedBuildRemoved(t *testing.T) {
+	needRoot(t)
+	dir := testserver.ImageDir(t)
+	base, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, namedDir, namedTmp+"x-123")
+	for _, d := range []string{"layer", "work", "merged"} {
+		if err := os.MkdirAll(filepath.Join(stale, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := mountOverlayAt(base.Rootfs, filepath.Join(stale, "layer"), filepath.Join(stale, "work"), filepath.Join(stale, "merged")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeTree(stale) })
+	os.MkdirAll(filepath.Join(dir, namedDir, "y", layerName), 0o755)
+	os.WriteFile(filepath.Join(dir, namedDir, "y", manifestName), []byte(`{"name": "y"}`), 0o644)
+	if err := RemoveNamed(context.Background(), dir, "y"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale build left: %v", err)
+	}
+	if m, _ := mountsUnder(dir); len(m) != 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+}
