@@ -85,8 +85,7 @@ type Image struct {
 	Rootfs  string    // the root file system, for use as an overlay lower dir
 	ID      string    // hash of suite, packages and FormatVersion
 	BuiltAt time.Time // when the build finished
-	// SizeBytes is the tree's size (from the manifest; 0 when Build returned it).
-	SizeBytes int64
+	SizeBytes int64 // the tree's size
 }
 
 // manifest is Dir/default/manifest.json.
@@ -311,7 +310,8 @@ func build(ctx context.Context, o Options) (img Image, err error) {
 	}
 	fmt.Fprintf(o.Progress, "image: done in %s, %s\n", time.Since(start).Round(time.Second), humanSize(size))
 	o.Logger.Info("image built", "id", m.ID, "size_bytes", size, "took", time.Since(start).Round(time.Millisecond))
-	return Image{Name: defaultName, Rootfs: filepath.Join(o.Dir, defaultName, rootfsName), ID: m.ID, BuiltAt: m.BuiltAt}, nil
+	return Image{Name: defaultName, Rootfs: filepath.Join(o.Dir, defaultName, rootfsName), ID: m.ID, BuiltAt: m.BuiltAt,
+		SizeBytes: size}, nil
 }
 
 // install moves the finished build tmp to dst, atomically replacing an existing image, and sets the old one aside.
