@@ -81,11 +81,11 @@ type Options struct {
 
 // Image is a built image.
 type Image struct {
-	Name    string    // "default"
-	Rootfs  string    // the root file system, for use as an overlay lower dir
-	ID      string    // hash of suite, packages and FormatVersion
-	BuiltAt time.Time // when the build finished
-	SizeBytes int64 // the tree's size
+	Name      string    // "default"
+	Rootfs    string    // the root file system, for use as an overlay lower dir
+	ID        string    // hash of suite, packages and FormatVersion
+	BuiltAt   time.Time // when the build finished
+	SizeBytes int64     // the tree's size
 }
 
 // manifest is Dir/default/manifest.json.
