@@ -208,6 +208,7 @@ func writeSandbox(w io.Writer, sb *client.Sandbox, now time.Time) {
 	row("hostname", orDash(sb.Hostname))
 	row("shape", fmt.Sprintf("%s (%g vcpu, %d MiB, %d procs)", orDash(sb.Shape), sb.VCPU, sb.MemMiB, sb.MaxProcs))
 	row("cwd", orDash(sb.Cwd))
+	row("image", orDash(sb.Image))
 	if !sb.CreatedAt.IsZero() {
 		row("created", fmt.Sprintf("%s (%s ago)", sb.CreatedAt.Local().Format(time.DateTime), humanAge(now.Sub(sb.CreatedAt))))
 	}

@@ -220,6 +220,9 @@ func TestNamedImageCLI(t *testing.T) {
 	if out, _, code := runCLI(t, bin, env, "run", id, "import cli_hello; cli_hello.VALUE"); code != 0 || out != "7\n" {
 		t.Errorf("run on the image: exit %d, %q", code, out)
 	}
+	if out, _, code := runCLI(t, bin, env, "get", id); code != 0 || !strings.Contains(out, "image:") || !strings.Contains(out, "cli-img") {
+		t.Errorf("get: exit %d\n%s", code, out)
+	}
 	if out, _, code := runCLI(t, bin, env, "image", "ls"); code != 0 || !strings.Contains(out, "cli-img") || !strings.Contains(out, "cli-hello==2.0") {
 		t.Errorf("image ls: exit %d\n%s", code, out)
 	}
