@@ -242,3 +242,24 @@ func TestNamedImageCLI(t *testing.T) {
 		t.Errorf("image rm: exit %d, %s", code, errOut)
 	}
 }
+
+// The copy layer driver runs sandboxes on a named image too: its fork copies the writable layer, never the image.
+func TestNamedImageCopyDriver(t *testing.T) {
+	dir := testserver.ImageDir(t)
+	s := testserver.Start(t, "--image-dir", dir, "--layer-driver", "copy", "--warm-pool", "0")
+	ctx := ctxT(t)
+	if _, err := s.Client.BuildImage(ctx, client.BuildImageRequest{Name: "trees", Apt: []string{"tree"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	id := create(t, s, &client.CreateRequest{Image: "trees"})
+	sh(t, s, id, "echo parent > /root/f")
+	kid := s.Fork(t, id, 1)[0]
+	for _, sid := range []string{id, kid} {
+		if r := sh(t, s, sid, "tree -L 1 /root | tail -1; cat /root/f"); r.ExitCode != 0 || !strings.Contains(r.Stdout, "parent") {
+			t.Errorf("%s on the copy driver: %+v", sid, r)
+		}
+	}
+	if d, err := s.Client.Diff(ctx, id, kid, []string{"/root"}); err != nil || len(d.Added)+len(d.Removed)+len(d.Modified) != 0 {
+		t.Errorf("diff of an unchanged fork: %+v, %v", d, err)
+	}
+}
