@@ -189,7 +189,7 @@ function sandboxView(id) {
     }
     if (!alive) return;
     head.replaceChildren(h("h1", { class: "mono", text: sb.id }), statusBadge(sb.status));
-    const f = [["shape", sb.shape], ["age", fmtAge(sb.created_at)], ["ip", sb.ip], ["family", h("a", { href: "#/tree/" + sb.family_id, text: sb.family_id })],
+    const f = [["shape", sb.shape], ["image", sb.image || "default"], ["age", fmtAge(sb.created_at)], ["ip", sb.ip], ["family", h("a", { href: "#/tree/" + sb.family_id, text: sb.family_id })],
       ["parent", sb.parent_id ? h("a", { href: "#/sb/" + sb.parent_id, text: sb.parent_id }) : "–"],
       ["timeout", sb.timeout_s ? sb.timeout_s + " s" : "none"], ["metadata", Object.entries(sb.metadata || {}).map(([k, v]) => k + "=" + v).join(" ") || "–"]];
     if (sb.error) f.push(["error", sb.error]);
