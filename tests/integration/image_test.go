@@ -262,4 +262,25 @@ func TestNamedImageCopyDriver(t *testing.T) {
 	if d, err := s.Client.Diff(ctx, id, kid, []string{"/root"}); err != nil || len(d.Added)+len(d.Removed)+len(d.Modified) != 0 {
 		t.Errorf("diff of an unchanged fork: %+v, %v", d, err)
 	}
+	// Once no sandbox uses it, the name can be rebuilt: the new image replaces the old one.
+	first, err := s.Client.GetImage(ctx, "trees")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sid := range []string{id, kid} {
+		if err := s.Client.Delete(ctx, sid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	again, err := s.Client.BuildImage(ctx, client.BuildImageRequest{Name: "trees", Apt: []string{"tree", "bc"}}, nil)
+	if err != nil || !again.BuiltAt.After(first.BuiltAt) || !slices.Equal(again.Apt, []string{"bc", "tree"}) {
+		t.Fatalf("rebuild: %+v, %v", again, err)
+	}
+	if imgs, err := s.Client.Images(ctx); err != nil || len(imgs) != 2 {
+		t.Errorf("images after a rebuild: %+v, %v", imgs, err)
+	}
+	id = create(t, s, &client.CreateRequest{Image: "trees"})
+	if r := sh(t, s, id, "echo 6*7 | bc"); r.Stdout != "42\n" {
+		t.Errorf("the rebuilt image: %+v", r)
+	}
 }
