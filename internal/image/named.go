@@ -234,9 +234,9 @@ func RemoveNamed(ctx context.Context, dir, name string) error {
 }
 
 // BuildNamed builds (or rebuilds) the named image o.Name on top of the default image in o.Dir: it mounts an
-// overlay of the default image with an empty layer, runs apt-get and pip in it (with the tree as its root, as root of a user
-// namespace that maps container root to HostUID, like a sandbox, so the new files are owned as the image's
-// are), and keeps the layer. Progress lines go to o.Progress. The default image is not modified.
+// overlay of the default image with an empty layer, runs apt-get and pip in it (inRoot: the tree as their root,
+// as root of a user namespace that maps container root as a sandbox's does, so the new files are owned as the
+// image's are), and keeps the layer. Progress lines go to o.Progress. The default image is not modified.
 func BuildNamed(ctx context.Context, o NamedOptions) (NamedImage, error) {
 	o, err := o.Normalize()
 	if err != nil {
