@@ -382,6 +382,10 @@ func (a *Agent) handleConn(c net.Conn) {
 			keep = a.attachRepl(c, r, req)
 			return
 		}
+		if req.Op == OpSession {
+			a.session(c.(*net.UnixConn), r, req)
+			return
+		}
 		ctx, done := untilHangup(c)
 		a.handle(ctx, req, w)
 		hungUp := done()

@@ -18,6 +18,7 @@ const (
 	OpRestore   = "restore_repl"
 	OpFork      = "fork_repl"
 	OpAttach    = "attach_repl" // sent by a forked interpreter (repl.py), never by the server
+	OpSession   = "session"     // an interactive session (session.go): the connection is then the session's
 )
 
 // Pong is what a ping answers: the agent's and its interpreter's pids in the family's PID namespace.

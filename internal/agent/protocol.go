@@ -30,6 +30,11 @@ type Request struct {
 	Argv  []string `json:"argv,omitempty"`
 	Stdin string   `json:"stdin,omitempty"`
 
+	// session: a PTY (Tty) of Rows x Cols, or pipes
+	Tty  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+
 	// run_code and exec: seconds, 0 = no limit
 	TimeoutS float64 `json:"timeout_s,omitempty"`
 
