@@ -64,6 +64,7 @@ type serveFlags struct {
 	warmPool, spareAgents, templatePool                                       int
 	observe                                                                   observeFlags
 	ingress                                                                   ingressFlags
+	ssh                                                                       sshFlags
 	spareIdle                                                                 time.Duration
 	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret string
 	s3Secure                                                                  bool
@@ -106,6 +107,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.runtimeBinary, "runtime-binary", os.Getenv("RAMIFY_RUNTIME_BINARY"), "static ramify binary to run as family init and agent (default: this one; set it when this one is not static, e.g. built with -race)")
 	f.observe.register(fs)
 	f.ingress.register(fs)
+	f.ssh.register(fs)
 	fs.StringVar(&f.logLevel, "log-level", envOr("RAMIFY_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -293,7 +295,11 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	svc, err := sandbox.New(ctx, sandbox.Config{ImageDir: f.imageDir, IngressHost: ingressHost, Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
+	sshAddr, sshHostKey, err := f.ssh.open(f.dataDir, log)
+	if err != nil {
+		return err
+	}
+	svc, err := sandbox.New(ctx, sandbox.Config{ImageDir: f.imageDir, IngressHost: ingressHost, SSHAddr: sshAddr, SSHHostKey: sshHostKey, Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
 		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool, TemplatePool: f.templatePool,
 		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit, Events: hub})
 	if err != nil {
@@ -313,6 +319,11 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	}
 	defer stopMetrics()
 	defer f.ingress.serve(apiSrv, log)()
+	stopSSH, err := f.ssh.serve(svc, f.dataDir, log)
+	if err != nil {
+		return err
+	}
+	defer stopSSH()
 	url := "http://" + ln.Addr().String()
 	fmt.Fprintf(os.Stderr, "\nramify %s serving on %s (layers: %s, cgroups v%d, snapshots: %s, image %s)\n", version, url, layers.Name(), cg.Version(), snaps.Name(), img.Rootfs)
 	// The key is printed in full only once, when it is generated: later starts (and their logs) say where it is.

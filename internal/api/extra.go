@@ -19,6 +19,7 @@ func (s *Server) extraRoutes(m *http.ServeMux) {
 	s.handle("POST /v1/sandboxes/{id}/pause", s.auth(s.pause))
 	s.handle("POST /v1/sandboxes/{id}/resume", s.auth(s.resume))
 	s.handle("POST /v1/sandboxes/{id}/timeout", s.auth(s.setTimeout))
+	s.handle("POST /v1/sandboxes/{id}/ssh_keys", s.auth(s.addSSHKeys))
 }
 
 // setTimeout is keepalive: the sandbox now times out timeout_s seconds from now (0: never).
@@ -35,6 +36,23 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, err := s.svc.SetTimeout(r.Context(), r.PathValue("id"), *req.TimeoutS)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+// addSSHKeys authorizes more SSH keys on a sandbox: {"keys": [authorized_keys lines]}.
+func (s *Server) addSSHKeys(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Keys []string `json:"keys"`
+	}
+	if err := decode(w, r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	info, err := s.svc.AddSSHKeys(r.Context(), r.PathValue("id"), req.Keys)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -77,6 +95,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		StartPaused bool            `json:"start_paused"`
 		Egress      *[]string       `json:"egress"`
 		Ingress     *bool           `json:"ingress_enabled"`
+		SSHPubkeys  []string        `json:"ssh_pubkeys"`
 	}
 	if err := decode(w, r, &req, true); err != nil {
 		writeError(w, err)
@@ -90,7 +109,8 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	res, err := s.svc.ForkWithOptions(r.Context(), r.PathValue("id"), n,
-		sandbox.ForkOptions{StartPaused: req.StartPaused, Egress: req.Egress, IngressEnabled: req.Ingress})
+		sandbox.ForkOptions{StartPaused: req.StartPaused, Egress: req.Egress, IngressEnabled: req.Ingress,
+			SSHPubkeys: req.SSHPubkeys})
 	if err != nil {
 		writeError(w, err)
 		return

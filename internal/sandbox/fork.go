@@ -65,6 +65,8 @@ type ForkOptions struct {
 	Egress *[]string
 	// IngressEnabled replaces the parent's ingress_enabled.
 	IngressEnabled *bool
+	// SSHPubkeys are authorized on the children on top of the parent's keys (ssh.go).
+	SSHPubkeys []string
 }
 
 // apply gives spec the options' overrides and reports whether there were any.
@@ -75,7 +77,10 @@ func (o ForkOptions) apply(spec *CreateRequest) bool {
 	if o.IngressEnabled != nil {
 		spec.IngressEnabled = *o.IngressEnabled
 	}
-	return o.Egress != nil || o.IngressEnabled != nil
+	if len(o.SSHPubkeys) > 0 {
+		spec.SSHPubkeys, _ = normalizeSSHKeys(spec.SSHPubkeys, o.SSHPubkeys) // validated by ForkWithOptions
+	}
+	return o.Egress != nil || o.IngressEnabled != nil || len(o.SSHPubkeys) > 0
 }
 
 // ForkWithOptions is Fork with the options of a fork call.
@@ -88,6 +93,9 @@ func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkO
 		if _, err := network.ParseEgress(*egress); err != nil {
 			return ForkResult{}, err
 		}
+	}
+	if _, err := normalizeSSHKeys(nil, o.SSHPubkeys); err != nil {
+		return ForkResult{}, err
 	}
 	fk, err := s.forker()
 	if err != nil {

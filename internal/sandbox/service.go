@@ -67,6 +67,10 @@ type Config struct {
 	// ImageDir is the images directory (internal/image): the default image and the named ones. Empty: only the
 	// default image, and no image operations.
 	ImageDir string
+	// SSHAddr is the SSH server's public address (host:port); empty: no SSH server (ssh.go).
+	SSHAddr string
+	// SSHHostKey is the SSH server's public host key ("ssh-ed25519 AAAA..."), shown for known_hosts.
+	SSHHostKey string
 }
 
 // DefaultCloseTimeout is Config.CloseTimeout's default.
@@ -409,6 +413,7 @@ func (s *Service) info(e *entry) Info {
 	if in.Image == "" {
 		in.Image = image.DefaultName
 	}
+	in.SSH = s.sshInfo(r.ID, spec)
 	if in.Metadata == nil {
 		in.Metadata = map[string]string{}
 	}

@@ -35,6 +35,9 @@ type CreateRequest struct {
 	// Image names the image the sandbox runs on (images.go): "" or "default" is the default image; stored as ""
 	// for it.
 	Image string `json:"image,omitempty"`
+	// SSHPubkeys are the authorized_keys lines of the keys that may open an SSH session as the sandbox (ssh.go),
+	// stored in canonical form ("type base64 comment"); inherited by forks.
+	SSHPubkeys []string `json:"ssh_pubkeys,omitempty"`
 }
 
 // Defaults and bounds of a sandbox's shape.
@@ -112,6 +115,11 @@ func (r CreateRequest) normalize() (CreateRequest, error) {
 		}
 		r.Image = imageName(r.Image)
 	}
+	keys, err := normalizeSSHKeys(nil, r.SSHPubkeys)
+	if err != nil {
+		return r, err
+	}
+	r.SSHPubkeys = keys
 	if _, err := network.ParseEgress(r.Egress); err != nil {
 		return r, err
 	}
@@ -192,6 +200,8 @@ type Info struct {
 	Pause *PauseInfo `json:"pause,omitempty"`
 	// Usage is the sandbox's resource use now: in GET of a running sandbox only (not in lists).
 	Usage *UsageInfo `json:"usage,omitempty"`
+	// SSH lists the authorized keys and, when the server runs its SSH server, the command that connects.
+	SSH *SSHInfo `json:"ssh,omitempty"`
 }
 
 func shape(vcpu float64, mem int) string {

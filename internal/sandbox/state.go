@@ -33,9 +33,10 @@ const (
 	OpResume     Op = "resume"
 	OpDestroy    Op = "destroy"
 	OpDiff       Op = "diff"
-	OpRestart    Op = "restart"     // the service reviving a sandbox whose agent died (health.go)
-	OpSetTimeout Op = "set timeout" // keepalive: a new deadline (keepalive.go)
-	OpTemplate   Op = "template"    // save a template of the sandbox (template.go)
+	OpRestart    Op = "restart"      // the service reviving a sandbox whose agent died (health.go)
+	OpSetTimeout Op = "set timeout"  // keepalive: a new deadline (keepalive.go)
+	OpTemplate   Op = "template"     // save a template of the sandbox (template.go)
+	OpSSHKeys    Op = "add ssh keys" // authorize more SSH keys (ssh.go)
 )
 
 // allowed is the one table every handler asks: which operation may start in which state.
@@ -50,6 +51,7 @@ var allowed = map[Op]map[Status]bool{
 	OpRestart:    {StatusRunning: true},
 	OpSetTimeout: {StatusRunning: true, StatusPaused: true},
 	OpTemplate:   {StatusRunning: true},
+	OpSSHKeys:    {StatusRunning: true, StatusPaused: true},
 }
 
 // transitions lists the legal status changes; setStatus refuses any other. A record is born creating (a new
