@@ -28,6 +28,8 @@ type ForkRequest struct {
 	Egress *[]string `json:"egress,omitempty"`
 	// IngressEnabled is the children's ingress setting (nil: the parent's).
 	IngressEnabled *bool `json:"ingress_enabled,omitempty"`
+	// SSHPubkeys are authorized on the children on top of the parent's keys.
+	SSHPubkeys []string `json:"ssh_pubkeys,omitempty"`
 }
 
 // ForkWith is Fork with the children's egress, ingress and (for a paused parent) start_paused.

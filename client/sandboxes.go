@@ -65,6 +65,19 @@ func (c *Client) SetTimeout(ctx context.Context, id string, timeoutS int) (*Sand
 	return &out, nil
 }
 
+// AddSSHKeys authorizes more SSH keys (authorized_keys lines) on a running or paused sandbox; keys it already
+// has are skipped. It returns the sandbox, whose SSH field lists the keys.
+func (c *Client) AddSSHKeys(ctx context.Context, id string, keys []string) (*Sandbox, error) {
+	body := struct {
+		Keys []string `json:"keys"`
+	}{keys}
+	var out Sandbox
+	if _, err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/ssh_keys"), json: body}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Delete destroys a sandbox: its processes are killed and its file system removed. Deleting an unknown
 // sandbox (including a second delete) is ErrNotFound.
 func (c *Client) Delete(ctx context.Context, id string) error {

@@ -53,6 +53,26 @@ type Sandbox struct {
 	Image string `json:"image"`
 	// Usage is the sandbox's resource use now: set by Get for a running sandbox only.
 	Usage *Usage `json:"usage,omitempty"`
+	// SSH is the sandbox's SSH access: its authorized keys and, when the server runs its SSH server, how to
+	// connect (nil when it has no keys and the server no SSH server).
+	SSH *SSHInfo `json:"ssh,omitempty"`
+}
+
+// SSHInfo is a sandbox's SSH access.
+type SSHInfo struct {
+	Keys []SSHKey `json:"keys"`
+	// Command is the ssh command line that connects ("ssh -p 2222 sbx_...@host"); empty without an SSH server.
+	Command string `json:"command,omitempty"`
+	// HostKey is the SSH server's host key, KnownHosts its line for a known_hosts file.
+	HostKey    string `json:"host_key,omitempty"`
+	KnownHosts string `json:"known_hosts,omitempty"`
+}
+
+// SSHKey describes one authorized key.
+type SSHKey struct {
+	Type        string `json:"type"`
+	Fingerprint string `json:"fingerprint"`
+	Comment     string `json:"comment,omitempty"`
 }
 
 // Usage is a running sandbox's resource use.
@@ -105,6 +125,8 @@ type CreateRequest struct {
 	Template string `json:"template,omitempty"`
 	// Image names the image the sandbox runs on (BuildImage); "" is the default image.
 	Image string `json:"image,omitempty"`
+	// SSHPubkeys are authorized_keys lines of the keys that may ssh into the sandbox (see docs/ssh.md).
+	SSHPubkeys []string `json:"ssh_pubkeys,omitempty"`
 }
 
 // Ingress says whether a sandbox's ports are reachable over HTTP, and where ("{port}" stands for the port).

@@ -27,7 +27,7 @@ func init() {
 }
 
 func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
-	fs, asJSON := e.flags("sandbox create [--vcpu N] [--mem MiB] [--max-procs N] [--disk MiB] [--egress LIST] [--ingress] [--timeout S] [--env K=V]... [--cwd DIR] [--meta K=V]... [--template NAME] [--json]")
+	fs, asJSON := e.flags("sandbox create [--vcpu N] [--mem MiB] [--max-procs N] [--disk MiB] [--egress LIST] [--ingress] [--timeout S] [--env K=V]... [--cwd DIR] [--meta K=V]... [--template NAME] [--ssh-key FILE]... [--json]")
 	var (
 		mem     memFlag
 		timeout secondsFlag
@@ -46,6 +46,8 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	fs.Var(env, "env", "environment variable K=V for run and exec (repeatable)")
 	cwd := fs.String("cwd", "", "working directory (server default /root)")
 	fs.Var(meta, "meta", "metadata label K=V (repeatable)")
+	var sshKeys stringsFlag
+	fs.Var(&sshKeys, "ssh-key", "authorize this SSH public key (a .pub file or a key line) for 'ramify ssh' (repeatable)")
 	template := fs.String("template", "", "start from this template (ramify template save): its files, variables and, for flags not given, its settings")
 	img := fs.String("image", "", "run on this image (ramify image build --name; ramify image ls); default: the default image")
 	pos, _, _, err := parseArgs(fs, args)
@@ -58,6 +60,9 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	req := client.CreateRequest{
 		VCPU: *vcpu, MemMiB: int(mem), MaxProcs: *maxProcs, TimeoutS: timeout.n, OnTimeout: *onTimeout,
 		Cwd: *cwd, IngressEnabled: *ingress, Template: *template, Image: *img,
+	}
+	if req.SSHPubkeys, err = readPubkeys(sshKeys); err != nil {
+		return err
 	}
 	req.DiskMiB = int(disk)
 	switch {

@@ -228,6 +228,6 @@ func (s *session) sftp() {
 	if err := rs.Serve(); err != nil && err != io.EOF {
 		s.srv.log.Debug("sftp", "sandbox", s.id, "err", err)
 	}
+	s.exit(0) // before rs.Close, which closes the channel: scp fails without an exit status
 	rs.Close()
-	s.exit(0)
 }

@@ -25,6 +25,9 @@ import (
 type fsHandlers struct {
 	svc Sandboxes
 	id  string
+
+	mu      sync.Mutex
+	writing map[string]*orderedWriter // uploads in progress, by path: a setstat on them waits for the file
 }
 
 func (h *fsHandlers) open() (*files.FS, func(), error) {
@@ -77,10 +80,24 @@ func (h *fsHandlers) Filewrite(r *sftp.Request) (io.WriterAt, error) {
 	if a := r.Attributes(); a != nil && r.AttrFlags().Permissions {
 		mode = a.FileMode().Perm()
 	}
+	h.mu.Lock()
+	if h.writing == nil {
+		h.writing = map[string]*orderedWriter{}
+	}
+	h.writing[r.Filepath] = w
+	h.mu.Unlock()
 	go func() {
 		defer release()
 		_, err := fs.Write(r.Filepath, pr, mode)
 		pr.CloseWithError(err) // a failed write stops the client's next WriteAt
+		h.mu.Lock()
+		if h.writing[r.Filepath] == w {
+			delete(h.writing, r.Filepath)
+		}
+		h.mu.Unlock()
+		if err == nil && (w.mode != nil || w.mtime != nil) {
+			err = fs.SetAttr(r.Filepath, w.mode, w.mtime)
+		}
 		w.done <- sftpErr(err)
 	}()
 	return w, nil
@@ -95,6 +112,9 @@ type orderedWriter struct {
 	pending map[int64][]byte
 	done    chan error
 	closed  bool
+	// a setstat (fsetstat) of the file while it is written: applied once it is in place
+	mode  *os.FileMode
+	mtime *time.Time
 }
 
 // maxPending bounds the bytes held for chunks that came early (OpenSSH keeps at most 64 requests of 32 KiB in
@@ -179,16 +199,17 @@ func (h *fsHandlers) Filecmd(r *sftp.Request) error {
 		}
 		err = fs.Remove(r.Filepath, false)
 	case "Setstat":
-		err = setstat(fs, r)
+		err = h.setstat(fs, r)
 	}
 	return sftpErr(err)
 }
 
-// setstat applies a setstat's permissions and times (chmod, scp's and sftp -p's preserved mode and times).
-// A size (truncate) or an owner is refused: files belong to the sandbox's root.
-func setstat(fs *files.FS, r *sftp.Request) error {
+// setstat applies a setstat's permissions and times (chmod, scp's and sftp -p's preserved mode and times); on
+// a file being uploaded, once the upload is in place. A size (truncate) other than the file's, or an owner
+// other than root, is refused: files belong to the sandbox's root.
+func (h *fsHandlers) setstat(fs *files.FS, r *sftp.Request) error {
 	flags, a := r.AttrFlags(), r.Attributes()
-	if flags.Size || flags.UidGid {
+	if flags.UidGid && (a.UID != 0 || a.GID != 0) {
 		return sftp.ErrSSHFxOpUnsupported
 	}
 	var mode *os.FileMode
@@ -200,6 +221,31 @@ func setstat(fs *files.FS, r *sftp.Request) error {
 	if flags.Acmodtime {
 		t := time.Unix(int64(a.Mtime), 0)
 		mtime = &t
+	}
+	h.mu.Lock()
+	w := h.writing[r.Filepath]
+	h.mu.Unlock()
+	if w != nil {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if flags.Size && a.Size != uint64(w.next) {
+			return sftp.ErrSSHFxOpUnsupported
+		}
+		if mode != nil {
+			w.mode = mode
+		}
+		if mtime != nil {
+			w.mtime = mtime
+		}
+		return nil
+	}
+	if flags.Size {
+		if e, err := fs.Stat(r.Filepath); err != nil || uint64(e.Size) != a.Size {
+			return sftp.ErrSSHFxOpUnsupported
+		}
+	}
+	if mode == nil && mtime == nil {
+		return nil
 	}
 	return fs.SetAttr(r.Filepath, mode, mtime)
 }
