@@ -188,6 +188,16 @@ func TestSSHIntoSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("fork inherits keys", func(t *testing.T) {
+		kids, err := s.Client.Fork(ctxT(t), e.id, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, stderr, code := e.ssh(e.key, kids[0], "", "cat /root/from-ssh.txt"); out != "through ssh\n" || code != 0 {
+			t.Fatalf("ssh into the fork child: %q %q %d", out, stderr, code)
+		}
+	})
+
 	t.Run("refused", func(t *testing.T) {
 		if _, stderr, code := e.ssh(e.other, e.id, "", "true"); code != 255 || !strings.Contains(stderr, "Permission denied") {
 			t.Fatalf("unauthorized key: status %d, %q", code, stderr)
@@ -219,6 +229,26 @@ func TestSSHIntoSandbox(t *testing.T) {
 		}
 		if _, stderr, code := e.ssh(e.key, e.id, "", "true"); code == 0 || !strings.Contains(stderr, "paused") {
 			t.Fatalf("paused sandbox: status %d, %q", code, stderr)
+		}
+		// A fork of the paused sandbox may authorize one more key.
+		third := filepath.Join(dir, "third")
+		thirdPub := keygen(t, third)
+		kids, err := s.Client.ForkWith(ctxT(t), e.id, client.ForkRequest{N: 1, SSHPubkeys: []string{thirdPub}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kid, err := s.Client.WaitStatus(ctxT(t), kids[0], client.StatusRunning)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kid.SSH == nil || len(kid.SSH.Keys) != 3 {
+			t.Fatalf("fork of a paused sandbox: keys %+v", kid.SSH)
+		}
+		if out, stderr, code := e.ssh(third, kids[0], "", "cat /root/from-ssh.txt"); out != "through ssh\n" || code != 0 {
+			t.Fatalf("ssh into the paused sandbox's fork with the added key: %q %q %d", out, stderr, code)
+		}
+		if _, _, code := e.ssh(third, e.id, "", "true"); code != 255 {
+			t.Fatalf("the fork's added key opens the parent: status %d", code)
 		}
 		s.Restart() // the host key is the same after a restart (known_hosts still trusts it)
 		if _, _, err := s.Client.Resume(ctxT(t), e.id); err != nil {
