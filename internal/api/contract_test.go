@@ -11,6 +11,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,6 +28,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/legacy"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/testserver"
@@ -92,7 +95,7 @@ func decodeSSE(body io.Reader, _ http.Header, schema *openapi3.SchemaRef, _ open
 
 func TestContractEveryOperation(t *testing.T) {
 	// A fresh images directory over the shared default image: the images the test builds go there.
-	srv := testserver.Start(t, "--image-dir", testserver.ImageDir(t))
+	srv := testserver.Start(t, "--image-dir", testserver.ImageDir(t), "--ssh-listen", "127.0.0.1:0")
 	c := newContract(t, srv)
 	c.health()
 	ids := c.sandboxes()
@@ -382,9 +385,10 @@ func (c *contract) sandboxes() contractIDs {
 		body: []byte(`{"metadata": {"suite": "contract"}, "env": {"A": "1"}, "timeout_s": 3600}`)})
 	var sb struct{ ID string }
 	c.json(b, &sb)
-	for _, bad := range []string{`{"bogus": 1}`, `{"vcpu": "2"}`, `{"mem_mib": 1}`, `{"on_timeout": "explode"}`, `[]`} {
+	for _, bad := range []string{`{"bogus": 1}`, `{"vcpu": "2"}`, `{"mem_mib": 1}`, `{"on_timeout": "explode"}`, `[]`, `{"ssh_pubkeys": "x"}`} {
 		c.do(exchange{method: "POST", path: "/v1/sandboxes", body: []byte(bad), status: 400, invalid: true})
 	}
+	c.do(exchange{method: "POST", path: "/v1/sandboxes", body: []byte(`{"ssh_pubkeys": ["not a key"]}`), status: 400})
 	for _, q := range []string{"", "?status=running", "?metadata%5Bsuite%5D=contract", "?status=running&metadata%5Bsuite%5D=contract"} {
 		_, b := c.do(exchange{method: "GET", path: "/v1/sandboxes" + q, status: 200})
 		var l struct{ Sandboxes []struct{ ID string } }
@@ -449,6 +453,38 @@ func (c *contract) runningCode(id string) {
 	c.do(exchange{method: "POST", path: "/v1/sandboxes/" + unknownID + "/exec", body: []byte(`{"cmd": "true"}`), status: 404})
 	c.interrupt(id)
 	c.keepalive(id)
+	c.sshKeys(id)
+}
+
+// sshKeys authorizes keys on a sandbox (and refuses a line that is not a key); GET then shows them, and the
+// server's ssh command (it runs with --ssh-listen).
+func (c *contract) sshKeys(id string) {
+	p := "/v1/sandboxes/" + id + "/ssh_keys"
+	line := testPubkey(c.t)
+	body, _ := json.Marshal(map[string]any{"keys": []string{line, line}})
+	_, b := c.do(exchange{method: "POST", path: p, body: body, status: 200})
+	var sb client.Sandbox
+	c.json(b, &sb)
+	if sb.SSH == nil || len(sb.SSH.Keys) != 1 || !strings.HasPrefix(sb.SSH.Keys[0].Fingerprint, "SHA256:") ||
+		!strings.HasPrefix(sb.SSH.Command, "ssh -p ") || sb.SSH.KnownHosts == "" {
+		c.t.Errorf("ssh_keys: %s", b)
+	}
+	c.do(exchange{method: "POST", path: p, body: []byte(`{"keys": ["ssh-ed25519 not-base64"]}`), status: 400})
+	c.do(exchange{method: "POST", path: p, body: []byte(`{"keys": []}`), status: 400, invalid: true})
+	c.do(exchange{method: "POST", path: "/v1/sandboxes/" + unknownID + "/ssh_keys", body: body, status: 404})
+}
+
+// testPubkey is a fresh ed25519 public key as an authorized_keys line.
+func testPubkey(t *testing.T) string {
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pk))) + " contract@test"
 }
 
 // keepalive sets a running sandbox's timeout from now, then clears it.
