@@ -90,6 +90,13 @@ func (e *cli) sandboxCreate(ctx context.Context, args []string) error {
 	if sb.Ingress.Enabled {
 		fmt.Fprintf(e.stderr, "  its ports:     %s\n", ingressWhere(e.c.BaseURL(), sb.Ingress))
 	}
+	if sb.SSH != nil && len(sb.SSH.Keys) > 0 {
+		if sb.SSH.Command != "" {
+			fmt.Fprintf(e.stderr, "  ssh into it:   ramify ssh %s   (or %s)\n", sb.ID, sb.SSH.Command)
+		} else {
+			fmt.Fprintf(e.stderr, "  ssh:           the server runs no SSH server (ramify serve --ssh-listen)\n")
+		}
+	}
 	return nil
 }
 
