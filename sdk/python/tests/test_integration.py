@@ -65,6 +65,24 @@ def _tree(root: str) -> dict:
     return out
 
 
+def _ed25519_line(raw: bytes, comment: str) -> str:
+    """An authorized_keys line for the ed25519 public key raw (32 bytes): any 32 bytes make a parseable key."""
+    import base64
+    import struct
+
+    def string(b: bytes) -> bytes:
+        return struct.pack(">I", len(b)) + b
+    blob = string(b"ssh-ed25519") + string(raw)
+    return "ssh-ed25519 " + base64.b64encode(blob).decode() + " " + comment
+
+
+def _fingerprint(line: str) -> str:
+    """The key's SHA256 fingerprint, as ssh-keygen -l prints it."""
+    import base64
+    blob = base64.b64decode(line.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
 @unittest.skipUnless(HAVE_SERVER, SKIP_MSG)
 class TestIntegration(unittest.TestCase):
     sb: Sandbox
@@ -240,6 +258,35 @@ class TestIntegration(unittest.TestCase):
             self.assertIsNone(info["expires_at"])
             with self.assertRaises(InvalidRequest):
                 sb.set_timeout(-1)
+
+    def test_ssh_keys(self):
+        k1, k2 = _ed25519_line(b"\x01" * 32, "one@test"), _ed25519_line(b"\x02" * 32, "two@test")
+        with self.assertRaises(InvalidRequest):
+            Sandbox(metadata=META, ssh_pubkeys=["ssh-ed25519 not-a-key"])
+        with Sandbox(metadata=META, ssh_pubkeys=[k1]) as sb:
+            keys = sb.info["ssh"]["keys"]
+            self.assertEqual([k["fingerprint"] for k in keys], [_fingerprint(k1)])
+            self.assertEqual(keys[0]["comment"], "one@test")
+            # the test server runs --ssh-listen (scripts/with-test-server)
+            self.assertTrue(sb.info["ssh"]["command"].startswith("ssh -p "), sb.info["ssh"])
+            self.assertIn(sb.id + "@", sb.info["ssh"]["command"])
+            info = sb.add_ssh_keys([k2, k1])  # k1 again: skipped
+            self.assertEqual([k["fingerprint"] for k in info["ssh"]["keys"]], [_fingerprint(k1), _fingerprint(k2)])
+            self.assertEqual(len(sb.refresh()["ssh"]["keys"]), 2)
+            with self.assertRaises(InvalidRequest):
+                sb.add_ssh_keys(["nonsense"])
+
+    async def _async_ssh_keys(self):
+        k1 = _ed25519_line(b"\x03" * 32, "async@test")
+        sb = await AsyncSandbox(metadata=META)
+        try:
+            info = await sb.add_ssh_keys(k1)
+            self.assertEqual(info["ssh"]["keys"][0]["fingerprint"], _fingerprint(k1))
+        finally:
+            await sb.close()
+
+    def test_ssh_keys_async(self):
+        asyncio.run(self._async_ssh_keys())
 
     def test_async_constructed_like_sandbox(self):
         async def main():
@@ -431,6 +478,18 @@ class TestIntegration(unittest.TestCase):
 @unittest.skipUnless(HAVE_SERVER, SKIP_MSG)
 @unittest.skipUnless(FORK, "fork/merge/diff tests: set RAMIFY_TEST_FORK=1 once the server supports fork")
 class TestForkIntegration(unittest.TestCase):
+    def test_fork_ssh_keys(self):
+        k1, k2 = _ed25519_line(b"\x04" * 32, "parent@test"), _ed25519_line(b"\x05" * 32, "child@test")
+        with Sandbox(metadata=META, ssh_pubkeys=[k1]) as parent:
+            children = parent.fork(n=1, ssh_pubkeys=[k2])
+            try:
+                got = [k["fingerprint"] for k in children[0].refresh()["ssh"]["keys"]]
+                self.assertEqual(got, [_fingerprint(k1), _fingerprint(k2)])
+                self.assertEqual([k["fingerprint"] for k in parent.refresh()["ssh"]["keys"]], [_fingerprint(k1)])
+            finally:
+                for c in children:
+                    c.close()
+
     def test_fork_inherits_and_isolates(self):
         with Sandbox(metadata=META) as parent:
             parent.run_code("x = 42; import json")

@@ -209,6 +209,7 @@ class AsyncSandbox:
         ingress_enabled: bool = False,
         template: Optional[str] = None,
         image: Optional[str] = None,
+        ssh_pubkeys: Optional[Sequence[str]] = None,
     ):
         self._sync: Optional[Sandbox] = None
         self._kwargs: Optional[Dict[str, Any]] = None
@@ -219,7 +220,7 @@ class AsyncSandbox:
                             on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
                             api_url=api_url, api_key=api_key, request_timeout=request_timeout,
                             disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled,
-                            template=template, image=image)
+                            template=template, image=image, ssh_pubkeys=ssh_pubkeys)
 
     def _wrap(self, sandbox: Sandbox) -> "AsyncSandbox":
         self._sync = sandbox
@@ -265,12 +266,13 @@ class AsyncSandbox:
         ingress_enabled: bool = False,
         template: Optional[str] = None,
         image: Optional[str] = None,
+        ssh_pubkeys: Optional[Sequence[str]] = None,
     ) -> _Creating:
         return _Creating(dict(vcpu=vcpu, mem_mib=mem_mib, max_procs=max_procs, timeout_s=timeout_s,
                               on_timeout=on_timeout, env=env, cwd=cwd, metadata=metadata,
                               api_url=api_url, api_key=api_key, request_timeout=request_timeout,
                               disk_mib=disk_mib, egress=egress, ingress_enabled=ingress_enabled,
-                              template=template, image=image))
+                              template=template, image=image, ssh_pubkeys=ssh_pubkeys))
 
     @classmethod
     async def connect(cls, id: str, api_url: Optional[str] = None, api_key: Optional[str] = None,
@@ -337,6 +339,9 @@ class AsyncSandbox:
     async def set_timeout(self, timeout_s: int) -> Dict[str, Any]:
         return await _run(self._s().set_timeout, timeout_s)
 
+    async def add_ssh_keys(self, keys: Sequence[str]) -> Dict[str, Any]:
+        return await _run(self._s().add_ssh_keys, keys)
+
     async def interrupt(self, what: Optional[str] = None) -> Dict[str, int]:
         return await _run(self._s().interrupt, what)
 
@@ -364,8 +369,9 @@ class AsyncSandbox:
         return result
 
     # -- fork / merge / diff ------------------------------------------------------------------------
-    async def fork(self, n: int = 1, ingress_enabled: Optional[bool] = None) -> "List[AsyncSandbox]":
-        children = await _run(self._s().fork, n, ingress_enabled)
+    async def fork(self, n: int = 1, ingress_enabled: Optional[bool] = None,
+                   ssh_pubkeys: Optional[Sequence[str]] = None) -> "List[AsyncSandbox]":
+        children = await _run(self._s().fork, n, ingress_enabled, ssh_pubkeys)
         return [AsyncSandbox._of(c) for c in children]
 
     async def merge_into(self, winner: Union["AsyncSandbox", Sandbox, str]) -> None:

@@ -87,6 +87,7 @@ class Sandbox:
         ingress_enabled: bool = False,
         template: Optional[str] = None,
         image: Optional[str] = None,
+        ssh_pubkeys: Optional[Sequence[str]] = None,
     ):
         client = HTTPClient(api_url, api_key, request_timeout)
         body: Dict[str, Any] = {}
@@ -107,6 +108,8 @@ class Sandbox:
             body["egress"] = [str(e) for e in egress]
         if ingress_enabled:  # the sandbox's ports reachable over HTTP: see url() and api_url()
             body["ingress_enabled"] = True
+        if ssh_pubkeys is not None:  # authorized_keys lines: ssh into the sandbox (server with --ssh-listen)
+            body["ssh_pubkeys"] = _key_lines(ssh_pubkeys)
         if env is not None:
             body["env"] = {str(k): str(v) for k, v in env.items()}
         if metadata is not None:
@@ -255,6 +258,17 @@ class Sandbox:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int):
             raise TypeError("timeout_s must be an int (seconds)")
         info = self._client.json("POST", self._path("/timeout"), json_body={"timeout_s": timeout_s})
+        if isinstance(info, dict):
+            self.info = info
+        return self.info
+
+    def add_ssh_keys(self, keys: Sequence[str]) -> Dict[str, Any]:
+        """Authorize more SSH keys (authorized_keys lines, e.g. the contents of ``~/.ssh/id_ed25519.pub``) on this
+        running or paused sandbox (``POST /v1/sandboxes/{id}/ssh_keys``); keys it already has are skipped. Updates
+        :attr:`info`, whose ``ssh`` lists the keys and, when the server runs ``--ssh-listen``, the ``command``
+        that connects, and returns it. A line that is not a public key raises :class:`InvalidRequest`."""
+        self._check()
+        info = self._client.json("POST", self._path("/ssh_keys"), json_body={"keys": _key_lines(keys)})
         if isinstance(info, dict):
             self.info = info
         return self.info
@@ -427,15 +441,18 @@ class Sandbox:
         raise RamifyError("exec stream ended without an exit event", resp.status)
 
     # -- fork / merge / diff ----------------------------------------------------------------------
-    def fork(self, n: int = 1, ingress_enabled: Optional[bool] = None) -> "List[Sandbox]":
+    def fork(self, n: int = 1, ingress_enabled: Optional[bool] = None,
+             ssh_pubkeys: Optional[Sequence[str]] = None) -> "List[Sandbox]":
         """Fork this sandbox into ``n`` children (1..32) that inherit its memory and files (and its
-        ``ingress_enabled``, unless given)."""
+        ``ingress_enabled``, unless given, and its SSH keys, plus ``ssh_pubkeys`` if given)."""
         self._check()
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError("n must be an int")
         body: Dict[str, Any] = {"n": n}
         if ingress_enabled is not None:
             body["ingress_enabled"] = bool(ingress_enabled)
+        if ssh_pubkeys is not None:
+            body["ssh_pubkeys"] = _key_lines(ssh_pubkeys)
         data = self._client.json(
             "POST", self._path("/fork"), json_body=body,
             timeout=_longer(self._client.request_timeout, 300.0),
@@ -682,3 +699,10 @@ def _command_result(d: Dict[str, Any]) -> CommandResult:
         timed_out=bool(d.get("timed_out")),
         interrupted=bool(d.get("interrupted")),
     )
+
+
+def _key_lines(keys: Sequence[str]) -> List[str]:
+    """SSH public keys as the API takes them: a list of authorized_keys lines (a single string is one key)."""
+    if isinstance(keys, str):
+        keys = [keys]
+    return [str(k).strip() for k in keys]
