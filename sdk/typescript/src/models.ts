@@ -27,7 +27,19 @@ export interface SandboxInfo {
   template?: string;
   /** The image the sandbox runs on (`"default"` for the default image). */
   image?: string;
+  /** Its SSH access: the authorized keys and, with a server running `--ssh-listen`, how to connect. */
+  ssh?: SSHInfo;
   [key: string]: unknown;
+}
+
+/** A sandbox's SSH access (see docs/ssh.md). */
+export interface SSHInfo {
+  keys: Array<{ type: string; fingerprint: string; comment?: string }>;
+  /** `ssh -p PORT <id>@HOST`; absent when the server runs no SSH server. */
+  command?: string;
+  /** The SSH server's host key, and its line for a known_hosts file. */
+  host_key?: string;
+  known_hosts?: string;
 }
 
 /** A sandbox's ingress: set up by `ingress_enabled` at create (or fork). */

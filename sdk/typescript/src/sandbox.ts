@@ -54,6 +54,8 @@ export interface CreateOptions extends ClientOptions {
   template?: string;
   /** Run on this image (`Sandbox.buildImage`); absent or `"default"` is the default image. */
   image?: string;
+  /** SSH public keys (authorized_keys lines) that may `ssh -p PORT <id>@HOST` into the sandbox; fork children inherit them. */
+  sshPubkeys?: string[];
 }
 
 /** What `Sandbox.buildImage` puts on top of the default image. */
@@ -170,6 +172,7 @@ export class Sandbox {
       ["ingress_enabled", opts.ingressEnabled || undefined],
       ["template", opts.template],
       ["image", opts.image],
+      ["ssh_pubkeys", opts.sshPubkeys],
     ];
     for (const [k, v] of fields) if (v !== undefined && v !== null) body[k] = v;
     const res = await client.request("POST", "/v1/sandboxes", { json: body, timeoutS: client.longer(120) });
@@ -252,6 +255,19 @@ export class Sandbox {
     this._check();
     if (!Number.isInteger(timeoutS)) throw new TypeError("timeoutS must be an integer number of seconds");
     const info = await this._client.json<SandboxInfo | null>("POST", this._path("/timeout"), { json: { timeout_s: timeoutS } });
+    if (info && typeof info === "object") this.info = info;
+    return this.info;
+  }
+
+  /**
+   * Authorize more SSH keys (authorized_keys lines) on this running or paused sandbox
+   * (`POST /v1/sandboxes/{id}/ssh_keys`); keys it already has are skipped. Updates `info`, whose `ssh` lists
+   * the keys and, with a server running `--ssh-listen`, the `command` that connects, and returns it.
+   */
+  async addSshKeys(keys: string[] | string): Promise<SandboxInfo> {
+    this._check();
+    const list = (typeof keys === "string" ? [keys] : keys).map((k) => String(k).trim());
+    const info = await this._client.json<SandboxInfo | null>("POST", this._path("/ssh_keys"), { json: { keys: list } });
     if (info && typeof info === "object") this.info = info;
     return this.info;
   }
@@ -389,13 +405,17 @@ export class Sandbox {
   }
 
   // -- fork / merge / diff --------------------------------------------------------------------------
-  /** Fork this sandbox into `n` children (1..32, default 1) that inherit its memory and files. */
-  async fork(opts: { n?: number; ingressEnabled?: boolean } = {}): Promise<Sandbox[]> {
+  /**
+   * Fork this sandbox into `n` children (1..32, default 1) that inherit its memory and files (and its SSH keys,
+   * plus `sshPubkeys` if given).
+   */
+  async fork(opts: { n?: number; ingressEnabled?: boolean; sshPubkeys?: string[] } = {}): Promise<Sandbox[]> {
     this._check();
     const n = opts.n ?? 1;
     if (!Number.isInteger(n)) throw new TypeError("n must be an integer");
     const body: Record<string, unknown> = { n };
     if (opts.ingressEnabled !== undefined) body.ingress_enabled = opts.ingressEnabled;
+    if (opts.sshPubkeys !== undefined) body.ssh_pubkeys = opts.sshPubkeys;
     const data = await this._client.json<{ children?: unknown } | null>("POST", this._path("/fork"), {
       json: body,
       timeoutS: this._client.longer(300),

@@ -7,6 +7,7 @@ import { mkdtemp, readFile, writeFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import http from "node:http";
+import { createHash } from "node:crypto";
 import {
   Sandbox,
   AuthError,
@@ -23,6 +24,19 @@ const SKIP = HAVE_SERVER ? false : "set RAMIFY_API_URL and RAMIFY_API_KEY (scrip
 const FORK = HAVE_SERVER && process.env.RAMIFY_TEST_FORK === "1" ? false : SKIP || "set RAMIFY_TEST_FORK=1";
 const PAUSE = HAVE_SERVER && process.env.RAMIFY_TEST_PAUSE === "1" ? false : SKIP || "set RAMIFY_TEST_PAUSE=1";
 const META = { suite: "ts-sdk-integration" };
+
+/** An authorized_keys line for the ed25519 public key of 32 bytes `fill` (any 32 bytes make a parseable key). */
+function ed25519Line(fill, comment) {
+  const str = (b) => Buffer.concat([Buffer.from([0, 0, 0, b.length]), b]);
+  const blob = Buffer.concat([str(Buffer.from("ssh-ed25519")), str(Buffer.alloc(32, fill))]);
+  return `ssh-ed25519 ${blob.toString("base64")} ${comment}`;
+}
+
+/** The key's SHA256 fingerprint, as ssh-keygen -l prints it. */
+function fingerprint(line) {
+  const blob = Buffer.from(line.split(" ")[1], "base64");
+  return "SHA256:" + createHash("sha256").update(blob).digest("base64").replace(/=+$/, "");
+}
 
 /** Run fn with a fresh sandbox, closing it afterwards. */
 async function withSandbox(fn, opts = {}) {
@@ -143,6 +157,22 @@ describe("integration: run_code and exec", { skip: SKIP }, () => {
       assert.match(e.error.traceback, /File "<cell \d+>", line 2, in half\n    return v \/ 0/);
       assert.doesNotMatch(e.error.traceback, /repl/);
     }));
+
+  test("sshPubkeys at create, addSshKeys later", async () => {
+    const k1 = ed25519Line(1, "one@test");
+    const k2 = ed25519Line(2, "two@test");
+    await assert.rejects(Sandbox.create({ metadata: META, sshPubkeys: ["ssh-ed25519 not-a-key"] }), InvalidRequest);
+    await withSandbox(async (sb) => {
+      assert.deepEqual(sb.info.ssh.keys.map((k) => k.fingerprint), [fingerprint(k1)]);
+      assert.equal(sb.info.ssh.keys[0].comment, "one@test");
+      // scripts/with-test-server runs the server with --ssh-listen
+      assert.ok(sb.info.ssh.command.startsWith("ssh -p ") && sb.info.ssh.command.includes(`${sb.id}@`), sb.info.ssh.command);
+      const info = await sb.addSshKeys([k2, k1]); // k1 again: skipped
+      assert.deepEqual(info.ssh.keys.map((k) => k.fingerprint), [fingerprint(k1), fingerprint(k2)]);
+      assert.equal((await sb.refresh()).ssh.keys.length, 2);
+      await assert.rejects(sb.addSshKeys("nonsense"), InvalidRequest);
+    }, { sshPubkeys: [k1] });
+  });
 
   test("setTimeout keeps the sandbox alive from now", () =>
     withSandbox(async (sb) => {
@@ -311,6 +341,19 @@ describe("integration: fork, diff, mergeInto", { skip: FORK }, () => {
         assert.deepEqual(values, ["0", "1", "2"]);
         assert.equal((await kids[0].refresh()).parent_id, parent.id);
         await assert.rejects(parent.fork({ n: 33 }), InvalidRequest);
+      } finally {
+        await Promise.all(kids.map((k) => k.close()));
+      }
+    }));
+
+  test("fork children inherit SSH keys and get the fork's sshPubkeys", () =>
+    withSandbox(async (parent) => {
+      const [k1, k2] = [ed25519Line(4, "parent@test"), ed25519Line(5, "child@test")];
+      await parent.addSshKeys(k1);
+      const kids = await parent.fork({ sshPubkeys: [k2] });
+      try {
+        assert.deepEqual((await kids[0].refresh()).ssh.keys.map((k) => k.fingerprint), [fingerprint(k1), fingerprint(k2)]);
+        assert.deepEqual((await parent.refresh()).ssh.keys.map((k) => k.fingerprint), [fingerprint(k1)]);
       } finally {
         await Promise.all(kids.map((k) => k.close()));
       }
