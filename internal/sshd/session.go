@@ -42,19 +42,21 @@ const outputGrace = 200 * time.Millisecond
 
 func (s *session) serve(reqs <-chan *ssh.Request) {
 	defer s.ch.Close()
-	done := make(chan struct{})
-	defer close(done)
+	done := make(chan struct{}) // closed when the channel is gone: a command that starts after it is ended at once
 	for req := range reqs {
 		ok := s.request(req, done)
 		if req.WantReply {
 			req.Reply(ok, nil)
 		}
 	}
+	// Under s.mu, as run checks done and sets running: either run sees done closed, or the session is closed here.
 	s.mu.Lock()
-	if s.running != nil {
-		s.running.Close()
-	}
+	close(done)
+	running := s.running
 	s.mu.Unlock()
+	if running != nil {
+		running.Close()
+	}
 }
 
 // request handles one channel request and says whether it was accepted.
@@ -196,8 +198,8 @@ func (s *session) run(argv []string, done chan struct{}) {
 		}()
 	}
 	code, err := sess.Wait()
-	if err != nil {
-		s.srv.log.Warn("ssh session", "sandbox", s.id, "err", err)
+	if err != nil { // the client went away, or the sandbox was paused or destroyed
+		s.srv.log.Debug("ssh session", "sandbox", s.id, "err", err)
 		code = 255
 	}
 	drained := make(chan struct{})
