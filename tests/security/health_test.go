@@ -149,23 +149,33 @@ func TestFamilyMachineryInFamilyCgroup(t *testing.T) {
 	}
 	want := "/ramify/" + s.Owner() + "/" + info.FamilyID
 	procs := []int{inv.Inits[0]}
-	// The init's children that are spares (the others are the sandboxes' agents, in their sandboxes' cgroups).
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, st := range stats {
-		b, _ := os.ReadFile(st)
-		var pid, ppid int
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
-			fmt.Sscanf(string(b[i+2:]), "%c %d", new(byte), &ppid)
-			fmt.Sscan(string(b), &pid)
+	// The init's children that are spares (the others are the sandboxes' agents, in their sandboxes' cgroups);
+	// the family refills its spares in the background after the fork.
+	spares := func() []int {
+		var out []int
+		stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+		for _, st := range stats {
+			b, _ := os.ReadFile(st)
+			var pid, ppid int
+			if i := strings.LastIndexByte(string(b), ')'); i > 0 {
+				fmt.Sscanf(string(b[i+2:]), "%c %d", new(byte), &ppid)
+				fmt.Sscan(string(b), &pid)
+			}
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if ppid == inv.Inits[0] && strings.Contains(string(cmd), "--spare") {
+				out = append(out, pid)
+			}
 		}
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if ppid == inv.Inits[0] && strings.Contains(string(cmd), "--spare") {
-			procs = append(procs, pid)
-		}
+		return out
 	}
-	if len(procs) < 2 {
+	found := spares()
+	for deadline := time.Now().Add(15 * time.Second); len(found) == 0 && time.Now().Before(deadline); found = spares() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(found) == 0 {
 		t.Errorf("no spare agent found among the init's children")
 	}
+	procs = append(procs, found...)
 	for _, pid := range procs {
 		if got := pidsCgroup(pid); got != want {
 			t.Errorf("process %d is in cgroup %q, want %q", pid, got, want)
