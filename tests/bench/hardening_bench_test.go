@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 // alternating rounds on the same machine so that load and drift fall on both alike. It prints p50/p99 of each
 // and the ratio of the p50s.
 //
-//	RAMIFY_BENCH_BASELINE_BINARY=/tmp/ramify-base make bench BENCH=HardeningCost
+//	RAMIFY_BENCH_BASELINE_BINARY=/tmp/ramify-base [RAMIFY_BENCH_ROUNDS=3] make bench BENCH=HardeningCost
 func BenchmarkHardeningCost(b *testing.B) {
 	base := os.Getenv("RAMIFY_BENCH_BASELINE_BINARY")
 	if base == "" {
@@ -26,7 +27,11 @@ func BenchmarkHardeningCost(b *testing.B) {
 	type series map[string]stats
 	results := map[string]series{}
 	order := []string{"create (no warm pool)", "run_code 1+1", "exec true", "fork n=1 (200 MB parent)", "fork n=5 (200 MB parent)"}
-	for round := 0; round < 3; round++ {
+	rounds := 3
+	if v, err := strconv.Atoi(os.Getenv("RAMIFY_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v // more rounds: tighter medians on a noisy machine
+	}
+	for round := 0; round < rounds; round++ {
 		for _, bd := range builds {
 			r := results[bd.name]
 			if r == nil {
