@@ -32,7 +32,9 @@ func BenchmarkDensity(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("RAMIFY_BENCH_DENSITY_N")); err == nil && v > 0 {
 		target = v
 	}
-	s := testserver.Start(b, "--warm-pool", "0", "--cpu-overcommit", "100000", "--mem-overcommit", "100000")
+	// A /20 (the test server's own /24 holds 253 sandboxes).
+	s := testserver.Start(b, "--warm-pool", "0", "--cpu-overcommit", "100000", "--mem-overcommit", "100000",
+		"--subnet", "10.96.0.0/20")
 	c := s.Client
 	ctx := context.Background()
 	out := &strings.Builder{}
@@ -41,18 +43,35 @@ func BenchmarkDensity(b *testing.B) {
 
 	probe := must(c.Create(ctx, client.CreateRequest{})).ID
 	must(c.RunCode(ctx, probe, client.RunCodeRequest{Code: "x = list(range(100000))"}))
-	measure := func() (create, run, fork time.Duration) {
-		cs := timeIt(5, func() {
-			sb := must(c.Create(ctx, client.CreateRequest{}))
-			c.Delete(ctx, sb.ID) //nolint:errcheck
-		})
-		rs := timeIt(30, func() { must(c.RunCode(ctx, probe, client.RunCodeRequest{Code: "1+1"})) })
-		fs := timeIt(5, func() {
-			kids := must(c.Fork(ctx, probe, 1))
-			must(c.RunCode(ctx, kids[0], client.RunCodeRequest{Code: "len(x)"}))
-			c.Delete(ctx, kids[0]) //nolint:errcheck
-		})
-		return cs.pct(0.5), rs.pct(0.5), fs.pct(0.5)
+	// measure times create, run_code and fork n=1 of the probe; a call that fails ends the measure with its error.
+	measure := func() (create, run, fork time.Duration, err error) {
+		try := func(f func() error) func() {
+			return func() {
+				if err == nil {
+					err = f()
+				}
+			}
+		}
+		cs := timeIt(5, try(func() error {
+			sb, err := c.Create(ctx, client.CreateRequest{})
+			if err == nil {
+				c.Delete(ctx, sb.ID) //nolint:errcheck
+			}
+			return err
+		}))
+		rs := timeIt(30, try(func() error {
+			_, err := c.RunCode(ctx, probe, client.RunCodeRequest{Code: "1+1"})
+			return err
+		}))
+		fs := timeIt(5, try(func() error {
+			kids, err := c.Fork(ctx, probe, 1)
+			if err == nil {
+				_, err = c.RunCode(ctx, kids[0], client.RunCodeRequest{Code: "len(x)"})
+				c.Delete(ctx, kids[0]) //nolint:errcheck
+			}
+			return err
+		}))
+		return cs.pct(0.5), rs.pct(0.5), fs.pct(0.5), err
 	}
 
 	// 50 concurrent creates on the idle server.
@@ -85,7 +104,10 @@ func BenchmarkDensity(b *testing.B) {
 		c.Delete(ctx, id) //nolint:errcheck
 	}
 
-	baseCreate, baseRun, baseFork := measure()
+	baseCreate, baseRun, baseFork, err := measure()
+	if err != nil {
+		b.Fatal(err)
+	}
 	memAvail0 := memAvailableKiB()
 	p("\n### Density: idle sandboxes of the default shape on one host\n")
 	p("| idle sandboxes | create p50 (x idle) | run_code p50 (x idle) | fork n=1 p50 (x idle) | host memory per sandbox | server RSS | MemAvailable |")
@@ -136,7 +158,11 @@ func BenchmarkDensity(b *testing.B) {
 		if memAvailableKiB() < 1<<20 {
 			stop = errors.New("less than 1 GiB of host memory available")
 		}
-		cr, rr, fr := measure()
+		cr, rr, fr, err := measure()
+		if err != nil {
+			stop = errors.Join(stop, err)
+			continue
+		}
 		row(len(idle), cr, rr, fr)
 	}
 	if stop != nil {

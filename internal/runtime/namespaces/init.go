@@ -151,6 +151,20 @@ var started = time.Now()
 // idleInitLimit is how long an init that never spawned an agent waits before it exits.
 const idleInitLimit = 60 * time.Second
 
+// reapWake wakes reapForever to recompute when it must next wake up (the spares changed).
+var reapWake = make(chan struct{}, 1)
+
+func wakeReaper() {
+	select {
+	case reapWake <- struct{}{}:
+	default:
+	}
+}
+
+// reapForever reaps the init's children whenever one exits and ends the init once the family's sandboxes are
+// gone. It wakes only for a child's exit (SIGCHLD), a change of the spares, or the next deadline (an idle
+// spare's retirement, the limit for an init never given work): an idle family costs no CPU, which with a
+// thousand families on one host is what lets the host stay responsive.
 func reapForever() {
 	ch := make(chan os.Signal, 16)
 	signal.Notify(ch, syscall.SIGCHLD)
@@ -173,11 +187,43 @@ func reapForever() {
 			}
 			ramifyProcs.forget(pid)
 		}
-		select {
-		case <-ch:
-		case <-time.After(time.Second):
+		if d := nextReapDeadline(); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-ch:
+			case <-reapWake:
+			case <-t.C:
+			}
+			t.Stop()
+		} else {
+			select {
+			case <-ch:
+			case <-reapWake:
+			}
 		}
 	}
+}
+
+// nextReapDeadline is how long until reapForever has something to do besides reaping: the first idle spare's
+// retirement, or, for an init never given work, the end of its wait; 0 when there is no such deadline.
+func nextReapDeadline() time.Duration {
+	var next time.Time
+	if !spawned.Load() {
+		next = started.Add(idleInitLimit)
+	}
+	spares.Lock()
+	if spares.maxIdle > 0 {
+		for _, sp := range spares.idle {
+			if t := sp.since.Add(spares.maxIdle); next.IsZero() || t.Before(next) {
+				next = t
+			}
+		}
+	}
+	spares.Unlock()
+	if next.IsZero() {
+		return 0
+	}
+	return max(time.Until(next)+time.Millisecond, time.Millisecond)
 }
 
 func serveInit(c *net.UnixConn) {
@@ -226,6 +272,7 @@ func handleInit(msg []byte, fds []int) initReply {
 		spares.Lock()
 		spares.maxIdle = time.Duration(req.IdleS * float64(time.Second))
 		spares.Unlock()
+		wakeReaper()
 		if err := keepSpares(min(req.Count, maxSpares)); err != nil {
 			return initReply{Message: err.Error()}
 		}
@@ -365,6 +412,7 @@ func keepSpares(n int) error {
 		spares.Lock()
 		spares.idle = append(spares.idle, spareAgent{pid: pid, claim: claim[0], since: time.Now()})
 		spares.Unlock()
+		wakeReaper() // its retirement is a new deadline
 	}
 }
 
