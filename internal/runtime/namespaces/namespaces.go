@@ -73,6 +73,7 @@ type Runtime struct {
 	mu        sync.Mutex
 	families  map[string]*family
 	sandboxes map[string]*sandbox
+	live      liveness // pidfds of the inits and agents, for Lost (guarded by mu)
 
 	bg sync.WaitGroup // clean-up finishing in the background (after a merge)
 
@@ -684,6 +685,7 @@ func (r *Runtime) Close() error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.live.close()
 	for _, sb := range r.sandboxes {
 		sb.client.Close()
 	}
@@ -696,12 +698,17 @@ var _ runtime.Healer = (*Runtime)(nil)
 func (r *Runtime) Lost() []runtime.Lost {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	keys := make([]procKey, 0, 2*len(r.sandboxes))
+	for _, sb := range r.sandboxes {
+		keys = append(keys, procKey{sb.h.InitPid, sb.h.InitStart}, procKey{sb.h.AgentPid, sb.h.AgentStart})
+	}
+	dead := r.live.dead(keys)
 	var out []runtime.Lost
 	for _, sb := range r.sandboxes {
 		switch {
-		case !alive(sb.h.InitPid, sb.h.InitStart):
+		case dead[procKey{sb.h.InitPid, sb.h.InitStart}]:
 			out = append(out, runtime.Lost{Handle: sb.h, Reason: "its family init died"})
-		case !alive(sb.h.AgentPid, sb.h.AgentStart):
+		case dead[procKey{sb.h.AgentPid, sb.h.AgentStart}]:
 			out = append(out, runtime.Lost{Handle: sb.h, Reason: "its agent died"})
 		}
 	}
