@@ -50,7 +50,15 @@ type Server struct {
 	conns  map[*ssh.ServerConn]struct{}
 	wg     sync.WaitGroup
 	closed bool
+
+	// handshakes holds a token per connection not yet authenticated (MaxStartups, in OpenSSH's terms): past
+	// maxHandshakes a new connection is closed at once, so that clients that connect and say nothing cannot
+	// hold the server's memory and goroutines without bound.
+	handshakes chan struct{}
 }
+
+// maxHandshakes bounds the connections in handshake or authentication at once.
+const maxHandshakes = 64
 
 // New loads (or, the first time, generates) the host key in keyDir and returns a server for svc.
 func New(svc Sandboxes, keyDir string, log *slog.Logger) (*Server, error) {
@@ -58,7 +66,11 @@ func New(svc Sandboxes, keyDir string, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{svc: svc, log: log, hostPK: signer.PublicKey(), conns: map[*ssh.ServerConn]struct{}{}}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{svc: svc, log: log, hostPK: signer.PublicKey(), conns: map[*ssh.ServerConn]struct{}{},
+		handshakes: make(chan struct{}, maxHandshakes)}
 	s.config = &ssh.ServerConfig{
 		PublicKeyCallback: s.authorize,
 		BannerCallback:    s.banner,
@@ -139,6 +151,13 @@ func (s *Server) Serve(ln net.Listener) error {
 			}
 			return err
 		}
+		select {
+		case s.handshakes <- struct{}{}:
+		default:
+			s.log.Warn("ssh: too many connections in handshake; closing a new one", "remote", c.RemoteAddr(), "max", maxHandshakes)
+			c.Close()
+			continue
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -168,6 +187,7 @@ const handshakeTimeout = 30 * time.Second
 func (s *Server) handleConn(c net.Conn) {
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
 	sc, chans, reqs, err := ssh.NewServerConn(c, s.config)
+	<-s.handshakes
 	if err != nil {
 		c.Close()
 		s.log.Debug("ssh handshake", "remote", c.RemoteAddr(), "err", err)

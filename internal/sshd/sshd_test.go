@@ -1,11 +1,15 @@
 package sshd
 
 import (
+	"bufio"
 	"bytes"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestHostKeyIsGeneratedOnceAndKept(t *testing.T) {
@@ -57,5 +61,69 @@ func TestOrderedWriterReordersAndRefusesGaps(t *testing.T) {
 	}
 	if err := run([][2]any{{"ab", 0}, {"ef", 4}}); err == nil {
 		t.Fatalf("a write with a gap succeeded: %q", got.String())
+	}
+}
+
+// Clients that connect and say nothing hold at most maxHandshakes connections: the next one is closed at once,
+// and once they go, a client gets the server's version line again.
+func TestSilentClientsAreBounded(t *testing.T) {
+	s, err := New(nil, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln) //nolint:errcheck // ends with Close
+	defer s.Close()
+	var silent []net.Conn
+	defer func() {
+		for _, c := range silent {
+			c.Close()
+		}
+	}()
+	readVersion := func(c net.Conn) (string, error) {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		return line, err
+	}
+	for i := 0; i < maxHandshakes; i++ {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+		if line, err := readVersion(c); err != nil || !strings.HasPrefix(line, "SSH-2.0-ramify") {
+			t.Fatalf("connection %d: %q %v", i, line, err)
+		}
+	}
+	extra, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	if line, err := readVersion(extra); err == nil {
+		t.Fatalf("connection past the limit was served: %q", line)
+	}
+	for _, c := range silent {
+		c.Close()
+	}
+	silent = nil
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		line, err := readVersion(c)
+		c.Close()
+		if err == nil && strings.HasPrefix(line, "SSH-2.0-ramify") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no handshake after the silent clients left: %q %v", line, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
