@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -506,6 +507,9 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			}
 		}
 		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: pid})
+		// Set-up is over: what it allocated (config, root set-up, the interpreter's start) is garbage. Return it
+		// to the host, off the caller's path: an idle sandbox's agent is most of its private memory.
+		time.AfterFunc(300*time.Millisecond, debug.FreeOSMemory)
 	case OpRunCode:
 		ctx, end := a.calls.Begin(ctx, OpRunCode)
 		defer end()
