@@ -615,6 +615,11 @@ func (x *extractor) hardlink(dirfd int, name string, h *tar.Header) (bool, error
 	if err := replace(dirfd, tmp, name); err != nil {
 		return false, err
 	}
+	// When name already was this inode (a link to itself, or a repeat of an earlier link entry), rename(2) does
+	// nothing and leaves tmp: remove it (after a real rename there is nothing left to remove).
+	if err := unix.Unlinkat(dirfd, tmp, 0); err != nil && err != unix.ENOENT {
+		return false, fmt.Errorf("hard link to %s: %w", h.Linkname, err)
+	}
 	if st.Mode&unix.S_IFMT == unix.S_IFREG {
 		x.files++
 	}
