@@ -704,3 +704,47 @@ func TestNewV2RejectsNonCgroup2(t *testing.T) {
 		t.Errorf("NewV2 on a plain directory = %v, want ErrInvalid", err)
 	}
 }
+
+// A v1 rename keeps the processes, the limits and the usage, in every hierarchy; a name taken is a conflict and
+// changes nothing.
+func TestV1Rename(t *testing.T) {
+	m := newTestV1(t)
+	cg, err := m.Create("pooled", Limits{Pids: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleeper := startIn(t, []string{"sleep", "100"}, cg)
+	if _, err := m.Create("taken", Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Rename("pooled", "taken"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("rename onto an existing cgroup: %v", err)
+	}
+	renamed, err := m.Rename("pooled", "sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if procs, err := renamed.Procs(); err != nil || !slices.Contains(procs, sleeper.pid()) {
+		t.Fatalf("renamed cgroup's processes: %v %v", procs, err)
+	}
+	for _, line := range strings.Split(readTrim(t, fmt.Sprintf("/proc/%d/cgroup", sleeper.pid())), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && slices.ContainsFunc(strings.Split(f[1], ","), func(c string) bool { return slices.Contains(v1Controllers, c) }) {
+			if f[2] != "/"+testParent+"/sandbox" {
+				t.Errorf("after the rename the process is in %s", line)
+			}
+		}
+	}
+	if got := readTrim(t, filepath.Join(renamed.(*v1Cgroup).ctrl["pids"], "pids.max")); got != "50" {
+		t.Errorf("pids.max after the rename: %s", got)
+	}
+	if _, err := m.Load("pooled"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("old name still loads: %v", err)
+	}
+	if err := renamed.Update(Limits{Pids: 70}); err != nil {
+		t.Fatal(err)
+	}
+	renamed.Kill(context.Background()) //nolint:errcheck
+	if err := renamed.Delete(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -140,6 +140,29 @@ func (m *v1Manager) Create(name string, l Limits) (Cgroup, error) {
 	return c, nil
 }
 
+// Rename implements Renamer: the directory is renamed in each hierarchy, and renamed back in those already done
+// if one fails.
+func (m *v1Manager) Rename(old, new string) (Cgroup, error) {
+	for _, n := range []string{old, new} {
+		if err := validName(n); err != nil {
+			return nil, fmt.Errorf("rename cgroup: %w", err)
+		}
+	}
+	from, to := m.cgroup(old), m.cgroup(new)
+	if exists(to.ctrl["freezer"]) {
+		return nil, fmt.Errorf("rename cgroup %s: %w", old, errdefs.New(errdefs.ErrConflict, "cgroup "+new+" already exists"))
+	}
+	for i, dir := range from.dirs {
+		if err := os.Rename(dir, to.dirs[i]); err != nil {
+			for j := i - 1; j >= 0; j-- {
+				os.Rename(to.dirs[j], from.dirs[j]) //nolint:errcheck // best effort: undo what was done
+			}
+			return nil, fmt.Errorf("rename cgroup %s to %s: %w", old, new, err)
+		}
+	}
+	return to, nil
+}
+
 func (m *v1Manager) Load(name string) (Cgroup, error) {
 	if err := validName(name); err != nil {
 		return nil, fmt.Errorf("load cgroup: %w", err)

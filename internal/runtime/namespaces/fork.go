@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/cgroups"
 	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/runtime"
@@ -266,10 +267,87 @@ func (r *Runtime) refillSpares(f *family, n int) {
 		defer r.bg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := f.call(ctx, initRequest{Op: "spares", Count: n, IdleS: r.cfg.SpareIdle.Seconds()}, nil); err != nil {
+		rep, err := f.call(ctx, initRequest{Op: "spares", Count: n, IdleS: r.cfg.SpareIdle.Seconds()}, nil)
+		if err != nil {
 			r.log.Debug("start spare agents", "family", f.id, "err", err)
+			return
 		}
+		r.placeSpares(f, rep.Spares)
 	}()
+}
+
+// placeSpares puts each idle spare (pids in the family's PID namespace) in a cgroup of its own, off the fork's
+// path, so that the spawn claiming it renames the cgroup instead of moving the agent (a v1 move waits ~8 ms for
+// RCU). Cgroups of spares no longer idle and never claimed (retired) are removed. Only where cgroups rename (v1).
+func (r *Runtime) placeSpares(f *family, idle []int) {
+	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); !ok {
+		return
+	}
+	p := &f.pool
+	p.mu.Lock()
+	if p.placed == nil {
+		p.placed, p.placing = map[int]placedSpare{}, map[int]chan struct{}{}
+	}
+	isIdle := map[int]bool{}
+	for _, pid := range idle {
+		isIdle[pid] = true
+	}
+	for pid, sp := range p.placed {
+		if !isIdle[pid] {
+			if cg, err := r.cfg.Cgroups.Load(sp.cgroup); err == nil && cg.Delete() == nil {
+				delete(p.placed, pid)
+			}
+		}
+	}
+	for pid := range p.claimed {
+		if !isIdle[pid] {
+			delete(p.claimed, pid) // it is a sandbox's agent now; the pid may come back as a new spare
+		}
+	}
+	var todo []int
+	for _, nsPid := range idle {
+		if p.placed[nsPid].cgroup == "" && !p.claimed[nsPid] && p.placing[nsPid] == nil {
+			p.placing[nsPid] = make(chan struct{})
+			todo = append(todo, nsPid)
+		}
+	}
+	p.mu.Unlock()
+	// In parallel: concurrent moves share the kernel's grace period.
+	var wg sync.WaitGroup
+	for _, nsPid := range todo {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sp := r.placeSpare(f, nsPid)
+			p.mu.Lock()
+			if sp.cgroup != "" {
+				p.placed[nsPid] = sp
+			}
+			close(p.placing[nsPid])
+			delete(p.placing, nsPid)
+			p.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+// placeSpare moves spare nsPid into a new cgroup of its own and returns where it is (zero if it could not).
+func (r *Runtime) placeSpare(f *family, nsPid int) placedSpare {
+	hostPid, err := hostPidOf(f.initPid, nsPid)
+	if err != nil {
+		return placedSpare{}
+	}
+	name := fmt.Sprintf("%s%d", spareCgroupPrefix(f.id), nsPid)
+	cg, err := r.cfg.Cgroups.Create(name, cgroups.Limits{})
+	if err != nil {
+		r.log.Debug("place spare agent", "family", f.id, "spare", nsPid, "err", err)
+		return placedSpare{}
+	}
+	if err := cg.Add(hostPid); err != nil {
+		cg.Delete() //nolint:errcheck // empty: the move failed
+		return placedSpare{}
+	}
+	return placedSpare{cgroup: name, hostPid: hostPid}
 }
 
 func closeFiles(fs []*os.File) {

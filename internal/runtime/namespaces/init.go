@@ -41,7 +41,8 @@ type initRequest struct {
 type initReply struct {
 	OK      bool   `json:"ok"`
 	Pid     int    `json:"pid,omitempty"`
-	Spare   bool   `json:"spare,omitempty"` // spawn: a spare agent took the work
+	Spare   bool   `json:"spare,omitempty"`  // spawn: a spare agent took the work
+	Spares  []int  `json:"spares,omitempty"` // spares: the idle spares' pids, oldest first
 	Message string `json:"message,omitempty"`
 }
 
@@ -276,7 +277,13 @@ func handleInit(msg []byte, fds []int) initReply {
 		if err := keepSpares(min(req.Count, maxSpares)); err != nil {
 			return initReply{Message: err.Error()}
 		}
-		return initReply{OK: true}
+		spares.Lock()
+		var pids []int
+		for _, sp := range spares.idle {
+			pids = append(pids, sp.pid)
+		}
+		spares.Unlock()
+		return initReply{OK: true, Spares: pids}
 	}
 	return initReply{Message: fmt.Sprintf("unknown op %q", req.Op)}
 }
@@ -497,7 +504,49 @@ type family struct {
 	members   map[string]bool
 	cmd       *exec.Cmd       // nil for a family recovered after a restart
 	cgroups   cgroups.Manager // where its init's cgroup (named after the family) is; nil: none to remove
+	pool      sparePool       // spare agents placed in cgroups of their own ahead of a claim
 }
+
+// sparePool tracks the family's spare agents that the server has placed in cgroups of their own (named
+// <family>.s<pid>), so that a spawn claiming one renames that cgroup to the sandbox's instead of moving the agent
+// (see cgroups.Renamer), and the spares a spawn claimed before they could be placed.
+type sparePool struct {
+	mu      sync.Mutex
+	placed  map[int]placedSpare   // spare's pid in the family's PID namespace -> where it is
+	placing map[int]chan struct{} // being placed now: closed when done
+	claimed map[int]bool          // claimed before being placed: never to be placed
+}
+
+// placedSpare is a spare agent in a cgroup of its own.
+type placedSpare struct {
+	cgroup  string
+	hostPid int
+}
+
+// take returns where spare nsPid was placed (a zero placedSpare if it was not), and remembers that it is
+// claimed. A spare being placed is waited for (one cgroup move).
+func (p *sparePool) take(nsPid int) placedSpare {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.placing[nsPid] != nil {
+		ch := p.placing[nsPid]
+		p.mu.Unlock()
+		<-ch
+		p.mu.Lock()
+	}
+	sp := p.placed[nsPid]
+	delete(p.placed, nsPid)
+	if sp.cgroup == "" {
+		if p.claimed == nil {
+			p.claimed = map[int]bool{}
+		}
+		p.claimed[nsPid] = true
+	}
+	return sp
+}
+
+// spareCgroupPrefix starts the names of a family's spare cgroups.
+func spareCgroupPrefix(familyID string) string { return familyID + ".s" }
 
 // call sends one request (with optional fds) to the family's init.
 func (f *family) call(ctx context.Context, req initRequest, fds []int) (initReply, error) {

@@ -219,11 +219,21 @@ func (f *family) kill() {
 	if f.cgroups == nil || f.id == "" {
 		return
 	}
-	if cg, err := f.cgroups.Load(f.id); err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		cg.Kill(ctx) //nolint:errcheck // what is left goes with the reclaim scan of the next start
-		cg.Delete()  //nolint:errcheck
+	names := []string{f.id}
+	if all, err := f.cgroups.List(); err == nil {
+		for _, n := range all {
+			if strings.HasPrefix(n, spareCgroupPrefix(f.id)) {
+				names = append(names, n) // its spares' (placeSpares)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, n := range names {
+		if cg, err := f.cgroups.Load(n); err == nil {
+			cg.Kill(ctx) //nolint:errcheck // what is left goes with the reclaim scan of the next start
+			cg.Delete()  //nolint:errcheck
+		}
 	}
 }
 
@@ -304,13 +314,6 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 		r.log.Debug("spawn phase", "sandbox", spec.ID, "phase", name, "ms", float64(time.Since(t0).Microseconds())/1000)
 	}
 	defer phase("done")
-	cg, err := r.cfg.Cgroups.Create(spec.ID, limitsOf(spec))
-	if err != nil {
-		return nil, fmt.Errorf("create cgroup: %w", err)
-	}
-	undo.add(func() { cg.Kill(context.Background()); cg.Delete() })
-
-	phase("cgroup")
 	lowers, err := r.lowers(spec.Image)
 	if err != nil {
 		return nil, err
@@ -326,14 +329,23 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 		return nil, fmt.Errorf("spawn agent: %w", err)
 	}
 	phase(map[bool]string{true: "init-claim-spare", false: "init-spawn"}[rep.Spare])
-	hostPid, err := hostPidOf(f.initPid, rep.Pid)
-	if err != nil {
-		return nil, fmt.Errorf("find agent: %w", err)
+	// A spare placed ahead (placeSpares) is found by its cgroup, and the server knows its host pid already.
+	var pooled placedSpare
+	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && rep.Spare {
+		pooled = f.pool.take(rep.Pid)
+	}
+	hostPid := pooled.hostPid
+	if hostPid == 0 {
+		if hostPid, err = hostPidOf(f.initPid, rep.Pid); err != nil {
+			return nil, fmt.Errorf("find agent: %w", err)
+		}
 	}
 	undo.add(func() { syscall.Kill(hostPid, syscall.SIGKILL) })
-	if err := cg.Add(hostPid); err != nil {
-		return nil, fmt.Errorf("place agent in cgroup: %w", err)
+	cg, renamed, err := r.sandboxCgroup(spec, pooled.cgroup, hostPid)
+	if err != nil {
+		return nil, err
 	}
+	undo.add(func() { cg.Kill(context.Background()); cg.Delete() })
 	start, err := procStart(hostPid)
 	if err != nil {
 		return nil, fmt.Errorf("agent exited at once (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, err)
@@ -343,7 +355,7 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 		return nil, err
 	}
 	undo.add(func() { unix.Close(netFD) })
-	phase("cgroup-add")
+	phase(map[bool]string{true: "cgroup-renamed", false: "cgroup-add"}[renamed])
 	veth := network.VethName(spec.ID)
 	if spec.IP != nil {
 		if err := r.cfg.Network.Attach(ctx, netFD, spec.IP, veth, spec.Egress); err != nil {
@@ -376,6 +388,34 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 
 func (r *Runtime) dialer(netFD int) func(ctx context.Context) (net.Conn, error) {
 	return func(ctx context.Context) (net.Conn, error) { return dialAbstract(netFD, agent.SocketName) }
+}
+
+// sandboxCgroup gives the sandbox its cgroup with spec's limits, holding its agent (hostPid): the cgroup a claimed
+// spare was placed in ahead (pooled, by placeSpares), renamed to the sandbox's name; otherwise a new cgroup the
+// agent moves into.
+func (r *Runtime) sandboxCgroup(spec runtime.Spec, pooled string, hostPid int) (cgroups.Cgroup, bool, error) {
+	if rn, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && pooled != "" {
+		cg, err := rn.Rename(pooled, spec.ID)
+		if err == nil {
+			if err = cg.Update(limitsOf(spec)); err != nil {
+				cg.Kill(context.Background()) //nolint:errcheck // the agent dies with it; the spawn fails
+				cg.Delete()                   //nolint:errcheck
+				return nil, false, fmt.Errorf("limit cgroup: %w", err)
+			}
+			return cg, true, nil
+		}
+		// The agent is still in the spare's cgroup: the move below takes it out, and the family's end removes it.
+		r.log.Debug("rename spare cgroup", "sandbox", spec.ID, "from", pooled, "err", err)
+	}
+	cg, err := r.cfg.Cgroups.Create(spec.ID, limitsOf(spec))
+	if err != nil {
+		return nil, false, fmt.Errorf("create cgroup: %w", err)
+	}
+	if err := cg.Add(hostPid); err != nil {
+		cg.Delete() //nolint:errcheck // empty: the move failed
+		return nil, false, fmt.Errorf("place agent in cgroup: %w", err)
+	}
+	return cg, false, nil
 }
 
 // newFamilyID names a new family after the sandbox it starts with: fam_<id>, or, when a family of that name still

@@ -129,6 +129,9 @@ func (r *Runtime) reclaimCgroups(ctx context.Context, keep map[string]bool) (int
 		if keep[name] {
 			continue
 		}
+		if fam, _, ok := strings.Cut(name, ".s"); ok && keep[fam] {
+			continue // a running family's spare (placeSpares)
+		}
 		cg, err := r.cfg.Cgroups.Load(name)
 		if err != nil {
 			continue // gone meanwhile
