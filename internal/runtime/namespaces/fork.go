@@ -331,8 +331,14 @@ func (r *Runtime) placeSpares(f *family, idle []int) {
 	wg.Wait()
 }
 
-// placeSpare moves spare nsPid into a new cgroup of its own and returns where it is (zero if it could not).
+// placeSpare moves spare nsPid into a new cgroup of its own and returns where it is (zero if it could not, or
+// the family has ended).
 func (r *Runtime) placeSpare(f *family, nsPid int) placedSpare {
+	f.pool.life.RLock()
+	defer f.pool.life.RUnlock()
+	if f.pool.ended {
+		return placedSpare{}
+	}
 	hostPid, err := hostPidOf(f.initPid, nsPid)
 	if err != nil {
 		return placedSpare{}

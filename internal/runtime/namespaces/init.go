@@ -515,6 +515,11 @@ type sparePool struct {
 	placed  map[int]placedSpare   // spare's pid in the family's PID namespace -> where it is
 	placing map[int]chan struct{} // being placed now: closed when done
 	claimed map[int]bool          // claimed before being placed: never to be placed
+
+	// life orders placements (read-held while a cgroup is made) before the family's end (write-held to set
+	// ended), so that no spare cgroup is made after the family's cgroups are removed.
+	life  sync.RWMutex
+	ended bool
 }
 
 // placedSpare is a spare agent in a cgroup of its own.

@@ -219,6 +219,9 @@ func (f *family) kill() {
 	if f.cgroups == nil || f.id == "" {
 		return
 	}
+	f.pool.life.Lock() // placements in flight finish first; none starts after
+	f.pool.ended = true
+	f.pool.life.Unlock()
 	names := []string{f.id}
 	if all, err := f.cgroups.List(); err == nil {
 		for _, n := range all {
