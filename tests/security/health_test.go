@@ -178,8 +178,17 @@ func TestFamilyMachineryInFamilyCgroup(t *testing.T) {
 	procs = append(procs, found...)
 	for _, pid := range procs {
 		// A spare may also sit in a cgroup of its own, <family>.s<pid>, ready to become a sandbox's.
-		if got := pidsCgroup(pid); got != want && !strings.HasPrefix(got, want+".s") {
+		got := pidsCgroup(pid)
+		if got != want && !strings.HasPrefix(got, want+".s") {
 			t.Errorf("process %d is in cgroup %q, want %q", pid, got, want)
+		}
+		// Every one of them has a tasks limit.
+		max, err := os.ReadFile("/sys/fs/cgroup/pids" + got + "/pids.max")
+		if err != nil {
+			max, err = os.ReadFile("/sys/fs/cgroup" + got + "/pids.max") // cgroup v2
+		}
+		if err != nil || strings.TrimSpace(string(max)) == "max" {
+			t.Errorf("process %d's cgroup %s has no tasks limit: %q %v", pid, got, max, err)
 		}
 	}
 	// The init, the spares and the sandbox's agent run under a seccomp filter (the machinery's deny-list).

@@ -344,7 +344,7 @@ func (r *Runtime) placeSpare(f *family, nsPid int) placedSpare {
 		return placedSpare{}
 	}
 	name := fmt.Sprintf("%s%d", spareCgroupPrefix(f.id), nsPid)
-	cg, err := r.cfg.Cgroups.Create(name, cgroups.Limits{})
+	cg, err := r.cfg.Cgroups.Create(name, spareLimits)
 	if err != nil {
 		r.log.Debug("place spare agent", "family", f.id, "spare", nsPid, "err", err)
 		return placedSpare{}

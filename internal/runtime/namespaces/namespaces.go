@@ -207,6 +207,10 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 // does not move charges), and an out-of-memory kill of the init would end every sandbox of the family.
 var familyLimits = cgroups.Limits{Pids: 1024}
 
+// spareLimits bound a spare agent's own cgroup (placeSpares) until a claim renames it to a sandbox's and applies
+// the sandbox's limits: a spare is one Go process with a few threads.
+var spareLimits = cgroups.Limits{Pids: 64}
+
 // kill ends the family: its init (and with it every process of its PID namespace) and the family's cgroup.
 func (f *family) kill() {
 	if f.initPid > 0 && (f.initStart == 0 || alive(f.initPid, f.initStart)) {
