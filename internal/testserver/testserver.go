@@ -306,20 +306,21 @@ func (s *Server) cleanup() {
 	dirs = append(dirs, more...)
 	killCgroups(dirs)
 	for _, d := range dirs {
-		subs, _ := filepath.Glob(filepath.Join(d, "sbx_*"))
+		// Sandboxes' (sbx_*), families' (fam_*) and spares' (fam_*.s*) cgroups.
+		subs, _ := filepath.Glob(filepath.Join(d, "*", "cgroup.procs"))
 		for _, sub := range subs {
-			os.Remove(sub)
+			os.Remove(filepath.Dir(sub))
 		}
 		os.Remove(d)
 	}
 }
 
-// killCgroups SIGKILLs every process in the sandbox cgroups below dirs and waits (up to 5 s) for them to go.
+// killCgroups SIGKILLs every process in the cgroups below dirs and waits (up to 5 s) for them to go.
 func killCgroups(dirs []string) {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		left := 0
 		for _, d := range dirs {
-			procs, _ := filepath.Glob(filepath.Join(d, "sbx_*", "cgroup.procs"))
+			procs, _ := filepath.Glob(filepath.Join(d, "*", "cgroup.procs"))
 			for _, f := range procs {
 				b, _ := os.ReadFile(f)
 				for _, p := range strings.Fields(string(b)) {
