@@ -105,7 +105,9 @@ func (s *Server) processes(owner string) (inits, stray []int) {
 		if err != nil {
 			continue
 		}
-		if b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline"); string(b) == want {
+		// PID 1 of its namespace: a child the init is starting (a spare agent, before its exec) has the init's
+		// command line too.
+		if b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline"); string(b) == want && innermostPid(pid) == 1 {
 			inits = append(inits, pid)
 		}
 	}
@@ -128,6 +130,21 @@ func (s *Server) processes(owner string) (inits, stray []int) {
 		}
 	}
 	return inits, stray
+}
+
+// innermostPid is pid's pid in its innermost PID namespace (the last NSpid field of its status), or 0.
+func innermostPid(pid int) int {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				n, _ := strconv.Atoi(f[len(f)-1])
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 func keys(m map[string]bool) []string {
