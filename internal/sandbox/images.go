@@ -134,9 +134,9 @@ func (s *Service) CheckImageBuild(ctx context.Context, req BuildImageRequest) er
 	return s.reserveBuild(ctx, req.Name, false)
 }
 
-// reserveBuild refuses a build of name while sandboxes or templates use it or another build of it runs, and
-// when take, marks it being built. The caller holds imgMu.
-func (s *Service) reserveBuild(ctx context.Context, name string, take bool) error {
+// imageFree refuses to act on image name (verb: "rebuild", "delete") while another build of it runs or
+// sandboxes or templates use it. The caller holds imgMu.
+func (s *Service) imageFree(ctx context.Context, name, verb string) error {
 	s.mu.Lock()
 	busy := s.building[name]
 	s.mu.Unlock()
@@ -148,7 +148,16 @@ func (s *Service) reserveBuild(ctx context.Context, name string, take bool) erro
 		return err
 	}
 	if nsb+ntp > 0 {
-		return inUse(name, "rebuild", nsb, ntp)
+		return inUse(name, verb, nsb, ntp)
+	}
+	return nil
+}
+
+// reserveBuild refuses a build of name while sandboxes or templates use it or another build of it runs, and
+// when take, marks it being built. The caller holds imgMu.
+func (s *Service) reserveBuild(ctx context.Context, name string, take bool) error {
+	if err := s.imageFree(ctx, name, "rebuild"); err != nil {
+		return err
 	}
 	if take {
 		s.mu.Lock()
@@ -261,18 +270,8 @@ func (s *Service) DeleteImage(ctx context.Context, name string) error {
 	}
 	s.imgMu.Lock()
 	defer s.imgMu.Unlock()
-	s.mu.Lock()
-	busy := s.building[name]
-	s.mu.Unlock()
-	if busy {
-		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("image %q is being built", name))
-	}
-	nsb, ntp, err := s.imageUsers(ctx, name)
-	if err != nil {
+	if err := s.imageFree(ctx, name, "delete"); err != nil {
 		return err
-	}
-	if nsb+ntp > 0 {
-		return inUse(name, "delete", nsb, ntp)
 	}
 	if err := image.RemoveNamed(ctx, s.cfg.ImageDir, name); err != nil {
 		return err
