@@ -8,6 +8,28 @@ import (
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
 
+// probePrelude starts every attack probe run inside a sandbox: attempt(what, f) prints "REACHED what <result>"
+// or "refused what errno"; ptrace(pid) and vm_read(pid) raise OSError when the kernel refuses them.
+const probePrelude = `
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(what, f):
+    try:
+        r = f()
+        print("REACHED", what, repr(r)[:80])
+    except OSError as e:
+        print("refused", what, e.errno)
+def ptrace(pid):
+    if libc.ptrace(16, pid, 0, 0) != 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), "ptrace")
+def vm_read(pid):
+    buf = ctypes.create_string_buffer(8)
+    local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)
+    remote = (ctypes.c_void_p * 2)(0x400000, 8)
+    if libc.process_vm_readv(pid, local, 1, remote, 1, 0) < 0:
+        raise OSError(ctypes.get_errno(), "process_vm_readv")
+`
+
 // The interpreter of every member of a fork family is out of reach of every other member's code, parent, child
 // and sibling alike, from a shell or from the other's interpreter: its memory, environment, descriptors and files
 // through /proc, its signals, ptrace and process_vm. (What still crosses within a family is listed in
@@ -23,23 +45,12 @@ func TestFamilyInterpretersOutOfEachOthersReach(t *testing.T) {
 	for _, id := range members {
 		pids[id] = strings.Trim(s.Value(t, id, "str(os.getpid())"), "'")
 	}
-	probe := `
-import ctypes, os, signal, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def attempt(what, f):
-    try:
-        f()
-        print("REACHED", what)
-    except OSError as e:
-        print("refused", what, e.errno)
+	probe := probePrelude + `
 for pid in [int(p) for p in sys.argv[1:]]:
     for name in ("mem", "environ", "auxv", "fd/3", "root/etc/hostname", "cwd/."):
         attempt("open %d %s" % (pid, name), lambda: os.close(os.open("/proc/%d/%s" % (pid, name), os.O_RDONLY)))
     attempt("signal %d" % pid, lambda: os.kill(pid, signal.SIGSTOP))
-    def ptrace(pid=pid):
-        if libc.ptrace(16, pid, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "ptrace")
-    attempt("ptrace %d" % pid, ptrace)
+    attempt("ptrace %d" % pid, lambda: ptrace(pid))
 `
 	s.Sh(t, parent, "cat > /tmp/probe.py <<'PY'\n"+probe+"PY")
 	for _, attacker := range members {
@@ -112,15 +123,7 @@ func TestFamilyProcessesOutOfEachOthersReach(t *testing.T) {
 			}
 		}
 	}
-	probe := `
-import ctypes, os, signal, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def attempt(what, f):
-    try:
-        f()
-        print("REACHED", what)
-    except OSError as e:
-        print("refused", what, e.errno)
+	probe := probePrelude + `
 def visible(pid):
     if str(pid) in os.listdir("/proc"):
         return
@@ -138,17 +141,8 @@ for pid in pids:
     attempt("signal %d" % pid, lambda: os.kill(pid, signal.SIGSTOP))
     attempt("setpriority %d" % pid, lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))
     attempt("sched_setaffinity %d" % pid, lambda: os.sched_setaffinity(pid, {0}))
-    def ptrace(pid=pid):
-        if libc.ptrace(16, pid, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "ptrace")
-    attempt("ptrace %d" % pid, ptrace)
-    def vm_read(pid=pid):
-        buf = ctypes.create_string_buffer(8)
-        local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)
-        remote = (ctypes.c_void_p * 2)(0x400000, 8)
-        if libc.process_vm_readv(pid, local, 1, remote, 1, 0) < 0:
-            raise OSError(ctypes.get_errno(), "process_vm_readv")
-    attempt("process_vm_readv %d" % pid, vm_read)
+    attempt("ptrace %d" % pid, lambda: ptrace(pid))
+    attempt("process_vm_readv %d" % pid, lambda: vm_read(pid))
 `
 	// Priorities of a process group or of every process of the uid would reach the siblings: refused.
 	if r := s.Sh(t, parent, "renice -n 5 -u root; echo user:$?; renice -n 5 -g $$; echo group:$?"); !strings.Contains(r.Stdout, "user:1") || !strings.Contains(r.Stdout, "group:1") {

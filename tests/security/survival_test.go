@@ -104,15 +104,7 @@ func TestRamifyProcessesOutOfReach(t *testing.T) {
 	parentPids, kidPids := ramifyPids(t, s, parent), ramifyPids(t, s, kids[0])
 	for _, id := range []string{parent, kids[0]} {
 		pids := append(append([]string{}, parentPids...), kidPids[1])
-		probe := fmt.Sprintf(`
-import ctypes, os, signal
-libc = ctypes.CDLL(None, use_errno=True)
-def attempt(what, f):
-    try:
-        r = f()
-        print("REACHED", what, repr(r)[:80])
-    except OSError as e:
-        print("refused", what, e.errno)
+		probe := probePrelude + fmt.Sprintf(`
 for pid in %s:
     for name, flags in (("mem", os.O_RDWR), ("mem", os.O_RDONLY), ("environ", os.O_RDONLY), ("auxv", os.O_RDONLY)):
         attempt("open /proc/%%d/%%s" %% (pid, name), lambda: os.open("/proc/%%d/%%s" %% (pid, name), flags))
@@ -124,17 +116,8 @@ for pid in %s:
     attempt("signal 0 %%d" %% pid, lambda: os.kill(pid, 0))
     attempt("SIGSTOP %%d" %% pid, lambda: os.kill(pid, signal.SIGSTOP))
     attempt("pidfd_open %%d" %% pid, lambda: os.pidfd_open(pid))
-    def ptrace(pid=pid):
-        if libc.ptrace(16, pid, 0, 0) != 0:  # PTRACE_ATTACH
-            raise OSError(ctypes.get_errno(), "ptrace")
-    attempt("ptrace %%d" %% pid, ptrace)
-    def vm_read(pid=pid):
-        buf = ctypes.create_string_buffer(8)
-        local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)
-        remote = (ctypes.c_void_p * 2)(0x400000, 8)
-        if libc.process_vm_readv(pid, local, 1, remote, 1, 0) < 0:
-            raise OSError(ctypes.get_errno(), "process_vm_readv")
-    attempt("process_vm_readv %%d" %% pid, vm_read)
+    attempt("ptrace %%d" %% pid, lambda: ptrace(pid))
+    attempt("process_vm_readv %%d" %% pid, lambda: vm_read(pid))
 `, "["+strings.Join(pids, ", ")+"]")
 		r := s.Sh(t, id, "python3 - <<'PY'\n"+probe+"PY")
 		out := r.Stdout + r.Stderr
