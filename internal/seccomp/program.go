@@ -79,16 +79,28 @@ var syscallsI386 = map[uint32]op{
 	347: opProcessVMReadv, 348: opProcessVMWritev, 440: opProcessMadvise, 349: opKcmp, 346: opSetns,
 }
 
-// argCallsX8664 and argCallsI386 are the calls that reach the supervisor only for some arguments (policy.go's
-// argRules): group-id changes naming a sandbox group (setfsgid takes one gid, as setgid does), and scheduling
-// calls aimed at another process.
-var argCallsX8664 = map[uint32]op{106: opSetgid, 123: opSetgid, 114: opSetregid, 119: opSetresgid,
-	203: opSchedPid, 142: opSchedPid, 144: opSchedPid, 314: opSchedPid, 141: opWhichWho, 251: opWhichWho}
+// argCallOps are the calls that reach the supervisor only for some arguments (policy.go's argRules): group-id
+// changes naming a sandbox group (setfsgid takes one gid, as setgid does; on i386 the plain names are the 16-bit
+// calls, the 32 ones the 32-bit), and scheduling calls aimed at another process. Their numbers per architecture
+// come from the syscall tables (argCallsX8664, argCallsI386).
+var argCallOps = map[string]op{
+	"setgid": opSetgid, "setgid32": opSetgid, "setfsgid": opSetgid, "setfsgid32": opSetgid,
+	"setregid": opSetregid, "setregid32": opSetregid, "setresgid": opSetresgid, "setresgid32": opSetresgid,
+	"sched_setaffinity": opSchedPid, "sched_setparam": opSchedPid, "sched_setscheduler": opSchedPid,
+	"sched_setattr": opSchedPid, "setpriority": opWhichWho, "ioprio_set": opWhichWho,
+}
 
-var argCallsI386 = map[uint32]op{
-	214: opSetgid, 216: opSetgid, 204: opSetregid, 210: opSetresgid, // 32-bit ids
-	46: opSetgid, 139: opSetgid, 71: opSetregid, 170: opSetresgid, // 16-bit ids
-	241: opSchedPid, 154: opSchedPid, 156: opSchedPid, 351: opSchedPid, 97: opWhichWho, 289: opWhichWho,
+var argCallsX8664, argCallsI386 = argCalls(x8664Numbers), argCalls(i386Numbers)
+
+// argCalls maps one architecture's numbers of argCallOps to their operations.
+func argCalls(numbers map[string]uint32) map[uint32]op {
+	out := map[uint32]op{}
+	for name, o := range argCallOps {
+		if nr, ok := numbers[name]; ok {
+			out[nr] = o
+		}
+	}
+	return out
 }
 
 // lookupOp returns the operation of a trapped syscall, or 0.

@@ -37,11 +37,13 @@ func (l *liveness) dead(keys []procKey) map[procKey]bool {
 		if !ok {
 			var err error
 			fd, err = unix.PidfdOpen(k.pid, 0)
-			if err != nil || !alive(k.pid, k.start) {
+			// Checked after the open, so the pidfd is known to be this process's (not a reused pid's).
+			isAlive := alive(k.pid, k.start)
+			if err != nil || !isAlive {
 				if err == nil {
 					unix.Close(fd)
 				}
-				out[k] = !alive(k.pid, k.start) // no pidfd (or not this process): ask /proc
+				out[k] = !isAlive // no pidfd (or not this process): /proc says
 				continue
 			}
 			l.fds[k] = fd
