@@ -60,8 +60,7 @@ func Main(args []string) error {
 	if err := HardenSelf(3); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	switch args[0] {
-	case ConfigFromInit:
+	if args[0] == ConfigFromInit {
 		// The config (with the fork token) comes as the first message on the init channel, not on the command
 		// line, which every process of the family can read.
 		cfg, err := readInitConfig()
@@ -69,7 +68,21 @@ func Main(args []string) error {
 			return err
 		}
 		args = []string{cfg}
-	case SpareArg:
+	}
+	a := &Agent{log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), attached: make(chan struct{})}
+	a.sup = seccomp.NewSupervisor("/proc", a.log)
+	if f := os.NewFile(fdInit, "init"); f != nil {
+		if c, err := net.FileConn(f); err == nil {
+			a.toInit, _ = c.(*net.UnixConn)
+		}
+		f.Close()
+	}
+	staged := args[0] == SpareArg
+	if staged {
+		// What does not depend on the sandbox is done before the claim, off the path of the fork that claims it.
+		if err := a.prepare(); err != nil {
+			return err
+		}
 		cfg, err := awaitClaim()
 		if err != nil {
 			if errors.Is(err, errNotClaimed) {
@@ -83,36 +96,23 @@ func Main(args []string) error {
 	if err := json.Unmarshal([]byte(args[0]), &cfg); err != nil {
 		return fmt.Errorf("agent: config: %w", err)
 	}
-	// host= lets the server file the line under this sandbox (see runtime/namespaces logs.go).
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("host", cfg.Hostname)
-	if err := setupRoot(cfg); err != nil {
+	if !staged {
+		if err := a.prepare(); err != nil {
+			return err
+		}
+	}
+	// host= lets the server file the line under this sandbox (see runtime/namespaces logs.go). Nothing else
+	// reads a.log yet: the spawner thread uses it only while it starts (prepare).
+	a.log = a.log.With("host", cfg.Hostname)
+	a.token, a.forked = cfg.ReplToken, cfg.ReplToken != ""
+	if err := finishRoot(cfg); err != nil {
 		return fmt.Errorf("agent: set up root: %w", err)
 	}
 	ln, err := net.Listen("unix", "@"+SocketName)
 	if err != nil {
 		return fmt.Errorf("agent: listen: %w", err)
 	}
-	a := &Agent{log: log, token: cfg.ReplToken, forked: cfg.ReplToken != "", attached: make(chan struct{}), sup: seccomp.NewSupervisor("/proc", log)}
-	if f := os.NewFile(fdInit, "init"); f != nil {
-		if c, err := net.FileConn(f); err == nil {
-			a.toInit, _ = c.(*net.UnixConn)
-		}
-		f.Close()
-	}
-	if a.toInit != nil {
-		// The family init judges setns(2) calls by the namespaces a sandbox's processes are in, but cannot read
-		// this (non-dumpable) agent's /proc/<pid>/ns: tell it.
-		if err := a.registerNamespaces(); err != nil {
-			return fmt.Errorf("agent: %w", err)
-		}
-	}
-	if a.bpf, err = seccomp.ProgramBytes(); err != nil {
-		return fmt.Errorf("agent: seccomp program: %w", err)
-	}
-	a.repl = &repl{agent: a, turn: make(chan struct{}, 1)}
-	if err := a.runSpawner(); err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
+	log := a.log
 	// The server starts every sandbox right after spawning its agent; an agent never started belongs to a
 	// server that died mid-create, and nothing will ever use or find it: it exits (and its family init with it).
 	time.AfterFunc(unstartedAgentLimit, func() {
@@ -125,6 +125,30 @@ func Main(args []string) error {
 		}
 	})
 	return a.serve(ln)
+}
+
+// prepare does the agent's set-up that needs nothing of its sandbox: the staged mounts of its root (stageRoot),
+// its namespaces registered with the family init, and the seccomp-filtered thread that starts its commands.
+func (a *Agent) prepare() error {
+	if err := stageRoot(); err != nil {
+		return fmt.Errorf("agent: set up root: %w", err)
+	}
+	if a.toInit != nil {
+		// The family init judges setns(2) calls by the namespaces a sandbox's processes are in, but cannot read
+		// this (non-dumpable) agent's /proc/<pid>/ns: tell it.
+		if err := a.registerNamespaces(); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+	}
+	var err error
+	if a.bpf, err = seccomp.ProgramBytes(); err != nil {
+		return fmt.Errorf("agent: seccomp program: %w", err)
+	}
+	a.repl = &repl{agent: a, turn: make(chan struct{}, 1)}
+	if err := a.runSpawner(); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
 }
 
 // SpareArg is the argument that starts a spare agent.

@@ -89,7 +89,7 @@ func confineThread(keep uint64) error {
 // sandboxGID is the group every process of this agent's sandbox runs with: seccomp.SandboxGIDBase plus the
 // agent's pid in the family's PID namespace, unique among the family's live sandboxes. Fork siblings share a
 // uid; with a group of their own, the kernel's same-credentials rule no longer lets one open another's
-// /proc/<pid>/mem, environ, fd or root, ptrace it, or see it in a /proc mounted with hidepid (see setupRoot),
+// /proc/<pid>/mem, environ, fd or root, ptrace it, or see it in a /proc mounted with hidepid (see stageRoot),
 // and the seccomp supervisor lets no process take another sandbox's group.
 func sandboxGID() int { return SandboxGID(os.Getpid()) }
 

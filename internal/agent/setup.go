@@ -8,48 +8,56 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// setupRoot builds the sandbox's root file system in the agent's fresh mount namespace and pivots into it:
-// an overlay of the image (lower) and the sandbox's writable layer (upper), with its own /proc (of the family's
-// PID namespace), a minimal /dev and /dev/pts, and nothing of the host.
-func setupRoot(cfg Config) error {
+// The sandbox's root file system is built in two steps. stageRoot, which needs nothing of the sandbox, mounts
+// its /proc, /sys and /dev in the agent's fresh mount namespace under a staging directory: a spare agent does it
+// before it is claimed. finishRoot, given the root mount, attaches it, moves the staged mounts into it (each with
+// what is mounted under it) and pivots into it: an overlay of the image (lower) and the sandbox's writable layer
+// (upper), with its own /proc (of the family's PID namespace), a minimal /dev and /dev/pts, and nothing of the
+// host.
+const (
+	stagingDir = "/mnt"
+	stagedRoot = stagingDir + "/root"
+)
+
+// stagedMounts are the mounts stageRoot makes under stagingDir, which finishRoot moves to the same names in
+// the root.
+var stagedMounts = []string{"proc", "sys", "dev"}
+
+func must(err error, what string) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// stageRoot mounts the sandbox's /proc, /sys and /dev under stagingDir.
+func stageRoot() error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
-	if err := unix.Mount("tmpfs", "/mnt", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=64k"); err != nil {
+	if err := unix.Mount("tmpfs", stagingDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=64k"); err != nil {
 		return fmt.Errorf("mount staging tmpfs: %w", err)
 	}
-	root := "/mnt/root"
-	if err := os.Mkdir(root, 0o755); err != nil {
-		return err
-	}
-	if err := unix.MoveMount(fdRootMount, "", unix.AT_FDCWD, root, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attach root file system: %w", err)
-	}
-	unix.Close(fdRootMount)
-	must := func(err error, what string) error {
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
+	for _, d := range append([]string{"root"}, stagedMounts...) {
+		if err := os.Mkdir(filepath.Join(stagingDir, d), 0o755); err != nil {
+			return err
 		}
-		return nil
-	}
-	for _, d := range []string{"proc", "sys", "dev", "tmp", "root", "run"} {
-		os.MkdirAll(filepath.Join(root, d), 0o755)
 	}
 	// hidepid=invisible: a process sees in /proc only the processes it could ptrace: those of its own sandbox
 	// (same uid and group, see SandboxGID), not a fork sibling's, nor ramify's own (not dumpable).
-	if err := must(unix.Mount("proc", filepath.Join(root, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "hidepid=invisible"), "mount /proc"); err != nil {
+	if err := must(unix.Mount("proc", filepath.Join(stagingDir, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "hidepid=invisible"), "mount /proc"); err != nil {
 		return err
 	}
 	// sysfs of the sandbox's own network namespace, read-only. The kernel lets a user namespace mount sysfs only
 	// where a sysfs is already fully visible in its mount namespace (mount_too_revealing): the family init
 	// mounts one for that in its own root, which this mount namespace copies and pivot_root leaves behind.
-	if err := must(unix.Mount("sysfs", filepath.Join(root, "sys"), "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""), "mount /sys"); err != nil {
+	if err := must(unix.Mount("sysfs", filepath.Join(stagingDir, "sys"), "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""), "mount /sys"); err != nil {
 		return err
 	}
-	if err := maskKernelPaths(root); err != nil {
+	if err := maskKernelPaths(stagingDir); err != nil {
 		return err
 	}
-	dev := filepath.Join(root, "dev")
+	dev := filepath.Join(stagingDir, "dev")
 	if err := must(unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"), "mount /dev"); err != nil {
 		return err
 	}
@@ -77,6 +85,26 @@ func setupRoot(cfg Config) error {
 	os.Symlink("/proc/self/fd/0", filepath.Join(dev, "stdin"))
 	os.Symlink("/proc/self/fd/1", filepath.Join(dev, "stdout"))
 	os.Symlink("/proc/self/fd/2", filepath.Join(dev, "stderr"))
+	return nil
+}
+
+// finishRoot attaches the root mount (descriptor fdRootMount), moves the staged mounts into it, writes the
+// sandbox's host name and pivots into the root.
+func finishRoot(cfg Config) error {
+	root := stagedRoot
+	if err := unix.MoveMount(fdRootMount, "", unix.AT_FDCWD, root, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach root file system: %w", err)
+	}
+	unix.Close(fdRootMount)
+	for _, d := range []string{"proc", "sys", "dev", "tmp", "root", "run"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	for _, d := range stagedMounts {
+		// A moved mount takes what is mounted under it along (the masks under /proc, /dev's device nodes).
+		if err := must(unix.MoveMount(unix.AT_FDCWD, filepath.Join(stagingDir, d), unix.AT_FDCWD, filepath.Join(root, d), 0), "move /"+d+" into the root"); err != nil {
+			return err
+		}
+	}
 	os.Chmod(filepath.Join(root, "tmp"), 0o1777)
 
 	if cfg.Hostname != "" {

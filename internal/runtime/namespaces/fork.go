@@ -135,6 +135,7 @@ func (r *Runtime) makeChildren(ctx context.Context, f *family, base string, chil
 		wg.Add(1)
 		go func(c *forkChild) {
 			defer wg.Done()
+			t0 := time.Now()
 			dir, err := r.cfg.Layers.Clone(ctx, base, c.spec.ID)
 			if err != nil {
 				c.err = fmt.Errorf("clone layer: %w", err)
@@ -145,6 +146,7 @@ func (r *Runtime) makeChildren(ctx context.Context, f *family, base string, chil
 				c.err = err
 				return
 			}
+			r.log.Debug("spawn phase", "sandbox", c.spec.ID, "phase", "layer-cloned", "ms", msSince(t0))
 			c.sb, c.err = r.spawn(ctx, f, c.spec, dir, c.token)
 			if c.err != nil {
 				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
