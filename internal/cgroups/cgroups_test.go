@@ -25,18 +25,18 @@ const (
 	unifiedRoot = "/sys/fs/cgroup/unified"
 )
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-type tWriter struct{ t *testing.T }
+type tWriter struct{ t testing.TB }
 
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -44,7 +44,7 @@ func requireRoot(t *testing.T) {
 }
 
 // cleanupManager kills and deletes every cgroup under the test parent, then removes the parent directories.
-func cleanupManager(t *testing.T, m Manager, parents []string) {
+func cleanupManager(t testing.TB, m Manager, parents []string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
@@ -72,7 +72,7 @@ func cleanupManager(t *testing.T, m Manager, parents []string) {
 	})
 }
 
-func newTestV1(t *testing.T) *v1Manager {
+func newTestV1(t testing.TB) *v1Manager {
 	t.Helper()
 	requireRoot(t)
 	m, err := newV1(DefaultMount, testParent, testLogger(t))
@@ -105,7 +105,7 @@ type child struct {
 // startIn starts argv held at a barrier (a shell waiting on stdin), moves it into each cgroup, then releases it:
 // everything argv does happens inside the cgroups. The process is reaped in the background (so killed processes
 // do not linger as zombies) and its process group is killed at the end of the test.
-func startIn(t *testing.T, argv []string, cgs ...Cgroup) *child {
+func startIn(t testing.TB, argv []string, cgs ...Cgroup) *child {
 	t.Helper()
 	cmd := exec.Command("/bin/sh", append([]string{"-c", `read _ && exec "$@"`, "sh"}, argv...)...)
 	stdin, err := cmd.StdinPipe()

@@ -27,6 +27,9 @@ type v1Manager struct {
 	ctrl map[string]string
 	// dirs are the distinct parent directories.
 	dirs []string
+	// mounts maps each controller to its hierarchy's mount point.
+	mounts map[string]string
+	warm   moveWarmer
 }
 
 // NewV1 returns a Manager for cgroup v1 with its cgroups under parent (e.g. "ramify") in the memory, cpu,
@@ -48,7 +51,7 @@ func newV1(mount, parent string, log *slog.Logger) (*v1Manager, error) {
 		log.Debug("reading mountinfo failed; assuming hierarchies under the default mount", "err", err)
 		mounts = map[string]string{}
 	}
-	m := &v1Manager{log: log, parent: p, ctrl: map[string]string{}}
+	m := &v1Manager{log: log, parent: p, ctrl: map[string]string{}, mounts: map[string]string{}}
 	seen := map[string]bool{}
 	for _, c := range v1Controllers {
 		mp, ok := mounts[c]
@@ -63,6 +66,7 @@ func newV1(mount, parent string, log *slog.Logger) (*v1Manager, error) {
 		}
 		dir := filepath.Join(mp, p)
 		m.ctrl[c] = dir
+		m.mounts[c] = mp
 		if !seen[dir] {
 			seen[dir] = true
 			m.dirs = append(m.dirs, dir)

@@ -40,6 +40,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	if psb == nil || f == nil {
 		return res, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
 	}
+	defer r.movesFast()() // each forked interpreter moves into its child's cgroup (and unplaced spares' agents)
 	// Children run on their parent's image: the forked interpreters hold its files open.
 	children = append([]runtime.Spec(nil), children...)
 	for i := range children {

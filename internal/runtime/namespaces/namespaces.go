@@ -440,6 +440,7 @@ func (r *Runtime) newFamilyID(sandboxID string) string {
 
 // Create implements runtime.Runtime.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Handle, err error) {
+	defer r.movesFast()() // the family init and the agent each move into a cgroup
 	var undo cleanup
 	defer func() {
 		if err != nil {
@@ -685,6 +686,16 @@ func (r *Runtime) SetEgress(ctx context.Context, h runtime.Handle, egress []stri
 	return r.cfg.Network.SetEgress(ctx, vethOf(h), egress)
 }
 
+// movesFast keeps moves into cgroups fast until the returned function is called, where the cgroup manager can
+// (see cgroups.MoveWarmer): started as a create or fork begins, the grace period the first move would wait for
+// passes while the layers and agents are made.
+func (r *Runtime) movesFast() func() {
+	if w, ok := r.cfg.Cgroups.(cgroups.MoveWarmer); ok {
+		return w.KeepMovesFast()
+	}
+	return func() {}
+}
+
 // limitLayer caps layer id at mib MiB (0: no cap) when the layer driver enforces limits (btrfs with quotas);
 // with the copy driver it does nothing.
 func (r *Runtime) limitLayer(id string, mib int) error {
@@ -765,6 +776,7 @@ func (r *Runtime) Lost() []runtime.Lost {
 // Revive implements runtime.Healer: the sandbox restarts in a family of its own (its old family may be gone, or
 // busy with its siblings), on its own layer, with a cgroup and veth named as before.
 func (r *Runtime) Revive(ctx context.Context, h runtime.Handle, spec runtime.Spec) (_ runtime.Handle, err error) {
+	defer r.movesFast()()
 	r.Stop(ctx, h) //nolint:errcheck // reports nothing it could act on
 	var undo cleanup
 	defer func() {
