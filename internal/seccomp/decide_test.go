@@ -211,15 +211,25 @@ type guardOf map[int][]string
 
 func (g guardOf) Protected(tgid int) bool      { _, ok := g[tgid]; return ok }
 func (g guardOf) Namespaces(tgid int) []string { return g[tgid] }
+func (g guardOf) Holders(link string) []int {
+	var out []int
+	for p, links := range g {
+		if slices.Contains(links, link) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
 
 // With a Guard, ramify's own processes (here 201, standing for an agent, and 1) are never a target, even in the
 // caller's sandbox; kill(-1) passes them over; their own calls are trusted; the namespaces they register count
 // for setns although their /proc/<pid>/ns cannot be read.
 func TestDecideGuard(t *testing.T) {
 	s := newFixture(t)
-	s.SetGuard(guardOf{1: nil, 201: {"net:[444]"}, 301: nil})
+	s.SetGuard(guardOf{1: nil, 201: {"net:[444]"}, 301: {"net:[555]"}})
 	f := &fakeProc{t: t, root: s.procRoot}
 	f.link("100/fd/13", "net:[444]")
+	f.link("100/fd/14", "net:[555]")
 	cases := []struct {
 		name    string
 		caller  int
@@ -237,6 +247,7 @@ func TestDecideGuard(t *testing.T) {
 		{name: "kill own sandbox's process still allowed", op: opKill, args: []uint64{200, 9}, kind: vContinue},
 		{name: "the agent's own calls are trusted", caller: 201, op: opKill, args: []uint64{300, 9}, kind: vContinue},
 		{name: "setns into a namespace the agent registered", op: opSetns, args: []uint64{13, 0}, kind: vContinue},
+		{name: "setns into a namespace a sibling's agent registered", op: opSetns, args: []uint64{14, 0}, kind: vErrno},
 		// Sandbox groups: SandboxGIDBase + the pid of the sandbox's agent (201 in A, 301 in B).
 		{name: "sched_setaffinity own process", op: opSchedPid, args: []uint64{200}, kind: vContinue},
 		{name: "sched_setaffinity sibling", op: opSchedPid, args: []uint64{300}, kind: vErrno},

@@ -33,6 +33,9 @@ type Guard interface {
 	// Namespaces returns the namespace links ("net:[4026532000]") that a protected process registered, which the
 	// supervisor cannot read from /proc (protected processes are not dumpable), or nil.
 	Namespaces(tgid int) []string
+	// Holders returns the protected processes that registered namespace link (a sandbox's agent holds its
+	// sandbox's network, mount, IPC and UTS namespaces).
+	Holders(link string) []int
 }
 
 // SetGuard makes s refuse every call that targets a process g protects; call it before Serve.

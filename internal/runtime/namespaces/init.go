@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -352,6 +353,18 @@ func (p *procRegistry) Namespaces(tgid int) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.pids[tgid]
+}
+
+func (p *procRegistry) Holders(link string) []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int
+	for pid, links := range p.pids {
+		if slices.Contains(links, link) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 func (p *procRegistry) setNamespaces(pid int, links []string) {
