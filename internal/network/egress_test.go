@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 func TestParseEgressEntry(t *testing.T) {
@@ -341,4 +343,61 @@ func benchManager(b *testing.B) *Manager {
 		}
 	})
 	return m
+}
+
+// TestDetachForgetsFlows: the conntrack entries of flows two sandboxes started are gone once both are detached
+// (an "established" rule would otherwise let the rest of such a flow through for the address's next owner); the
+// two detaches, close together, share the walk of the conntrack table.
+func TestDetachForgetsFlows(t *testing.T) {
+	m := newTestManager(t, nil)
+	ln := listenGreeter(t, m.Gateway().String())
+	var ips []net.IP
+	var veths []string
+	for i, id := range []string{"sbx_aaaaaaaaaaaa0000000000000000000a", "sbx_bbbbbbbbbbbb0000000000000000000b"} {
+		ns := newNetns(t)
+		ip, err := m.Allocate(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		veth := VethName(id)
+		t.Cleanup(func() { _ = m.Detach(veth) })
+		if err := m.Attach(context.Background(), int(ns), ip, veth, []string{ln.Addr().String()}); err != nil {
+			t.Fatalf("Attach %d: %v", i, err)
+		}
+		if err := dialFrom(ns, ln.Addr().String()); err != nil {
+			t.Fatalf("dial from sandbox %d: %v", i, err)
+		}
+		ips, veths = append(ips, ip), append(veths, veth)
+	}
+	flowsFrom := func(ip net.IP) int {
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, f := range flows {
+			if f.Forward.SrcIP.Equal(ip) {
+				n++
+			}
+		}
+		return n
+	}
+	for _, ip := range ips {
+		if flowsFrom(ip) == 0 {
+			t.Fatalf("no conntrack entry for the flow %s started", ip)
+		}
+	}
+	walks0 := m.forget.walks
+	for _, v := range veths {
+		if err := m.Detach(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.bg.Wait()
+	for _, ip := range ips {
+		if n := flowsFrom(ip); n != 0 {
+			t.Errorf("%d conntrack entries of %s left after Detach", n, ip)
+		}
+	}
+	t.Logf("conntrack table walks for two detaches: %d", m.forget.walks-walks0)
 }

@@ -96,6 +96,7 @@ type Manager struct {
 	stop      chan struct{}
 	done      chan struct{}
 	bg        sync.WaitGroup // conntrack clean-ups of detached ports
+	forget    flowForgetter  // addresses of detached ports whose flows are to be forgotten
 }
 
 // port is a sandbox's bridge port as the kernel has it: its pin and the elements of its egress policy.

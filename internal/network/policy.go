@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/nftables"
@@ -104,15 +105,56 @@ func (m *Manager) SetEgress(ctx context.Context, hostVeth string, egress []strin
 	return m.setPort(ctx, hostVeth, p.ip, nil, rules)
 }
 
-// forgetFlows deletes the conntrack entries of flows a sandbox address started, so that "established" lets
-// nothing of a destroyed sandbox's flows through for the address's next owner. It walks the host's whole
-// conntrack table (~15 ms here): Detach only, in the background.
-func forgetFlows(ip netip.Addr) {
-	f := &netlink.ConntrackFilter{}
-	if err := f.AddIP(netlink.ConntrackOrigSrcIP, ip.AsSlice()); err != nil {
+// flowForgetter deletes the conntrack entries of flows that detached sandbox addresses started, so that
+// "established" lets nothing of a destroyed sandbox's flows through for the address's next owner. Deleting them
+// means walking the host's whole conntrack table (~15 ms here, the kernel copying out every entry), so addresses
+// detached close together (a fork's children deleted after a merge) share one walk: the first starts a worker,
+// which waits forgetBatchWait for others (a veth takes ~10 ms to delete, so a loop of deletes shares it too) and then walks once for all of them, until none are left. The addresses
+// are not handed out again soon (allocation is round-robin).
+type flowForgetter struct {
+	mu      sync.Mutex
+	pending []netip.Addr
+	running bool
+	walks   int // table walks made (for tests)
+}
+
+const forgetBatchWait = 100 * time.Millisecond
+
+// forgetFlows queues ip's flows to be forgotten, in the background.
+func (m *Manager) forgetFlows(ip netip.Addr) {
+	f := &m.forget
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pending = append(f.pending, ip)
+	if f.running {
 		return
 	}
-	netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f) //nolint:errcheck // best effort
+	f.running = true
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		for {
+			time.Sleep(forgetBatchWait)
+			f.mu.Lock()
+			ips := f.pending
+			f.pending = nil
+			if len(ips) == 0 {
+				f.running = false
+				f.mu.Unlock()
+				return
+			}
+			f.walks++
+			f.mu.Unlock()
+			filters := make([]netlink.CustomConntrackFilter, 0, len(ips))
+			for _, ip := range ips {
+				cf := &netlink.ConntrackFilter{}
+				if err := cf.AddIP(netlink.ConntrackOrigSrcIP, ip.AsSlice()); err == nil {
+					filters = append(filters, cf)
+				}
+			}
+			netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, filters...) //nolint:errcheck // best effort
+		}
+	}()
 }
 
 // setPort makes the kernel's elements for hostVeth what ip, mac and rules say, in one batch: it adds what is
@@ -178,13 +220,8 @@ func (m *Manager) dropPort(hostVeth string) error {
 	if err != nil {
 		return err
 	}
-	// In the background and outside the lock: it walks the host's whole conntrack table (~15 ms here). The
-	// address is not handed out again soon (allocation is round-robin).
-	m.bg.Add(1)
-	go func() {
-		defer m.bg.Done()
-		forgetFlows(p.ip)
-	}()
+	// In the background and outside the lock (see flowForgetter).
+	m.forgetFlows(p.ip)
 	return nil
 }
 
