@@ -401,3 +401,23 @@ func TestDetachForgetsFlows(t *testing.T) {
 	}
 	t.Logf("conntrack table walks for two detaches: %d", m.forget.walks-walks0)
 }
+
+// TestAllocateSkipsAddressesBeingForgotten: an address whose previous owner's flows are still in conntrack is not
+// handed out again until they are forgotten.
+func TestAllocateSkipsAddressesBeingForgotten(t *testing.T) {
+	m := newTestManager(t, nil)
+	free := netip.MustParseAddr("10.250.0.7")
+	onlyFree := func(ip net.IP) bool { return !ip.Equal(free.AsSlice()) }
+	m.forget.mu.Lock()
+	m.forget.waiting = map[netip.Addr]bool{free: true}
+	m.forget.mu.Unlock()
+	if ip, err := m.Allocate(onlyFree); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("Allocate while %s's flows are being forgotten: %v, %v; want a conflict", free, ip, err)
+	}
+	m.forget.mu.Lock()
+	delete(m.forget.waiting, free)
+	m.forget.mu.Unlock()
+	if ip, err := m.Allocate(onlyFree); err != nil || !ip.Equal(free.AsSlice()) {
+		t.Fatalf("Allocate once forgotten: %v, %v; want %s", ip, err, free)
+	}
+}

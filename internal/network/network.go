@@ -194,12 +194,18 @@ func (m *Manager) Bridge() string { return m.bridge }
 
 // Allocate returns a free address in the CIDR: never the network, gateway or broadcast address, and never one for
 // which inUse reports true (inUse may be nil). It hands addresses out round-robin, starting after the previously
-// returned one, so that a just-released address is not immediately reused. When no address is free it returns an
-// error matching errdefs.ErrConflict.
+// returned one, so that a just-released address is not immediately reused, and never one whose previous owner's
+// flows are still to be forgotten (see flowForgetter). When no address is free it returns an error matching
+// errdefs.ErrConflict.
 func (m *Manager) Allocate(inUse func(net.IP) bool) (net.IP, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.pool.allocate(inUse)
+	return m.pool.allocate(func(ip net.IP) bool {
+		if a, ok := netip.AddrFromSlice(ip.To4()); ok && m.forget.forgetting(a) {
+			return true // a destroyed sandbox's flows are still in conntrack
+		}
+		return inUse != nil && inUse(ip)
+	})
 }
 
 // Attach connects the network namespace open at nsFD (for example /proc/<pid>/ns/net) to the bridge: it creates

@@ -107,25 +107,30 @@ func (m *Manager) SetEgress(ctx context.Context, hostVeth string, egress []strin
 
 // flowForgetter deletes the conntrack entries of flows that detached sandbox addresses started, so that
 // "established" lets nothing of a destroyed sandbox's flows through for the address's next owner. Deleting them
-// means walking the host's whole conntrack table (~15 ms here, the kernel copying out every entry), so addresses
-// detached close together (a fork's children deleted after a merge) share one walk: the first starts a worker,
-// which waits forgetBatchWait for others (a veth takes ~10 ms to delete, so a loop of deletes shares it too) and then walks once for all of them, until none are left. The addresses
-// are not handed out again soon (allocation is round-robin).
+// means walking the host's whole conntrack table (~15 ms of CPU here: every hash bucket is visited, however few
+// entries there are), so the addresses detached within forgetBatchWait of each other share one walk: the first
+// starts a worker, which waits, walks once for all the addresses queued meanwhile, and repeats until none are
+// left. Until its walk is done an address is not handed out again (Allocate).
 type flowForgetter struct {
 	mu      sync.Mutex
-	pending []netip.Addr
+	queued  []netip.Addr
+	waiting map[netip.Addr]bool // queued or being walked for
 	running bool
 	walks   int // table walks made (for tests)
 }
 
-const forgetBatchWait = 100 * time.Millisecond
+const forgetBatchWait = time.Second
 
 // forgetFlows queues ip's flows to be forgotten, in the background.
 func (m *Manager) forgetFlows(ip netip.Addr) {
 	f := &m.forget
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.pending = append(f.pending, ip)
+	if f.waiting == nil {
+		f.waiting = map[netip.Addr]bool{}
+	}
+	f.queued = append(f.queued, ip)
+	f.waiting[ip] = true
 	if f.running {
 		return
 	}
@@ -134,10 +139,13 @@ func (m *Manager) forgetFlows(ip netip.Addr) {
 	go func() {
 		defer m.bg.Done()
 		for {
-			time.Sleep(forgetBatchWait)
+			select {
+			case <-time.After(forgetBatchWait):
+			case <-m.stop: // closing: walk for what is queued now
+			}
 			f.mu.Lock()
-			ips := f.pending
-			f.pending = nil
+			ips := f.queued
+			f.queued = nil
 			if len(ips) == 0 {
 				f.running = false
 				f.mu.Unlock()
@@ -153,8 +161,20 @@ func (m *Manager) forgetFlows(ip netip.Addr) {
 				}
 			}
 			netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, filters...) //nolint:errcheck // best effort
+			f.mu.Lock()
+			for _, ip := range ips {
+				delete(f.waiting, ip)
+			}
+			f.mu.Unlock()
 		}
 	}()
+}
+
+// forgetting reports whether ip's flows are still to be forgotten.
+func (f *flowForgetter) forgetting(ip netip.Addr) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.waiting[ip]
 }
 
 // setPort makes the kernel's elements for hostVeth what ip, mac and rules say, in one batch: it adds what is

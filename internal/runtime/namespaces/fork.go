@@ -316,12 +316,13 @@ func (r *Runtime) placeSpares(f *family, idle []int) {
 	}
 	p.mu.Unlock()
 	// In parallel: concurrent moves share the kernel's grace period.
+	hostPids := hostPidsOf(f.initPid, todo)
 	var wg sync.WaitGroup
 	for _, nsPid := range todo {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sp := r.placeSpare(f, nsPid)
+			sp := r.placeSpare(f, nsPid, hostPids[nsPid])
 			p.mu.Lock()
 			if sp.cgroup != "" {
 				p.placed[nsPid] = sp
@@ -334,16 +335,12 @@ func (r *Runtime) placeSpares(f *family, idle []int) {
 	wg.Wait()
 }
 
-// placeSpare moves spare nsPid into a new cgroup of its own and returns where it is (zero if it could not, or
-// the family has ended).
-func (r *Runtime) placeSpare(f *family, nsPid int) placedSpare {
+// placeSpare moves spare nsPid (host pid hostPid; 0: not found) into a new cgroup of its own and returns where
+// it is (zero if it could not, or the family has ended).
+func (r *Runtime) placeSpare(f *family, nsPid, hostPid int) placedSpare {
 	f.pool.life.RLock()
 	defer f.pool.life.RUnlock()
-	if f.pool.ended {
-		return placedSpare{}
-	}
-	hostPid, err := hostPidOf(f.initPid, nsPid)
-	if err != nil {
+	if f.pool.ended || hostPid == 0 {
 		return placedSpare{}
 	}
 	name := fmt.Sprintf("%s%d", spareCgroupPrefix(f.id), nsPid)

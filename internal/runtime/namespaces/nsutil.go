@@ -97,12 +97,30 @@ func alive(pid int, start uint64) bool {
 
 // hostPidOf finds the host pid of the child of parent whose pid in the family's PID namespace is nsPid.
 func hostPidOf(parent, nsPid int) (int, error) {
-	for _, pid := range childPids(fmt.Sprintf("/proc/%d", parent)) {
-		if nsPidOf(pid) == nsPid {
-			return pid, nil
-		}
+	if pid := hostPidsOf(parent, []int{nsPid})[nsPid]; pid != 0 {
+		return pid, nil
 	}
 	return 0, fmt.Errorf("no child of %d has namespace pid %d", parent, nsPid)
+}
+
+// hostPidsOf maps each of nsPids to the host pid of the child of parent that has it in the family's PID
+// namespace (absent: no such child): one listing of parent's children, and one /proc read per child until all
+// are found, however many are looked for.
+func hostPidsOf(parent int, nsPids []int) map[int]int {
+	want := make(map[int]bool, len(nsPids))
+	for _, p := range nsPids {
+		want[p] = true
+	}
+	out := make(map[int]int, len(nsPids))
+	for _, pid := range childPids(fmt.Sprintf("/proc/%d", parent)) {
+		if len(out) == len(want) {
+			break
+		}
+		if ns := nsPidOf(pid); want[ns] {
+			out[ns] = pid
+		}
+	}
+	return out
 }
 
 // childPids lists the children of the process at proc ("/proc/<pid>" or "/proc/self"), whichever of its threads
