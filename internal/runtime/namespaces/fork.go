@@ -258,6 +258,9 @@ func startForked(ctx context.Context, kids []*forkChild) error {
 // msSince is the time since t in milliseconds, to the microsecond (for phase logs).
 func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 
+// spareRefillDelay is how long after a fork its family starts spares for the next one.
+const spareRefillDelay = 250 * time.Millisecond
+
 // refillSpares has the family's init start spares, in the background, for a next fork like this one: a family
 // that forked n children once is likely to do so again (search rounds, fork and merge loops).
 func (r *Runtime) refillSpares(f *family, n int) {
@@ -268,6 +271,9 @@ func (r *Runtime) refillSpares(f *family, n int) {
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
+		// Not at once: the children's first calls come right after a fork, and starting n agents (~25 ms of CPU
+		// each) beside them would slow them down on a small machine.
+		time.Sleep(spareRefillDelay)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		rep, err := f.call(ctx, initRequest{Op: "spares", Count: n, IdleS: r.cfg.SpareIdle.Seconds()}, nil)
