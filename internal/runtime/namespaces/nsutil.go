@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
@@ -105,31 +104,38 @@ func hostPidOf(parent, nsPid int) (int, error) {
 
 // hostPidsOf maps each of nsPids to the host pid of the child of parent that has it in the family's PID
 // namespace (absent: no such child): one listing of parent's children, and one /proc read per child until all
-// are found, however many are looked for.
+// are found, however many are looked for. The children are read newest first: those looked for have just been
+// started (a spawned agent, new spares), and a family init's older children are its sandboxes' agents.
 func hostPidsOf(parent int, nsPids []int) map[int]int {
 	want := make(map[int]bool, len(nsPids))
 	for _, p := range nsPids {
 		want[p] = true
 	}
 	out := make(map[int]int, len(nsPids))
-	for _, pid := range childPids(fmt.Sprintf("/proc/%d", parent)) {
-		if len(out) == len(want) {
-			break
-		}
-		if ns := nsPidOf(pid); want[ns] {
-			out[ns] = pid
+	kids := childPids(fmt.Sprintf("/proc/%d", parent))
+	for i := len(kids) - 1; i >= 0 && len(out) < len(want); i-- {
+		if ns := nsPidOf(kids[i]); want[ns] {
+			out[ns] = kids[i]
 		}
 	}
 	return out
 }
 
 // childPids lists the children of the process at proc ("/proc/<pid>" or "/proc/self"), whichever of its threads
-// started them, as pids of the reader's PID namespace.
+// started them, as pids of the reader's PID namespace; each thread's children oldest first (the order of its
+// children list).
 func childPids(proc string) []int {
 	var out []int
-	tasks, _ := filepath.Glob(proc + "/task/*/children")
-	for _, t := range tasks {
-		b, err := os.ReadFile(t)
+	// Not filepath.Glob(proc+"/task/*/children"): it would list each task's directory (~50 entries, each a
+	// dentry procfs makes) to find "children" in it.
+	d, err := os.Open(proc + "/task")
+	if err != nil {
+		return nil
+	}
+	tids, _ := d.Readdirnames(-1)
+	d.Close()
+	for _, tid := range tids {
+		b, err := os.ReadFile(proc + "/task/" + tid + "/children")
 		if err != nil {
 			continue
 		}
