@@ -28,6 +28,8 @@ log = open("/root/log.txt", "w+")
 log.write("before fork\n"); log.flush()
 def helper(v):
     return v * 2
+import os
+os.environ["MODE"] = "changed-at-runtime"  # interpreter state: children keep it, whatever the sandbox's env says
 1`)
 	sh(t, s, parent, "mkdir -p /root/proj && echo base > /root/proj/base.txt")
 
@@ -50,7 +52,7 @@ def helper(v):
 		}
 		ips[info.IP] = true
 		// Interpreter state: variables, modules, functions, arrays.
-		if v := value(t, s, k, "(x, data['k'][2], helper(21), int(arr.sum()), json.dumps(1), os.environ['MODE'] if 'os' in dir() else __import__('os').environ['MODE'])"); v != "(42, 3, 42, 499500, '1', 'parent-env')" {
+		if v := value(t, s, k, "(x, data['k'][2], helper(21), int(arr.sum()), json.dumps(1), os.environ['MODE'] if 'os' in dir() else __import__('os').environ['MODE'])"); v != "(42, 3, 42, 499500, '1', 'changed-at-runtime')" {
 			t.Fatalf("child %d state: %s", i, v)
 		}
 		// Files at the fork, and the child's own hostname.
