@@ -276,6 +276,10 @@ func (r *Runtime) refillSpares(f *family, n int) {
 		time.Sleep(spareRefillDelay)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		// One refill at a time: placeSpares must see the init's lists of idle spares in the order they were
+		// made, or an older list could have it place a spare a fork has claimed since.
+		f.pool.refill.Lock()
+		defer f.pool.refill.Unlock()
 		rep, err := f.call(ctx, initRequest{Op: "spares", Count: n, IdleS: r.cfg.SpareIdle.Seconds()}, nil)
 		if err != nil {
 			r.log.Debug("start spare agents", "family", f.id, "err", err)

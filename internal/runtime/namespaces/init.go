@@ -527,10 +527,12 @@ type sparePool struct {
 	mu      sync.Mutex
 	placed  map[int]placedSpare   // spare's pid in the family's PID namespace -> where it is
 	placing map[int]chan struct{} // being placed now: closed when done
-	claimed map[int]bool          // claimed before being placed: never to be placed
+	claimed map[int]bool          // claimed: never to be placed (until a later list of idle spares lacks it)
+	refill  sync.Mutex            // one refill (ask the init for spares, place them) at a time: lists in order
 
-	// life orders placements (read-held while a cgroup is made) before the family's end (write-held to set
-	// ended), so that no spare cgroup is made after the family's cgroups are removed.
+	// life orders placements (read-held while a cgroup is made) and dials of the init (read-held while netFD is
+	// used) before the family's end (write-held to set ended and close netFD), so that no spare cgroup is made
+	// after the family's cgroups are removed, and no dial uses a closed descriptor's number.
 	life  sync.RWMutex
 	ended bool
 }
@@ -554,12 +556,12 @@ func (p *sparePool) take(nsPid int) placedSpare {
 	}
 	sp := p.placed[nsPid]
 	delete(p.placed, nsPid)
-	if sp.cgroup == "" {
-		if p.claimed == nil {
-			p.claimed = map[int]bool{}
-		}
-		p.claimed[nsPid] = true
+	// Claimed, placed or not: a list of idle spares the init sent before this claim must not have it placed
+	// (moved out of its sandbox's cgroup) afterwards.
+	if p.claimed == nil {
+		p.claimed = map[int]bool{}
 	}
+	p.claimed[nsPid] = true
 	return sp
 }
 
@@ -568,7 +570,14 @@ func spareCgroupPrefix(familyID string) string { return familyID + ".s" }
 
 // call sends one request (with optional fds) to the family's init.
 func (f *family) call(ctx context.Context, req initRequest, fds []int) (initReply, error) {
+	// Under the family's life lock: kill closes netFD, and a number closed could name another file by now.
+	f.pool.life.RLock()
+	if f.pool.ended {
+		f.pool.life.RUnlock()
+		return initReply{}, errors.New("family init: the family has ended")
+	}
 	c, err := dialAbstractType(f.netFD, initSocket, unix.SOCK_SEQPACKET)
+	f.pool.life.RUnlock()
 	if err != nil {
 		return initReply{}, fmt.Errorf("dial family init: %w", err)
 	}

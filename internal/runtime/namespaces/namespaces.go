@@ -216,16 +216,16 @@ func (f *family) kill() {
 	if f.initPid > 0 && (f.initStart == 0 || alive(f.initPid, f.initStart)) {
 		syscall.Kill(f.initPid, syscall.SIGKILL)
 	}
+	f.pool.life.Lock() // placements and dials in flight finish first; none starts after
+	f.pool.ended = true
 	if f.netFD > 0 {
 		unix.Close(f.netFD)
 		f.netFD = -1
 	}
+	f.pool.life.Unlock()
 	if f.cgroups == nil || f.id == "" {
 		return
 	}
-	f.pool.life.Lock() // placements in flight finish first; none starts after
-	f.pool.ended = true
-	f.pool.life.Unlock()
 	names := []string{f.id}
 	if all, err := f.cgroups.List(); err == nil {
 		for _, n := range all {
