@@ -61,7 +61,7 @@ func envOr(name, def string) string {
 
 type serveFlags struct {
 	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel  string
-	warmPool, spareAgents, templatePool                                       int
+	warmPool, spareAgents, templatePool, prestartFamilies                     int
 	observe                                                                   observeFlags
 	ingress                                                                   ingressFlags
 	ssh                                                                       sshFlags
@@ -95,6 +95,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
 	fs.IntVar(&f.templatePool, "template-pool", envInt("RAMIFY_TEMPLATE_POOL", 0), "sandboxes kept restored ahead of time per template, so that a create from a template takes milliseconds; each holds the template's session in memory (env RAMIFY_TEMPLATE_POOL)")
 	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
+	fs.IntVar(&f.prestartFamilies, "prestart-families", envInt("RAMIFY_PRESTART_FAMILIES", 1), "families kept started ahead, each with a spare agent (~9 MiB each), so that a create the warm pool cannot serve (a resume, a template, a named image, an empty pool) skips starting processes; 0 for none (env RAMIFY_PRESTART_FAMILIES)")
 	fs.IntVar(&f.spareAgents, "spare-agents", envInt("RAMIFY_SPARE_AGENTS", 32), "agents a fork family keeps started after a fork (~5.5 MiB each), so that its next fork of up to that many children skips process start-up; 0 for none (env RAMIFY_SPARE_AGENTS)")
 	fs.StringVar(&f.snapshotDir, "snapshot-dir", os.Getenv("RAMIFY_SNAPSHOT_DIR"), "where pause snapshots go (default <data-dir>/snapshots; env RAMIFY_SNAPSHOT_DIR)")
 	fs.StringVar(&f.s3Endpoint, "s3-endpoint", os.Getenv("RAMIFY_S3_ENDPOINT"), "host:port of an S3-compatible store for pause snapshots instead of --snapshot-dir (env RAMIFY_S3_ENDPOINT)")
@@ -269,7 +270,8 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	defer st.Close()
 	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, ImageRootfs: img.Rootfs, Layers: layers,
 		Images:  func(name string) ([]string, error) { return image.Lowers(f.imageDir, name) },
-		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle, Owner: owner})
+		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle, Owner: owner,
+		PrestartFamilies: f.prestartFamilies})
 	if err != nil {
 		return err
 	}

@@ -91,7 +91,9 @@ func start(t testing.TB, bin string, files []*os.File, extraArgs []string) *Serv
 	}
 	s.args = append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", s.DataDir, "--image-dir", images,
 		"--api-key", s.Key, "--bridge", s.bridge, "--subnet", fmt.Sprintf("10.%d.%d.0/24", 220+id/100, id%100+1),
-		"--log-level", "info"}, extraArgs...)
+		// No family started ahead unless a test asks (TestPrestartedFamilies): the tests that count a server's
+		// family inits and cgroups count those of its sandboxes.
+		"--log-level", "info", "--prestart-families", "0"}, extraArgs...)
 	if rb := os.Getenv("RAMIFY_TEST_RUNTIME_BINARY"); rb != "" {
 		// The server under test is not static (a -race build): the family init and agents run this one.
 		s.args = append(s.args, "--runtime-binary", rb)

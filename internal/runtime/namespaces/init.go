@@ -33,10 +33,11 @@ import (
 const initSocket = "ramify-init"
 
 type initRequest struct {
-	Op     string        `json:"op"` // ping, spawn, spares
+	Op     string        `json:"op"` // ping, spawn, spares, hold
 	Config *agent.Config `json:"config,omitempty"`
 	Count  int           `json:"count,omitempty"`  // spares: how many idle agents to keep ready
 	IdleS  float64       `json:"idle_s,omitempty"` // spares: how long an unused spare lives (0: until the family ends)
+	HoldS  float64       `json:"hold_s,omitempty"` // hold: how long an init given no work yet waits for some
 }
 
 type initReply struct {
@@ -145,13 +146,26 @@ func initRoot() error {
 	return os.Chdir("/")
 }
 
-// spawned is set once the init has started an agent: from then on, a family with no process left ends its init.
+// spawned is set once the init has given a sandbox an agent (started one for it, or handed it a spare): from then
+// on, a family with no sandbox left ends its init.
 var spawned atomic.Bool
 
 var started = time.Now()
 
-// idleInitLimit is how long an init that never spawned an agent waits before it exits.
+// idleInitLimit is how long an init that never spawned an agent waits before it exits, unless held longer.
 const idleInitLimit = 60 * time.Second
+
+// heldUntil (unix nanoseconds) extends idleInitLimit for a family started ahead of need (op "hold").
+var heldUntil atomic.Int64
+
+// workDeadline is when an init given no work yet gives up (its spares die with it).
+func workDeadline() time.Time {
+	d := started.Add(idleInitLimit)
+	if h := time.Unix(0, heldUntil.Load()); h.After(d) {
+		d = h
+	}
+	return d
+}
 
 // reapWake wakes reapForever to recompute when it must next wake up (the spares changed).
 var reapWake = make(chan struct{}, 1)
@@ -179,9 +193,13 @@ func reapForever() {
 				// Only spares are left: the family's sandboxes are gone. The spares die with this PID 1.
 				os.Exit(0)
 			}
-			if errors.Is(err, unix.ECHILD) && (spawned.Load() || time.Since(started) > idleInitLimit) {
-				// Every sandbox of the family is gone, or the server never gave this init work (it died
-				// mid-create): nothing is left to reap.
+			if errors.Is(err, unix.ECHILD) && spawned.Load() {
+				// Every sandbox of the family is gone: nothing is left to reap.
+				os.Exit(0)
+			}
+			if !spawned.Load() && time.Now().After(workDeadline()) {
+				// The server never gave this init work (it died mid-create, or did not need a family started
+				// ahead): the init ends, and its spares, if any, with it.
 				os.Exit(0)
 			}
 			if pid <= 0 || err != nil {
@@ -211,7 +229,7 @@ func reapForever() {
 func nextReapDeadline() time.Duration {
 	var next time.Time
 	if !spawned.Load() {
-		next = started.Add(idleInitLimit)
+		next = workDeadline()
 	}
 	spares.Lock()
 	if spares.maxIdle > 0 {
@@ -263,13 +281,20 @@ func handleInit(msg []byte, fds []int) initReply {
 		}
 		cfg, _ := json.Marshal(req.Config)
 		if pid, ok := claimSpare(cfg, fds[0]); ok {
+			spawned.Store(true)
 			return initReply{OK: true, Pid: pid, Spare: true}
 		}
 		pid, err := startAgent(agent.ConfigFromInit, fds[0], cfg)
 		if err != nil {
 			return initReply{Message: err.Error()}
 		}
+		spawned.Store(true)
 		return initReply{OK: true, Pid: pid}
+	case "hold":
+		// A family started ahead of need waits this long for its first sandbox, instead of idleInitLimit.
+		heldUntil.Store(time.Now().Add(time.Duration(req.HoldS * float64(time.Second))).UnixNano())
+		wakeReaper()
+		return initReply{OK: true}
 	case "spares":
 		spares.Lock()
 		spares.maxIdle = time.Duration(req.IdleS * float64(time.Second))
@@ -325,7 +350,6 @@ func startAgent(arg string, fd3 int, cfg []byte) (int, error) {
 		return 0, fmt.Errorf("spawn agent: %w", err)
 	}
 	go superviseFrom(pair[0], pid)
-	spawned.Store(true)
 	return pid, nil
 }
 

@@ -59,6 +59,9 @@ type Config struct {
 	SpareAgents int
 	// SpareIdle is how long an unused spare agent lives (0: until its family ends).
 	SpareIdle time.Duration
+	// PrestartFamilies is how many families the runtime keeps started ahead of need, each with a spare agent,
+	// for creates without a fork parent (see prestart.go); 0: none.
+	PrestartFamilies int
 	// Owner names this server among others on the host (serve passes a digest of the data directory). Family
 	// inits carry it in their command line, so that Reclaim kills only this server's orphans; "" turns the
 	// process scan off.
@@ -76,6 +79,8 @@ type Runtime struct {
 	live      liveness // pidfds of the inits and agents, for Lost (guarded by mu)
 
 	bg sync.WaitGroup // clean-up finishing in the background (after a merge)
+
+	pre prestartPool // families started ahead of need
 
 	bin  *os.File // the ramify executable, sealed in a memfd (see sealedBinary)
 	logs *logSink // where families' inits and agents write their diagnostics
@@ -465,9 +470,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
 		return runtime.Handle{}, err
 	}
-	f, err := r.startFamily(ctx, r.newFamilyID(spec.ID))
-	if err != nil {
-		return runtime.Handle{}, err
+	f := r.takePrestarted()
+	if f == nil {
+		if f, err = r.startFamily(ctx, r.newFamilyID(spec.ID)); err != nil {
+			return runtime.Handle{}, err
+		}
 	}
 	undo.add(f.kill)
 	sb, err := r.launch(ctx, f, spec, dir, nil)
@@ -734,6 +741,7 @@ func (r *Runtime) Usage(h runtime.Handle) (runtime.Usage, error) {
 // Close implements runtime.Runtime: sandboxes keep running and are recovered by the next server. It waits (a
 // bounded time) for clean-up still running in the background.
 func (r *Runtime) Close() error {
+	r.closePrestarted()
 	done := make(chan struct{})
 	go func() { r.bg.Wait(); close(done) }()
 	select {

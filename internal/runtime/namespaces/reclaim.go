@@ -55,6 +55,7 @@ func (r *Runtime) Reclaim(ctx context.Context, owned runtime.Owned) (runtime.Rec
 	n, err = r.reclaimLayers(ctx, layers)
 	res.Layers = n
 	errs = append(errs, err)
+	r.startPrestartUpkeep() // after the scan, which would take families started ahead for orphans
 	return res, errors.Join(errs...)
 }
 

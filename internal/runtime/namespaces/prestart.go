@@ -1,0 +1,202 @@
+package namespaces
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Families started ahead (Config.PrestartFamilies): a sandbox created without a fork parent (a cold create, a
+// resume, a template) needs a family of its own, and starting one, its init and then an agent, is two process
+// starts before its interpreter can start (~40 ms of a ~95 ms cold create here). The runtime keeps that many
+// families started, each with one spare agent set up as far as it can be (see agent.prepare) and placed in a
+// cgroup of its own, and Create takes one: the spawn then claims the spare (a cgroup rename, the network, the
+// root) instead of starting processes. A taken family is replaced in the background.
+//
+// A family started ahead is held by its init for prestartHold (op "hold"), then ends by itself if it was never
+// given a sandbox (as any init given no work does, after idleInitLimit): the pool replaces families at half
+// that age, so that Create never takes one about to end, and a server that dies leaves nothing for long (the
+// next start's reclaim scan removes them at once).
+
+// prestartHold is how long a family started ahead waits for its first sandbox.
+const prestartHold = 10 * time.Minute
+
+type prestartPool struct {
+	once    sync.Once // starts the upkeep
+	mu      sync.Mutex
+	idle    []prestarted
+	filling bool
+	closed  bool
+	stop    chan struct{} // closed by Close: ends the pool's upkeep
+}
+
+type prestarted struct {
+	f  *family
+	at time.Time
+}
+
+// startPrestartUpkeep fills the pool and keeps it fresh until Close. It starts after the reclaim scan of a
+// server's start (which would take families started before it for a dead server's orphans), or at the first
+// create if there is no such scan.
+func (r *Runtime) startPrestartUpkeep() {
+	if r.cfg.PrestartFamilies <= 0 {
+		return
+	}
+	r.pre.once.Do(r.runPrestartUpkeep)
+}
+
+func (r *Runtime) runPrestartUpkeep() {
+	r.pre.mu.Lock()
+	defer r.pre.mu.Unlock()
+	if r.pre.closed {
+		return
+	}
+	r.pre.stop = make(chan struct{})
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		t := time.NewTicker(prestartHold / 4)
+		defer t.Stop()
+		for {
+			r.refreshPrestarted()
+			r.fillPrestarted()
+			select {
+			case <-r.pre.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// takePrestarted returns a family started ahead whose init still runs (nil if there is none) and has the pool
+// refilled in the background.
+func (r *Runtime) takePrestarted() *family {
+	if r.cfg.PrestartFamilies <= 0 {
+		return nil
+	}
+	var got *family
+	var stale []*family
+	r.pre.mu.Lock()
+	for len(r.pre.idle) > 0 && got == nil {
+		p := r.pre.idle[0]
+		r.pre.idle = r.pre.idle[1:]
+		if time.Since(p.at) < prestartHold/2 && alive(p.f.initPid, p.f.initStart) {
+			got = p.f
+		} else {
+			stale = append(stale, p.f)
+		}
+	}
+	r.pre.mu.Unlock()
+	for _, f := range stale {
+		f.kill()
+	}
+	r.startPrestartUpkeep()
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		// Not at once: two process starts beside the new sandbox's interpreter start would slow it down.
+		select {
+		case <-time.After(spareRefillDelay):
+		case <-r.pre.stop:
+		}
+		r.fillPrestarted()
+	}()
+	return got
+}
+
+// refreshPrestarted ends the idle families older than half their hold (fillPrestarted replaces them).
+func (r *Runtime) refreshPrestarted() {
+	var old []*family
+	r.pre.mu.Lock()
+	kept := r.pre.idle[:0]
+	for _, p := range r.pre.idle {
+		if time.Since(p.at) >= prestartHold/2 || !alive(p.f.initPid, p.f.initStart) {
+			old = append(old, p.f)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	r.pre.idle = kept
+	r.pre.mu.Unlock()
+	for _, f := range old {
+		f.kill()
+	}
+}
+
+// fillPrestarted starts families until the pool holds Config.PrestartFamilies (one filler at a time).
+func (r *Runtime) fillPrestarted() {
+	r.pre.mu.Lock()
+	if r.pre.filling || r.pre.closed {
+		r.pre.mu.Unlock()
+		return
+	}
+	r.pre.filling = true
+	r.pre.mu.Unlock()
+	defer func() {
+		r.pre.mu.Lock()
+		r.pre.filling = false
+		r.pre.mu.Unlock()
+	}()
+	for {
+		r.pre.mu.Lock()
+		need := !r.pre.closed && len(r.pre.idle) < r.cfg.PrestartFamilies
+		r.pre.mu.Unlock()
+		if !need {
+			return
+		}
+		f, err := r.prestartFamily()
+		if err != nil {
+			r.log.Warn("start a family ahead of need", "err", err)
+			return
+		}
+		r.pre.mu.Lock()
+		if r.pre.closed {
+			r.pre.mu.Unlock()
+			f.kill()
+			return
+		}
+		r.pre.idle = append(r.pre.idle, prestarted{f: f, at: time.Now()})
+		r.pre.mu.Unlock()
+	}
+}
+
+// prestartFamily starts a family with one spare agent, held for prestartHold.
+func (r *Runtime) prestartFamily() (*family, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f, err := r.startFamily(ctx, "fam_p"+newToken()[:24])
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.call(ctx, initRequest{Op: "hold", HoldS: prestartHold.Seconds()}, nil); err != nil {
+		f.kill()
+		return nil, err
+	}
+	rep, err := f.call(ctx, initRequest{Op: "spares", Count: 1}, nil)
+	if err != nil {
+		f.kill()
+		return nil, err
+	}
+	r.placeSpares(f, rep.Spares)
+	return f, nil
+}
+
+// closePrestarted stops the upkeep and ends the idle families (they hold no sandbox).
+func (r *Runtime) closePrestarted() {
+	r.pre.mu.Lock()
+	if r.pre.closed {
+		r.pre.mu.Unlock()
+		return
+	}
+	r.pre.closed = true
+	if r.pre.stop != nil {
+		close(r.pre.stop)
+	}
+	idle := r.pre.idle
+	r.pre.idle = nil
+	r.pre.mu.Unlock()
+	for _, p := range idle {
+		p.f.kill()
+	}
+}

@@ -1,0 +1,105 @@
+package integration
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+// TestPrestartedFamilies: with --prestart-families 1 a cold create (and a resume) runs in a family the server
+// started ahead, whose spare agent takes the sandbox: it has its own hostname, runs code and commands, forks,
+// pauses and resumes into another such family; the pool is refilled; a killed server's family started ahead is
+// ended by the next start; nothing of it is left once the server stops and the sandboxes are gone.
+func TestPrestartedFamilies(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1")
+	ctx := ctxT(t)
+	waitInits := func(want int, why string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for len(s.Inventory().Inits) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d family inits, want %d\n%s", why, len(s.Inventory().Inits), want, s.Log())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// Ready once its spare sits in a cgroup of its own (<family>.s<pid>), the last step of starting it.
+	deadline := time.Now().Add(20 * time.Second)
+	for !slices.ContainsFunc(s.Inventory().Cgroups, func(c string) bool { return strings.HasPrefix(c, "fam_p") && strings.Contains(c, ".s") }) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no family started ahead: %+v\n%s", s.Inventory(), s.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	waitInits(1, "a family started ahead")
+
+	id := create(t, s, &client.CreateRequest{Env: map[string]string{"WHO": "prestarted"}})
+	info, err := s.Client.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(info.FamilyID, "fam_p") {
+		t.Fatalf("family %q: the create did not take the family started ahead", info.FamilyID)
+	}
+	if v := value(t, s, id, "import os, socket; x = 41; (x + 1, os.environ['WHO'], socket.gethostname())"); v != "(42, 'prestarted', '"+info.Hostname+"')" {
+		t.Fatalf("in the sandbox: %s (hostname %s)", v, info.Hostname)
+	}
+	if r := sh(t, s, id, "cat /etc/hostname; echo $WHO"); r.Stdout != info.Hostname+"\nprestarted\n" {
+		t.Fatalf("exec: %q", r.Stdout)
+	}
+	// The pool is refilled: this sandbox's family and a new one started ahead.
+	waitInits(2, "the pool refilled")
+
+	kids, err := s.Client.Fork(ctx, id, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids {
+		if v := value(t, s, k, "x"); v != "41" {
+			t.Fatalf("fork child %s: x = %s", k, v)
+		}
+		if err := s.Client.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	pauseAndWait(t, s, id)
+	resumeAndWait(t, s, id)
+	rinfo, err := s.Client.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(rinfo.FamilyID, "fam_p") || rinfo.FamilyID == info.FamilyID {
+		t.Fatalf("resumed into family %q (was %q): want another family started ahead", rinfo.FamilyID, info.FamilyID)
+	}
+	if v := value(t, s, id, "x"); v != "41" {
+		t.Fatalf("after resume: x = %s", v)
+	}
+	if err := s.Client.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	waitInits(1, "only the family started ahead left")
+	// A server killed outright leaves its family started ahead behind; the next start's reclaim scan ends it and
+	// starts a new one.
+	orphan := s.Inventory().Inits[0]
+	s.Kill()
+	s.Restart()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if inits := s.Inventory().Inits; len(inits) == 1 && inits[0] != orphan {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the restart: %+v (the dead server's family started ahead was %d)\n%s", s.Inventory(), orphan, s.Log())
+		}
+	}
+	s.Stop()
+	inv := s.Inventory()
+	if len(inv.Inits) != 0 || len(inv.Cgroups) != 0 || len(inv.Veths) != 0 {
+		t.Fatalf("left after the server stopped: %+v", inv)
+	}
+}
