@@ -27,7 +27,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -102,9 +101,9 @@ type manifest struct {
 }
 
 // pkgNameRE is Debian's package-name syntax (policy 5.6.1), optionally with an architecture qualifier.
-var pkgNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?$`)
+var pkgNameRE = lazyRE(`^[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?$`)
 
-var suiteRE = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]*$`)
+var suiteRE = lazyRE(`^[a-z0-9][a-z0-9.-]*$`)
 
 // normalize fills in defaults and validates o. The returned Options has a sorted, de-duplicated package list.
 func normalize(o Options) (Options, error) {

@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -46,7 +45,7 @@ const (
 // DefaultName is the name of the default image.
 const DefaultName = defaultName
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+var nameRE = lazyRE(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
 // ValidName checks a named image's name: 1 to 63 of a-z, 0-9, '_', '.', '-', starting with a letter or digit.
 // "default" names the default image.
@@ -59,7 +58,7 @@ func ValidName(name string) error {
 
 // pipReqRE is a pip requirement without options or URLs: a project name with extras and version specifiers
 // ("numpy", "requests[socks]>=2.31,<3", "attrs==23.1.0").
-var pipReqRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\s*((===?|~=|!=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*(,\s*(===?|~=|!=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*)*)?$`)
+var pipReqRE = lazyRE(`^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\s*((===?|~=|!=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*(,\s*(===?|~=|!=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*)*)?$`)
 
 // NamedOptions say what goes into a named image.
 type NamedOptions struct {

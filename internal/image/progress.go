@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,18 +28,18 @@ type parser struct {
 }
 
 var (
-	aptNewRE      = regexp.MustCompile(`^\d+ upgraded, (\d+) newly installed`)
-	aptNeedRE     = regexp.MustCompile(`^Need to get (\S+ \S+?)(?:/(\S+ \S+))? of archives`)
-	aptGetRE      = regexp.MustCompile(`^Get:(\d+) \S+ \S+ \S+ (\S+) \S+ \S+ \[`)
-	dpkgUnpackRE  = regexp.MustCompile(`^Unpacking (\S+) \(`)
-	dpkgSetupRE   = regexp.MustCompile(`^Setting up (\S+) \(`)
-	dbRetrieveRE  = regexp.MustCompile(`^I: Retrieving (\S+) \S+`)
-	dbValidateRE  = regexp.MustCompile(`^I: Validating (\S+) \S+`)
-	dbExtractRE   = regexp.MustCompile(`^I: Extracting (\S+)\.\.\.$`)
-	dbUnpackRE    = regexp.MustCompile(`^I: Unpacking (\S+)\.\.\.$`)
-	dbConfigureRE = regexp.MustCompile(`^I: Configuring (\S+)\.\.\.$`)
-	pipCollectRE  = regexp.MustCompile(`^Collecting (\S+)`)
-	pipDoneRE     = regexp.MustCompile(`^Successfully installed (.+)$`)
+	aptNewRE      = lazyRE(`^\d+ upgraded, (\d+) newly installed`)
+	aptNeedRE     = lazyRE(`^Need to get (\S+ \S+?)(?:/(\S+ \S+))? of archives`)
+	aptGetRE      = lazyRE(`^Get:(\d+) \S+ \S+ \S+ (\S+) \S+ \S+ \[`)
+	dpkgUnpackRE  = lazyRE(`^Unpacking (\S+) \(`)
+	dpkgSetupRE   = lazyRE(`^Setting up (\S+) \(`)
+	dbRetrieveRE  = lazyRE(`^I: Retrieving (\S+) \S+`)
+	dbValidateRE  = lazyRE(`^I: Validating (\S+) \S+`)
+	dbExtractRE   = lazyRE(`^I: Extracting (\S+)\.\.\.$`)
+	dbUnpackRE    = lazyRE(`^I: Unpacking (\S+)\.\.\.$`)
+	dbConfigureRE = lazyRE(`^I: Configuring (\S+)\.\.\.$`)
+	pipCollectRE  = lazyRE(`^Collecting (\S+)`)
+	pipDoneRE     = lazyRE(`^Successfully installed (.+)$`)
 )
 
 // phases maps informational lines of mmdebstrap and debootstrap to what we show (an empty value hides the line).
