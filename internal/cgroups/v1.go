@@ -329,7 +329,19 @@ func (c *v1Cgroup) Kill(ctx context.Context) error {
 			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
 		}
 		if len(pids) == 0 {
-			return nil
+			// A process can be in some hierarchies and not the freezer's (its mover was killed between two
+			// writes): the cgroup cannot be removed while any hierarchy holds one, so those die too.
+			stray := c.procsAnywhere()
+			if len(stray) == 0 {
+				return nil
+			}
+			if err := killPids(stray); err != nil {
+				return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
+			}
+			if err := waitEmpty(ctx, func() ([]int, error) { return c.procsAnywhere(), nil }, time.Second); err != nil {
+				return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
+			}
+			continue
 		}
 		if err := c.setState(ctx, "FROZEN"); err != nil {
 			c.thawAfterFailure()
@@ -362,6 +374,23 @@ func waitEmpty(ctx context.Context, procs func() ([]int, error), d time.Duration
 		return nil
 	}
 	return err
+}
+
+// procsAnywhere is every process in the cgroup in any of its hierarchies (a hierarchy where it does not exist
+// holds none).
+func (c *v1Cgroup) procsAnywhere() []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, dir := range c.dirs {
+		pids, _ := readProcs(filepath.Join(dir, "cgroup.procs"))
+		for _, p := range pids {
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }
 
 func (c *v1Cgroup) Delete() error {

@@ -1,6 +1,7 @@
 package cgroups
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -105,5 +106,34 @@ func BenchmarkV1MoveAfterPause(b *testing.B) {
 				b.ReportMetric(float64(p50[false])/float64(p50[true]), "x-faster-than-cold")
 			}
 		})
+	}
+}
+
+// TestV1KillProcessInSomeHierarchies: a process that is in the cgroup in one hierarchy only (its mover was
+// killed between two writes) is killed too, and the cgroup can then be removed.
+func TestV1KillProcessInSomeHierarchies(t *testing.T) {
+	m := newTestV1(t)
+	cg, err := m.Create("partial", Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleeper := startIn(t, []string{"sleep", "100"})
+	v1 := cg.(*v1Cgroup)
+	if err := addPid(v1.ctrl["memory"], sleeper.pid()); err != nil {
+		t.Fatal(err)
+	}
+	if procs, _ := cg.Procs(); len(procs) != 0 {
+		t.Fatalf("the freezer hierarchy lists %v, want nothing", procs)
+	}
+	if err := cg.Kill(context.Background()); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	select {
+	case <-sleeper.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the process in the memory hierarchy only was not killed")
+	}
+	if err := cg.Delete(); err != nil {
+		t.Fatalf("Delete after Kill: %v", err)
 	}
 }

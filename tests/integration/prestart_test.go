@@ -27,15 +27,20 @@ func TestPrestartedFamilies(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	// Ready once its spare sits in a cgroup of its own (<family>.s<pid>), the last step of starting it.
-	deadline := time.Now().Add(20 * time.Second)
-	for !slices.ContainsFunc(s.Inventory().Cgroups, func(c string) bool { return strings.HasPrefix(c, "fam_p") && strings.Contains(c, ".s") }) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no family started ahead: %+v\n%s", s.Inventory(), s.Log())
+	// A family started ahead is ready once its spare sits in a cgroup of its own (<family>.s<pid>), the last
+	// step of starting it; a taken one is replaced 250 ms after it was taken.
+	waitReady := func(why string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !slices.ContainsFunc(s.Inventory().Cgroups, func(c string) bool { return strings.HasPrefix(c, "fam_p") && strings.Contains(c, ".s") }) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no family started ahead: %+v\n%s", why, s.Inventory(), s.Log())
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(400 * time.Millisecond)
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitReady("at start")
 	waitInits(1, "a family started ahead")
 
 	id := create(t, s, &client.CreateRequest{Env: map[string]string{"WHO": "prestarted"}})
@@ -84,6 +89,7 @@ func TestPrestartedFamilies(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitInits(1, "only the family started ahead left")
+	waitReady("before the kill")
 	// A server killed outright leaves its family started ahead behind; the next start's reclaim scan ends it and
 	// starts a new one.
 	orphan := s.Inventory().Inits[0]
