@@ -91,9 +91,7 @@ func start(t testing.TB, bin string, files []*os.File, extraArgs []string) *Serv
 	}
 	s.args = append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", s.DataDir, "--image-dir", images,
 		"--api-key", s.Key, "--bridge", s.bridge, "--subnet", fmt.Sprintf("10.%d.%d.0/24", 220+id/100, id%100+1),
-		// No family started ahead unless a test asks (TestPrestartedFamilies): the tests that count a server's
-		// family inits and cgroups count those of its sandboxes.
-		"--log-level", "info", "--prestart-families", "0"}, extraArgs...)
+		"--log-level", "info"}, extraArgs...)
 	if rb := os.Getenv("RAMIFY_TEST_RUNTIME_BINARY"); rb != "" {
 		// The server under test is not static (a -race build): the family init and agents run this one.
 		s.args = append(s.args, "--runtime-binary", rb)
@@ -118,7 +116,10 @@ func (s *Server) startMayExit(mayExit bool) {
 	s.logf = logf
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(append(os.Environ(), "RAMIFY_READY_FILE="+ready), s.env...)
+	// No family started ahead unless a test asks (TestPrestartedFamilies, with the flag, which wins): the tests
+	// that count a server's family inits and cgroups count those of its sandboxes. In the environment, not a
+	// flag, so that a baseline build older than the option still starts (BenchmarkHardeningCost).
+	cmd.Env = append(append(os.Environ(), "RAMIFY_READY_FILE="+ready, "RAMIFY_PRESTART_FAMILIES=0"), s.env...)
 	cmd.ExtraFiles = s.extra
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
