@@ -832,8 +832,10 @@ s.serve_forever()" </dev/null >/dev/null 2>&1`})
 	if string(b) != "hello\n" {
 		c.t.Errorf("GET through the ports route: %q", b)
 	}
+	// Without a body: http.server answers these 501 and closes the connection without reading one, and unread
+	// bytes make that close a reset, which the proxy could meet before the answer (a 502 now and then).
 	for _, m := range []string{"POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
-		c.do(exchange{method: m, path: p + "8000/hello.txt", body: []byte(`{}`), status: 501})
+		c.do(exchange{method: m, path: p + "8000/hello.txt", status: 501})
 	}
 	c.do(exchange{method: "GET", path: p + "0/x", status: 400, invalid: true})
 	c.do(exchange{method: "GET", path: p + "8000/x", noAuth: true, status: 401, invalid: true})
