@@ -328,34 +328,24 @@ func (c *v1Cgroup) Kill(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
 		}
+		// A process can be in some hierarchies and not the freezer's (its mover was killed between two writes):
+		// the cgroup cannot be removed while any hierarchy holds one, so those die too.
 		if len(pids) == 0 {
-			// A process can be in some hierarchies and not the freezer's (its mover was killed between two
-			// writes): the cgroup cannot be removed while any hierarchy holds one, so those die too.
-			stray := c.procsAnywhere()
-			if len(stray) == 0 {
+			if stray, _ := c.procsAnywhere(); len(stray) == 0 {
 				return nil
 			}
-			if err := killPids(stray); err != nil {
-				return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
-			}
-			if err := waitEmpty(ctx, func() ([]int, error) { return c.procsAnywhere(), nil }, time.Second); err != nil {
-				return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
-			}
-			continue
 		}
 		if err := c.setState(ctx, "FROZEN"); err != nil {
 			c.thawAfterFailure()
 			return fmt.Errorf("cgroup %s: kill: freeze: %w", c.name, err)
 		}
-		pids, err = c.Procs()
-		if err == nil {
-			err = killPids(pids)
-		}
+		pids, _ = c.procsAnywhere()
+		err = killPids(pids)
 		c.thawAfterFailure() // always thaw, even if ctx has ended
 		if err != nil {
 			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
 		}
-		if err := waitEmpty(ctx, c.Procs, time.Second); err != nil {
+		if err := waitEmpty(ctx, c.procsAnywhere, time.Second); err != nil {
 			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
 		}
 	}
@@ -377,8 +367,8 @@ func waitEmpty(ctx context.Context, procs func() ([]int, error), d time.Duration
 }
 
 // procsAnywhere is every process in the cgroup in any of its hierarchies (a hierarchy where it does not exist
-// holds none).
-func (c *v1Cgroup) procsAnywhere() []int {
+// holds none); it never fails (the error is for waitEmpty).
+func (c *v1Cgroup) procsAnywhere() ([]int, error) {
 	seen := map[int]bool{}
 	var out []int
 	for _, dir := range c.dirs {
@@ -390,7 +380,7 @@ func (c *v1Cgroup) procsAnywhere() []int {
 			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 func (c *v1Cgroup) Delete() error {

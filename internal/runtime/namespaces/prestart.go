@@ -35,6 +35,11 @@ type prestarted struct {
 	at time.Time
 }
 
+// usable reports whether p may still be taken: younger than half its hold, its init running.
+func (p prestarted) usable() bool {
+	return time.Since(p.at) < prestartHold/2 && alive(p.f.initPid, p.f.initStart)
+}
+
 // startPrestartUpkeep fills the pool and keeps it fresh until Close. It starts after the reclaim scan of a
 // server's start (which would take families started before it for a dead server's orphans), or at the first
 // create if there is no such scan.
@@ -81,7 +86,7 @@ func (r *Runtime) takePrestarted() *family {
 	for len(r.pre.idle) > 0 && got == nil {
 		p := r.pre.idle[0]
 		r.pre.idle = r.pre.idle[1:]
-		if time.Since(p.at) < prestartHold/2 && alive(p.f.initPid, p.f.initStart) {
+		if p.usable() {
 			got = p.f
 		} else {
 			stale = append(stale, p.f)
@@ -111,10 +116,10 @@ func (r *Runtime) refreshPrestarted() {
 	r.pre.mu.Lock()
 	kept := r.pre.idle[:0]
 	for _, p := range r.pre.idle {
-		if time.Since(p.at) >= prestartHold/2 || !alive(p.f.initPid, p.f.initStart) {
-			old = append(old, p.f)
-		} else {
+		if p.usable() {
 			kept = append(kept, p)
+		} else {
+			old = append(old, p.f)
 		}
 	}
 	r.pre.idle = kept
