@@ -440,7 +440,7 @@ func (m *Manager) ensureBridge() error {
 		return fmt.Errorf("%s exists and is a %s, not a bridge: %w", m.bridge, link.Type(), errdefs.ErrConflict)
 	}
 	want := &net.IPNet{IP: m.pool.gateway(), Mask: net.CIDRMask(m.pool.prefix, 32)}
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	addrs, err := linkAddrs(link)
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}

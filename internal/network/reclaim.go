@@ -25,9 +25,11 @@ func (m *Manager) Reclaim(keep func(veth string) bool) (int, error) {
 		return 0, nil
 	}
 	candidates := map[string]bool{}
-	links, err := netlink.LinkList()
+	var errs []error
+	links, err := Links()
 	if err != nil {
-		return 0, fmt.Errorf("reclaim veths: %w", err)
+		// Go on with the ports the table names: a failed listing must not keep those from being detached.
+		errs = append(errs, fmt.Errorf("list veths: %w", err))
 	}
 	for _, l := range links {
 		if a := l.Attrs(); a.Alias == m.alias && l.Type() == "veth" {
@@ -40,7 +42,6 @@ func (m *Manager) Reclaim(keep func(veth string) bool) (int, error) {
 	}
 	m.nftMu.Unlock()
 	n := 0
-	var errs []error
 	for veth := range candidates {
 		if keep(veth) {
 			continue

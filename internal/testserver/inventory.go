@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/ramify-dev/ramify/internal/network"
 	"github.com/vishvananda/netlink"
 )
 
@@ -62,7 +63,7 @@ func (s *Server) Inventory() Inventory {
 		}
 	}
 	if br, err := netlink.LinkByName(s.bridge); err == nil {
-		links, _ := netlink.LinkList()
+		links, _ := network.Links()
 		for _, l := range links {
 			if a := l.Attrs(); a.MasterIndex == br.Attrs().Index || a.Alias == "ramify:"+owner {
 				inv.Veths = append(inv.Veths, a.Name)
