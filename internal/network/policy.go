@@ -15,6 +15,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -160,7 +161,13 @@ func (m *Manager) forgetFlows(ip netip.Addr) {
 					filters = append(filters, cf)
 				}
 			}
-			netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, filters...) //nolint:errcheck // best effort
+			// Best effort, but a walk a concurrent change interrupted may have missed flows: walk again.
+			for range dumpAttempts {
+				_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, filters...)
+				if !errors.Is(err, nl.ErrDumpInterrupted) {
+					break
+				}
+			}
 			f.mu.Lock()
 			for _, ip := range ips {
 				delete(f.waiting, ip)
