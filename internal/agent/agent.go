@@ -246,6 +246,7 @@ type Agent struct {
 	mu      sync.Mutex
 	env     map[string]string
 	cwd     string
+	cpus    int
 	started bool
 
 	repl  *repl
@@ -515,7 +516,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: a.repl.currentPid()})
 	case OpStart:
 		a.mu.Lock()
-		a.env, a.cwd, a.started = req.Env, req.Cwd, true
+		a.env, a.cwd, a.cpus, a.started = req.Env, req.Cwd, req.CPUs, true
 		a.mu.Unlock()
 		running := a.repl.currentPid() != 0
 		pid, err := a.repl.ensure()
@@ -527,7 +528,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			// A warm sandbox being claimed: its interpreter already runs; give it the sandbox's env and cwd. A
 			// forked interpreter is not told: it keeps its parent's environment and took the child's cwd when
 			// it moved in (whether it attached before this call or after, the same).
-			if err := a.repl.configure(req.Env, req.Cwd); err != nil {
+			if err := a.repl.configure(withDefaults(ThreadEnv(req.CPUs), req.Env), req.Cwd); err != nil {
 				w.emit(Event{Type: "error", Message: "configure interpreter: " + err.Error()})
 				return
 			}
@@ -596,6 +597,9 @@ func (a *Agent) environ(extra map[string]string) []string {
 		"TERM":             "xterm",
 		"PYTHONUNBUFFERED": "1",
 	}
+	for k, v := range ThreadEnv(a.cpus) {
+		m[k] = v
+	}
 	for k, v := range a.env {
 		m[k] = v
 	}
@@ -605,6 +609,40 @@ func (a *Agent) environ(extra map[string]string) []string {
 	out := make([]string, 0, len(m))
 	for k, v := range m {
 		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+// threadVars are the variables that size the thread pools of OpenMP and the BLAS libraries numpy, scipy and
+// PyTorch load. Left unset, each sizes its pool to the host's CPUs, not the sandbox's quota: on a 1-vCPU sandbox
+// of a 2-core host, OpenBLAS's second thread makes `import numpy` take 130-190 ms instead of ~95 (its threads'
+// start-up is charged to the quota) and its matrix products contend for one CPU.
+var threadVars = []string{"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}
+
+// ThreadEnv is the environment a sandbox of cpus whole vCPUs gets by default (its own env overrides it): every
+// thread-pool variable set to cpus. cpus <= 0 sets nothing.
+func ThreadEnv(cpus int) map[string]string {
+	if cpus <= 0 {
+		return nil
+	}
+	m := make(map[string]string, len(threadVars))
+	for _, k := range threadVars {
+		m[k] = strconv.Itoa(cpus)
+	}
+	return m
+}
+
+// withDefaults returns env with every variable of defaults it does not set.
+func withDefaults(defaults, env map[string]string) map[string]string {
+	if len(defaults) == 0 {
+		return env
+	}
+	out := make(map[string]string, len(defaults)+len(env))
+	for k, v := range defaults {
+		out[k] = v
+	}
+	for k, v := range env {
+		out[k] = v
 	}
 	return out
 }

@@ -40,13 +40,14 @@ func (c *Client) Ping(ctx context.Context) (Pong, error) {
 // StartRequest makes a spawned (or claimed warm) agent the sandbox's: its environment and working directory,
 // which the interpreter and every exec get.
 type StartRequest struct {
-	Env map[string]string
-	Cwd string
+	Env  map[string]string
+	Cwd  string
+	CPUs int // the sandbox's whole vCPUs (see ThreadEnv); 0 leaves the libraries' own defaults
 }
 
 // Start sends a StartRequest and waits for the interpreter to be ready.
 func (c *Client) Start(ctx context.Context, r StartRequest) error {
-	_, err := c.roundTrip(ctx, Request{Op: OpStart, Env: r.Env, Cwd: r.Cwd}, nil)
+	_, err := c.roundTrip(ctx, Request{Op: OpStart, Env: r.Env, Cwd: r.Cwd, CPUs: r.CPUs}, nil)
 	return err
 }
 

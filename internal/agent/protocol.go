@@ -21,6 +21,8 @@ type Request struct {
 	// start (the sandbox's environment); exec and run_code (added for that call only)
 	Env map[string]string `json:"env,omitempty"`
 	Cwd string            `json:"cwd,omitempty"`
+	// start: the sandbox's whole CPUs (its vCPU quota), which the thread pools of numeric libraries default to
+	CPUs int `json:"cpus,omitempty"`
 
 	// run_code
 	Code string `json:"code,omitempty"`

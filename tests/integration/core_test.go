@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -285,5 +286,50 @@ func TestIndentedCellRuns(t *testing.T) {
 	}
 	if v := value(t, s, id, "\n    s = '''a\nb'''\n    s"); v != "'a\\nb'" {
 		t.Errorf("indented cell with a string at column 0: %s", v)
+	}
+}
+
+// Numeric libraries size their thread pools to the sandbox's whole vCPUs, not the host's CPUs (OpenBLAS would
+// start a thread per host CPU at import and make them contend for the quota); the sandbox's own env wins, and a
+// fork's children keep their parent's.
+func TestThreadPoolsSizedToTheQuota(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	one := create(t, s, nil)
+	threads := "import os\nlen(os.listdir('/proc/self/task'))"
+	before := value(t, s, one, threads)
+	if v := value(t, s, one, "import numpy; (os.environ['OPENBLAS_NUM_THREADS'], os.environ['OMP_NUM_THREADS'], os.environ['MKL_NUM_THREADS'])"); v != "('1', '1', '1')" {
+		t.Fatalf("1-vCPU sandbox: thread variables = %s", v)
+	}
+	if after := value(t, s, one, threads); after != before {
+		t.Fatalf("import numpy started threads in a 1-vCPU sandbox: %s -> %s", before, after)
+	}
+	if got := sh(t, s, one, "echo $OPENBLAS_NUM_THREADS $OMP_NUM_THREADS").Stdout; got != "1 1\n" {
+		t.Fatalf("exec in a 1-vCPU sandbox: %q", got)
+	}
+	kids, err := s.Client.Fork(ctx, one, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, s, kids[0], "echo $OPENBLAS_NUM_THREADS").Stdout; got != "1\n" {
+		t.Fatalf("fork child's exec: %q", got)
+	}
+	if v := value(t, s, kids[0], "os.environ['OPENBLAS_NUM_THREADS']"); v != "'1'" {
+		t.Fatalf("fork child's interpreter: %s", v)
+	}
+
+	own := create(t, s, &client.CreateRequest{Env: map[string]string{"OPENBLAS_NUM_THREADS": "3"}})
+	if v := value(t, s, own, "import os; (os.environ['OPENBLAS_NUM_THREADS'], os.environ['OMP_NUM_THREADS'])"); v != "('3', '1')" {
+		t.Fatalf("the sandbox's own env does not win: %s", v)
+	}
+	if runtime.NumCPU() >= 2 { // whole vCPUs: 1.5 gives 1, 2 gives 2
+		two := create(t, s, &client.CreateRequest{VCPU: 1.5})
+		if got := sh(t, s, two, "echo $OMP_NUM_THREADS").Stdout; got != "1\n" {
+			t.Fatalf("1.5-vCPU sandbox: OMP_NUM_THREADS %q, want 1", got)
+		}
+		full := create(t, s, &client.CreateRequest{VCPU: 2})
+		if got := sh(t, s, full, "echo $OMP_NUM_THREADS").Stdout; got != "2\n" {
+			t.Fatalf("2-vCPU sandbox: OMP_NUM_THREADS %q, want 2", got)
+		}
 	}
 }

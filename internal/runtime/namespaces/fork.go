@@ -245,7 +245,7 @@ func startForked(ctx context.Context, kids []*forkChild) error {
 		wg.Add(1)
 		go func(i int, c *forkChild) {
 			defer wg.Done()
-			errs[i] = c.sb.client.Start(ctx, agent.StartRequest{Env: c.spec.Env, Cwd: c.spec.Cwd})
+			errs[i] = c.sb.client.Start(ctx, startRequest(c.spec))
 		}(i, c)
 	}
 	wg.Wait()

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -312,6 +313,21 @@ func limitsOf(s runtime.Spec) cgroups.Limits {
 	return cgroups.Limits{CPUs: s.VCPU, MemoryBytes: int64(s.MemMiB) << 20, Pids: int64(s.MaxProcs)}
 }
 
+// startRequest is what a sandbox of spec's agent is started with: spec's environment and working directory, and
+// the whole CPUs its quota gives (at least 1, at most the host's), to which numeric libraries' thread pools
+// default (agent.ThreadEnv).
+func startRequest(s runtime.Spec) agent.StartRequest {
+	host := goruntime.NumCPU()
+	cpus := int(s.VCPU)
+	switch {
+	case s.VCPU <= 0 || cpus > host:
+		cpus = host
+	case cpus < 1:
+		cpus = 1
+	}
+	return agent.StartRequest{Env: s.Env, Cwd: s.Cwd, CPUs: cpus}
+}
+
 // spawn starts the agent of sandbox spec in family f, on layer dir, places it in its cgroup and network,
 // and returns the new sandbox. On error everything it made is undone.
 func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, replToken string) (_ *sandbox, err error) {
@@ -495,7 +511,7 @@ func (r *Runtime) launch(ctx context.Context, f *family, spec runtime.Spec, dir 
 	if adjust != nil {
 		adjust(&sb.h)
 	}
-	if err := sb.client.Start(ctx, agent.StartRequest{Env: spec.Env, Cwd: spec.Cwd}); err != nil {
+	if err := sb.client.Start(ctx, startRequest(spec)); err != nil {
 		r.teardown(sb)
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
@@ -679,7 +695,7 @@ func (r *Runtime) Configure(ctx context.Context, h runtime.Handle, spec runtime.
 	if err := r.limitLayer(h.Layer(), spec.DiskMiB); err != nil {
 		return err
 	}
-	if err := sb.client.Start(ctx, agent.StartRequest{Env: spec.Env, Cwd: spec.Cwd}); err != nil {
+	if err := sb.client.Start(ctx, startRequest(spec)); err != nil {
 		return fmt.Errorf("configure %s: %w", h.ID, err)
 	}
 	return nil
