@@ -654,7 +654,10 @@ _SKIP_NAMES = {"__builtins__", "__name__", "__loader__", "__spec__", "__package_
 # A session stream (what a pause stores as session.bin) is b"RMFYSES1" and then records of one kind byte, a
 # big-endian u64 length and the payload:
 #   V name        a variable begins      P bytes   a chunk of its pickle    B bytes   an out-of-band buffer
-#   E             the variable is complete           X json    it could not be saved: drop what came since V
+#   E             the variable is complete: load it with dill's unpickler
+#   S             the variable is complete: its pickle names neither dill nor the session's main module, so the
+#                 standard unpickler loads it as dill's would, without importing dill (~30 ms of a resume)
+#   X json        it could not be saved: drop what came since V
 #   M json        cwd, env, execution count          Z         the end               _ bytes   padding
 # Large numpy arrays (also inside data frames) travel as out-of-band buffers: written straight from the array's
 # memory and read straight into the restored array's, never copied into a pickle. Padding puts every large
@@ -799,13 +802,34 @@ class _StreamIn:
         return got
 
 
+# What a pickle names when only dill's unpickler loads it as dill meant: dill's own reconstructors (functions,
+# classes and code by value) and the session's main module (which dill.Unpickler maps to the session).
+_DILL_NAMES = (b"dill", b"__main__", b"__builtin__")
+_SEAM = max(map(len, _DILL_NAMES)) - 1
+
+
 class _PickleChunks:
-    """A file for the pickler: its bytes become P records."""
+    """A file for the pickler: its bytes become P records. It notes whether they name what only dill loads."""
 
     def __init__(self, out):
         self.out = out
+        self.dill = False
+        self.tail = b""
+
+    def _scan(self, b):
+        if self.dill:
+            return
+        if len(b) >= 1 << 20:  # a large bytes, str or buffer payload written on its own: data, never a name
+            self.tail = b""
+            return
+        if not isinstance(b, (bytes, bytearray)):
+            b = bytes(b)  # a frame (the pickler writes its frames as memoryviews)
+        if any(n in b or n in self.tail + b[:_SEAM] for n in _DILL_NAMES):
+            self.dill = True
+        self.tail = b[-_SEAM:]
 
     def write(self, b):
+        self._scan(b)
         if len(b) >= 1 << 20:
             self.out.direct(b"P", memoryview(b))
         else:
@@ -814,22 +838,39 @@ class _PickleChunks:
 
 
 def _session_pickler():
-    import dill
+    import dill, importlib
+    is_installed = getattr(dill._dill, "_is_builtin_module", None)
 
     class Pickler(dill.Pickler):
-        # dill pickles numpy arrays through ndarray.__reduce__, which copies the data into the pickle; plain
-        # contiguous arrays go through protocol 5's out-of-band buffers instead.
+        # Three kinds of object are saved otherwise than dill saves them, each so that it loads as dill's save
+        # would and its pickle needs no dill to load (a resume then need not import dill, ~30 ms):
+        # - numpy arrays: dill uses its own _create_array and ndarray.__reduce__, which copies the data into the
+        #   pickle; numpy's protocol 5 reduce instead puts a large contiguous array's data in an out-of-band
+        #   buffer (data frames' blocks are such arrays);
+        # - modules of the installation (stdlib, dist-packages): dill saves a reference its _import_module
+        #   resolves, importlib's import_module resolves the same (a user's own module, e.g. /root/m.py, dill
+        #   saves with its state: left to dill);
+        # - builtin types (slice, in a data frame's index): dill saves _load_type("slice"), a reference to
+        #   builtins.slice loads the same object.
         def save(self, obj, save_persistent_id=True):
+            t = type(obj)
             np = sys.modules.get("numpy")
-            if (np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.nbytes >= 1 << 16
-                    and (obj.flags.c_contiguous or obj.flags.f_contiguous)):
-                x = self.memo.get(id(obj))
-                if x is not None:
-                    self.write(self.get(x[0]))
-                    return
-                self.save_reduce(*obj.__reduce_ex__(5), obj=obj)
+            if np is not None and t is np.ndarray:
+                save = lambda: self.save_reduce(*obj.__reduce_ex__(5), obj=obj)
+            elif (t is _types.ModuleType and is_installed is not None
+                    and obj.__name__ not in ("dill", "dill._dill", "__main__")
+                    and (obj.__name__ == "builtins" or is_installed(obj))):
+                save = lambda: self.save_reduce(importlib.import_module, (obj.__name__,), obj=obj)
+            elif t is type and obj.__module__ == "builtins" and getattr(_builtins, obj.__qualname__, None) is obj:
+                save = lambda: dill._dill.StockPickler.save_global(self, obj)
+            else:
+                dill.Pickler.save(self, obj, save_persistent_id)
                 return
-            dill.Pickler.save(self, obj, save_persistent_id)
+            x = self.memo.get(id(obj))
+            if x is not None:
+                self.write(self.get(x[0]))
+                return
+            save()
 
     return Pickler
 
@@ -847,11 +888,14 @@ def _snapshot_stream(fd):
 
             def oob(buf):
                 with buf.raw() as m:
+                    if m.nbytes < 1 << 16:
+                        return True  # a small array's data stays in the pickle
                     out.direct(b"B", m)
                 return False
 
+            chunks = _PickleChunks(out)
             try:
-                Pickler(_PickleChunks(out), protocol=5, buffer_callback=oob).dump(value)
+                Pickler(chunks, protocol=5, buffer_callback=oob).dump(value)
             except OSError:
                 raise  # the stream itself failed: the pause fails
             except Exception as e:  # an object that does not serialize: listed, never silently dropped
@@ -859,7 +903,7 @@ def _snapshot_stream(fd):
                 skipped.append(entry)
                 out.record(b"X", json.dumps(entry).encode())
                 continue
-            out.record(b"E")
+            out.record(b"E" if chunks.dill else b"S")
         meta = {"cwd": os.getcwd(), "env": dict(os.environ), "execution_count": _count, "cells": _cell_sources()}
         out.record(b"M", json.dumps(meta).encode("utf-8", "surrogatepass"))
         out.record(b"Z")
@@ -871,7 +915,7 @@ def _snapshot_stream(fd):
 
 def _restore_stream(fd):
     """Load a session stream from fd (a pipe or the stored file) into the session; return what failed to load."""
-    import dill
+    import pickle
     failed = []
     try:
         f = _StreamIn(fd)
@@ -893,9 +937,14 @@ def _restore_stream(fd):
                 chunks.append(payload)
             elif kind == b"X":
                 name, chunks, bufs = None, [], []
-            elif kind == b"E":
+            elif kind in (b"E", b"S"):
                 try:
-                    _ns[name] = dill.Unpickler(io.BytesIO(b"".join(chunks)), buffers=bufs).load()
+                    if kind == b"E":
+                        import dill
+                        unpickler = dill.Unpickler
+                    else:
+                        unpickler = pickle.Unpickler
+                    _ns[name] = unpickler(io.BytesIO(b"".join(chunks)), buffers=bufs).load()
                 except Exception as e:
                     failed.append({"name": name, "reason": ("%s: %s" % (type(e).__name__, e))[:300]})
                 name, chunks, bufs = None, [], []

@@ -22,8 +22,9 @@ import (
 
 // A pause writes a snapshot to the snapshot store and frees the host: three objects under one key prefix,
 //
-//	session.bin    the interpreter's session as a session stream (see repl.py): one dill pickle per variable,
-//	               large numpy arrays as raw out-of-band buffers, plus cwd, env, execution count
+//	session.bin    the interpreter's session as a session stream (see repl.py): one pickle per variable (loaded
+//	               without dill when it names nothing of dill's), large numpy arrays as raw out-of-band buffers,
+//	               plus cwd, env, execution count
 //	layer.tar      the sandbox's writable layer (its overlay upper directory)
 //	manifest.json  the sandbox's spec, what could not be saved, and the size and SHA-256 of the other two
 //

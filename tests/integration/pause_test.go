@@ -401,3 +401,37 @@ func TestResumeWhileChildrenRunKeepsFamiliesApart(t *testing.T) {
 		t.Errorf("after the old family's end: %s", v)
 	}
 }
+
+// A resume loads plain data (arrays, frames, containers) with the standard unpickler and imports dill only for
+// what needs it (functions, classes and instances of the session's own); either way the values come back whole.
+func TestResumeImportsDillOnlyWhenNeeded(t *testing.T) {
+	s := testserver.Start(t)
+	id := create(t, s, nil)
+	value(t, s, id, `import numpy as np, pandas as pd, collections, datetime, sys
+a = np.arange(1 << 20)
+df = pd.DataFrame({"x": np.arange(100), "y": ["s%d" % i for i in range(100)]})
+d = {"k": [1, 2.5, "s", b"b", None], "t": (1, 2), "od": collections.OrderedDict(z=1)}
+big = ["item %d" % i for i in range(200000)]
+when = datetime.date(2026, 11, 23)
+1`)
+	pauseAndWait(t, s, id)
+	resumeAndWait(t, s, id)
+	if v := value(t, s, id, "import sys; ('dill' in sys.modules, int(a.sum()), df.y[99], d['k'][2:], d['od']['z'], len(big), big[-1], str(when))"); v != "(False, 549755289600, 's99', ['s', b'b', None], 1, 200000, 'item 199999', '2026-11-23')" {
+		t.Fatalf("plain data after resume: %s", v)
+	}
+	value(t, s, id, `double = lambda x: 2 * x
+class Counter:
+    def __init__(self):
+        self.n = 41
+    def inc(self):
+        self.n += 1
+        return self.n
+c = Counter()
+named = {"dill": b"__main__", "__builtin__": "dill"}  # names in data: loaded with dill, whole
+1`)
+	pauseAndWait(t, s, id)
+	resumeAndWait(t, s, id)
+	if v := value(t, s, id, "('dill' in sys.modules, double(21), c.inc(), type(c) is Counter, int(a[-1]), df.shape, named)"); v != "(True, 42, 42, True, 1048575, (100, 2), {'dill': b'__main__', '__builtin__': 'dill'})" {
+		t.Fatalf("session's own functions and classes after resume: %s", v)
+	}
+}
