@@ -60,6 +60,7 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 	if err != nil {
 		return Manifest{}, runtime.Handle{}, nil, err
 	}
+	s.log.Debug("resume phase", "sandbox", id, "phase", "manifest read", "ms", ms(time.Since(start)))
 	_, streamed := m.Parts["session.bin"]
 	// Nothing of this id may exist while it is paused; clear what a crash may have left (a layer, a cgroup).
 	s.cfg.Runtime.Destroy(ctx, runtime.Handle{ID: id}) //nolint:errcheck // usually there is nothing to remove

@@ -468,10 +468,15 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 			undo.run()
 		}
 	}()
+	t0 := time.Now()
+	phase := func(name string) {
+		r.log.Debug("create phase", "sandbox", spec.ID, "phase", name, "ms", float64(time.Since(t0).Microseconds())/1000)
+	}
 	dir, err := r.cfg.Layers.Create(ctx, spec.ID)
 	if err != nil {
 		return runtime.Handle{}, fmt.Errorf("create layer: %w", err)
 	}
+	phase("layer")
 	undo.add(func() { r.cfg.Layers.Remove(context.Background(), spec.ID) })
 	crashpoint.Hit(crashpoint.CreateAfterLayer)
 	if err := prepareLayer(dir); err != nil {
@@ -486,6 +491,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
 		return runtime.Handle{}, err
 	}
+	phase("populated")
 	f := r.takePrestarted()
 	if f == nil {
 		if f, err = r.startFamily(ctx, r.newFamilyID(spec.ID)); err != nil {
@@ -493,10 +499,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		}
 	}
 	undo.add(f.kill)
-	sb, err := r.launch(ctx, f, spec, dir, nil)
+	sb, err := r.launch(ctx, f, spec, dir, func(*runtime.Handle) { phase("spawned") })
 	if err != nil {
 		return runtime.Handle{}, err
 	}
+	phase("started")
 	crashpoint.Hit(crashpoint.CreateAfterSpawn)
 	return sb.h, nil
 }
