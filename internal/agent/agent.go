@@ -524,10 +524,11 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: "start interpreter: " + err.Error()})
 			return
 		}
-		if running && !a.forked {
-			// A warm sandbox being claimed: its interpreter already runs; give it the sandbox's env and cwd. A
-			// forked interpreter is not told: it keeps its parent's environment and took the child's cwd when
-			// it moved in (whether it attached before this call or after, the same).
+		if (running && !a.forked) || (a.forked && req.Fresh) {
+			// A warm sandbox being claimed: its interpreter already runs; give it the sandbox's env and cwd. So
+			// too a fresh interpreter forked from a family's zygote. An interpreter forked from a parent sandbox
+			// is not told: it keeps its parent's environment and took the child's cwd when it moved in (whether
+			// it attached before this call or after, the same).
 			if err := a.repl.configure(withDefaults(ThreadEnv(req.CPUs), req.Env), req.Cwd); err != nil {
 				w.emit(Event{Type: "error", Message: "configure interpreter: " + err.Error()})
 				return

@@ -43,11 +43,14 @@ type StartRequest struct {
 	Env  map[string]string
 	Cwd  string
 	CPUs int // the sandbox's whole vCPUs (see ThreadEnv); 0 leaves the libraries' own defaults
+	// Fresh: the interpreter that attaches (Config.ReplToken) is a fresh one forked from a zygote; it is given
+	// Env and Cwd, which an interpreter forked from a parent sandbox is not (it keeps its parent's).
+	Fresh bool
 }
 
 // Start sends a StartRequest and waits for the interpreter to be ready.
 func (c *Client) Start(ctx context.Context, r StartRequest) error {
-	_, err := c.roundTrip(ctx, Request{Op: OpStart, Env: r.Env, Cwd: r.Cwd, CPUs: r.CPUs}, nil)
+	_, err := c.roundTrip(ctx, Request{Op: OpStart, Env: r.Env, Cwd: r.Cwd, CPUs: r.CPUs, Fresh: r.Fresh}, nil)
 	return err
 }
 

@@ -23,6 +23,9 @@ type Request struct {
 	Cwd string            `json:"cwd,omitempty"`
 	// start: the sandbox's whole CPUs (its vCPU quota), which the thread pools of numeric libraries default to
 	CPUs int `json:"cpus,omitempty"`
+	// start: the interpreter attaching was forked from a fresh one (a family's zygote), not from a parent
+	// sandbox's: it gets the sandbox's env and cwd as a fresh interpreter would
+	Fresh bool `json:"fresh,omitempty"`
 
 	// run_code
 	Code string `json:"code,omitempty"`

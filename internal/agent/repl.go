@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"os"
@@ -38,6 +39,7 @@ type repl struct {
 	r       *bufio.Reader
 	pid     int
 	cmd     *exec.Cmd // nil for an attached (forked) interpreter
+	streams bool      // the interpreter's fd 1 and 2 are this agent's pipes (it ends each run with sync markers)
 	sink    func(Event)
 	running bool
 
@@ -149,6 +151,9 @@ func (p *repl) spawn() (int, error) {
 		return 0, fmt.Errorf("interpreter sent %q instead of ready", line)
 	}
 	p.install(conn, r, cmd.Process.Pid, cmd)
+	p.mu.Lock()
+	p.streams = true
+	p.mu.Unlock()
 	return cmd.Process.Pid, nil
 }
 
@@ -186,7 +191,7 @@ func heapEnv(env []string) []string {
 func (p *repl) install(conn net.Conn, r *bufio.Reader, pid int, cmd *exec.Cmd) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.conn, p.r, p.pid, p.cmd = conn, r, pid, cmd
+	p.conn, p.r, p.pid, p.cmd, p.streams = conn, r, pid, cmd, false
 	p.dead = make(chan struct{})
 	p.syncMu.Lock()
 	p.synced = nil // a new interpreter counts its runs afresh
@@ -219,10 +224,49 @@ func (a *Agent) attachRepl(c net.Conn, r *bufio.Reader, req Request) bool {
 		w.emit(Event{Type: "error", Message: "unexpected interpreter"})
 		return false
 	}
-	w.emit(Event{Type: "ok"})
+	// The interpreter's fd 1 and 2 are still its parent's pipes, read by the parent sandbox's agent: its fd-level
+	// output (subprocesses, C code) would reach the parent's runs, or nobody, and fail once the parent is gone.
+	// It gets pipes of this agent's with the answer and puts them on fd 1 and 2.
+	out, err := a.repl.attachStreams()
+	if err != nil {
+		w.emit(Event{Type: "error", Message: "output pipes: " + err.Error()})
+		return false
+	}
+	line, _ := json.Marshal(Event{Type: "ok"})
+	_, _, err = c.(*net.UnixConn).WriteMsgUnix(append(line, '\n'), unix.UnixRights(int(out[0].Fd()), int(out[1].Fd())), nil)
+	out[0].Close()
+	out[1].Close()
+	if err != nil {
+		return false
+	}
 	a.repl.install(c, r, req.Pid, nil)
+	a.repl.mu.Lock()
+	a.repl.streams = true
+	a.repl.mu.Unlock()
 	close(a.attached)
 	return true
+}
+
+// attachStreams makes the stdout and stderr pipes of an attaching interpreter: it returns their write ends
+// (the caller sends and closes them) and forwards what comes out of the read ends to the current run, as for
+// an interpreter it started.
+func (p *repl) attachStreams() ([2]*os.File, error) {
+	var ends [2]*os.File
+	for i, typ := range []string{"stdout", "stderr"} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			if i == 1 {
+				ends[0].Close()
+			}
+			return ends, err
+		}
+		ends[i] = w
+		go func() {
+			io.Copy(&streamWriter{p: p, typ: typ}, r) //nolint:errcheck // ends when every writer has closed
+			r.Close()
+		}()
+	}
+	return ends, nil
 }
 
 // streamWriter forwards the interpreter's fd 1/2 output (subprocesses, C extensions) to the current run. At the
@@ -479,9 +523,9 @@ func (p *repl) run(ctx context.Context, code string, env map[string]string, time
 			wasInterrupted := errors.Is(context.Cause(ctx), ErrInterrupted) && !to
 			// Let the run's fd-level output (read from the pipes by other goroutines) land before answering.
 			p.mu.Lock()
-			spawned := p.cmd != nil
+			streams := p.streams
 			p.mu.Unlock()
-			if spawned {
+			if streams {
 				p.waitSync(m.ExecutionCount, 2*time.Second)
 			}
 			capResult(&m)

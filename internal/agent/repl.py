@@ -642,6 +642,15 @@ def _become_child(t, files, nsfds):
     if not line or json.loads(line).get("type") != "ok":
         _log_failure("agent refused the attach: %r" % line)
         os._exit(71)
+    # The answer brings this sandbox's agent's stdout and stderr pipes: fd-level output (subprocesses, C code)
+    # goes there from now on, not to the parent's agent, and each run ends with sync markers again.
+    pipes, _rfile.fds = _rfile.fds, []
+    if len(pipes) == 2:
+        os.dup2(pipes[0], 1)
+        os.dup2(pipes[1], 2)
+        _emit_sync = True
+    for fd in pipes:
+        os.close(fd)
     # This process stays under the parent interpreter's seccomp filter (a process can have only one filter
     # with a listener); the child's agent adopts a copy of that filter's listener from the parent's agent.
     _serve()

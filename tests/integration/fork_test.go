@@ -404,3 +404,55 @@ func TestSpareAgentsRetireWhenIdle(t *testing.T) {
 		}
 	}
 }
+
+// A fork child's fd-level output (a subprocess's, C code's) is its own: it shows in the child's run, never in
+// the parent's (even while the parent runs code), and still works once the parent is gone; so for a child's
+// child.
+func TestForkChildFdOutputStaysInTheChild(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	if ex := run(t, s, parent, "import os, time; rc = os.system('echo parent-fd'); rc"); ex.Stdout != "parent-fd\n" {
+		t.Fatalf("parent's fd output: %q", ex.Stdout)
+	}
+	kids, err := s.Client.Fork(ctx, parent, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The parent runs while its children write at fd level: none of their output may reach its run.
+	parentRun := make(chan *client.Execution, 1)
+	go func() {
+		ex, err := s.Client.RunCode(ctx, parent, client.RunCodeRequest{Code: "time.sleep(1.5); print('parent-py')"})
+		if err != nil {
+			t.Error(err)
+		}
+		parentRun <- ex
+	}()
+	time.Sleep(200 * time.Millisecond)
+	for i, k := range kids {
+		code := fmt.Sprintf("rc = os.system('echo child%d-out; echo child%d-err >&2'); print('py', rc)", i, i)
+		ex := run(t, s, k, code)
+		if want := fmt.Sprintf("child%d-out\npy 0\n", i); ex.Stdout != want || ex.Stderr != fmt.Sprintf("child%d-err\n", i) {
+			t.Fatalf("child %d: stdout %q stderr %q, want %q and its stderr line", i, ex.Stdout, ex.Stderr, want)
+		}
+	}
+	if ex := <-parentRun; ex == nil || ex.Stdout != "parent-py\n" || ex.Stderr != "" {
+		t.Fatalf("the parent's run got other output: %+v", ex)
+	}
+	grand, err := s.Client.Fork(ctx, kids[0], 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Client.Delete(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Client.Delete(ctx, kids[0]); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{kids[1], grand[0]} {
+		ex := run(t, s, id, "import subprocess; r = subprocess.run(['sh', '-c', 'echo sub-out; echo sub-err >&2']); print('rc', r.returncode)")
+		if ex.Stdout != "sub-out\nrc 0\n" || ex.Stderr != "sub-err\n" {
+			t.Fatalf("%s after its parent was deleted: stdout %q stderr %q", id, ex.Stdout, ex.Stderr)
+		}
+	}
+}
