@@ -528,8 +528,16 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			// A warm sandbox being claimed: its interpreter already runs; give it the sandbox's env and cwd. So
 			// too a fresh interpreter forked from a family's zygote. An interpreter forked from a parent sandbox
 			// is not told: it keeps its parent's environment and took the child's cwd when it moved in (whether
-			// it attached before this call or after, the same).
-			if err := a.repl.configure(withDefaults(ThreadEnv(req.CPUs), req.Env), req.Cwd); err != nil {
+			// it attached before this call or after, the same). An env that Python reads only as it starts
+			// (PYTHONPATH, a locale, HOME for the user site) needs an interpreter started with it instead.
+			if startupEnvDiffers(req.Env) {
+				a.repl.drop()
+				pid, err = a.repl.spawn()
+				if err != nil {
+					w.emit(Event{Type: "error", Message: "start interpreter: " + err.Error()})
+					return
+				}
+			} else if err := a.repl.configure(withDefaults(ThreadEnv(req.CPUs), req.Env), req.Cwd); err != nil {
 				w.emit(Event{Type: "error", Message: "configure interpreter: " + err.Error()})
 				return
 			}
@@ -588,15 +596,39 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 }
 
 // environ builds a process environment from the sandbox's env and per-call overrides.
+// baseEnv is every sandbox's environment before its own (and ThreadEnv).
+var baseEnv = map[string]string{
+	"PATH":             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME":             "/root",
+	"LANG":             "C.UTF-8",
+	"TERM":             "xterm",
+	"PYTHONUNBUFFERED": "1",
+}
+
+// startupEnvDiffers reports whether env sets, to another value than an interpreter started before it was known
+// had, a variable that Python or the dynamic loader reads only at start: PYTHON* (PYTHONPATH, PYTHONHASHSEED,
+// ...), LD_*, the locale (LANG, LC_*), HOME (the user site directory). The heap settings are left out: they
+// apply whatever the env says (interpreterHeap).
+func startupEnvDiffers(env map[string]string) bool {
+	for k, v := range env {
+		if k == "PYTHONMALLOC" || k == "GLIBC_TUNABLES" {
+			continue
+		}
+		startup := strings.HasPrefix(k, "PYTHON") || strings.HasPrefix(k, "LD_") || strings.HasPrefix(k, "LC_") ||
+			k == "LANG" || k == "LANGUAGE" || k == "HOME"
+		if startup && baseEnv[k] != v {
+			return true
+		}
+	}
+	return false
+}
+
 func (a *Agent) environ(extra map[string]string) []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	m := map[string]string{
-		"PATH":             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME":             "/root",
-		"LANG":             "C.UTF-8",
-		"TERM":             "xterm",
-		"PYTHONUNBUFFERED": "1",
+	m := make(map[string]string, len(baseEnv)+len(threadVars)+len(a.env)+len(extra))
+	for k, v := range baseEnv {
+		m[k] = v
 	}
 	for k, v := range ThreadEnv(a.cpus) {
 		m[k] = v

@@ -333,3 +333,27 @@ func TestThreadPoolsSizedToTheQuota(t *testing.T) {
 		}
 	}
 }
+
+// A variable Python reads only as it starts (PYTHONPATH, the locale) takes effect in the sandbox's interpreter,
+// also when the create is served from the warm pool, whose interpreters started before the env was known.
+func TestStartupEnvReachesTheInterpreter(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "1")
+	for deadline := time.Now().Add(20 * time.Second); len(s.Inventory().Layers) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warm sandbox\n%s", s.Log())
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // its interpreter started
+	id := create(t, s, &client.CreateRequest{Env: map[string]string{"PYTHONPATH": "/opt/extra", "PYTHONHASHSEED": "7"}})
+	if !strings.Contains(s.Log(), "warm=true") {
+		t.Fatalf("the create was not served from the warm pool\n%s", s.Log())
+	}
+	// A python3 started from the sandbox inherits PYTHONHASHSEED=7: the interpreter hashes as it does only if it
+	// started with the seed too.
+	if v := value(t, s, id, "import sys, subprocess; ('/opt/extra' in sys.path, str(hash('ramify')) == subprocess.run([sys.executable, '-c', 'print(hash(\"ramify\"))'], capture_output=True, text=True).stdout.strip())"); v != "(True, True)" {
+		t.Fatalf("PYTHONPATH and PYTHONHASHSEED at create: %s", v)
+	}
+	if got := sh(t, s, id, "python3 -c 'import sys; print(\"/opt/extra\" in sys.path)'").Stdout; got != "True\n" {
+		t.Fatalf("exec: %q", got)
+	}
+}

@@ -57,6 +57,34 @@ func TestPrestartedFamilies(t *testing.T) {
 	if r := sh(t, s, id, "cat /etc/hostname; echo $WHO"); r.Stdout != info.Hostname+"\nprestarted\n" {
 		t.Fatalf("exec: %q", r.Stdout)
 	}
+	// Its interpreter was forked from the family's zygote: it is as a fresh one, with the sandbox's env, cwd,
+	// thread pools and its own fd-level output, and the zygote is gone.
+	if ex := run(t, s, id, "import sys; os.system('echo fd-out'); print(os.getcwd(), os.environ['OMP_NUM_THREADS'], 'dill' in sys.modules)"); ex.Stdout != "fd-out\n/root 1 False\n" || ex.ExecutionCount != 2 {
+		t.Fatalf("the interpreter of a sandbox in a family started ahead: %+v", ex)
+	}
+	noZygote := func(why, family string) {
+		t.Helper()
+		zyg := "zyg_" + strings.TrimPrefix(family, "fam_")
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			inv := s.Inventory()
+			if !slices.Contains(inv.Cgroups, zyg) && !slices.Contains(inv.Layers, zyg) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: zygote %s left: %+v", why, zyg, inv)
+			}
+		}
+	}
+	noZygote("after the create", info.FamilyID)
+	// An env Python reads as it starts gets an interpreter started with it.
+	waitReady("before a create with PYTHONPATH")
+	pp := create(t, s, &client.CreateRequest{Env: map[string]string{"PYTHONPATH": "/opt/extra"}})
+	if v := value(t, s, pp, "import sys; '/opt/extra' in sys.path"); v != "True" {
+		t.Fatalf("PYTHONPATH given at create is not in sys.path: %s", v)
+	}
+	if err := s.Client.Delete(ctx, pp); err != nil {
+		t.Fatal(err)
+	}
 	// The pool is refilled: this sandbox's family and a new one started ahead.
 	waitInits(2, "the pool refilled")
 
@@ -85,6 +113,7 @@ func TestPrestartedFamilies(t *testing.T) {
 	if v := value(t, s, id, "x"); v != "41" {
 		t.Fatalf("after resume: x = %s", v)
 	}
+	noZygote("after the resume", rinfo.FamilyID)
 	if err := s.Client.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +134,7 @@ func TestPrestartedFamilies(t *testing.T) {
 	}
 	s.Stop()
 	inv := s.Inventory()
-	if len(inv.Inits) != 0 || len(inv.Cgroups) != 0 || len(inv.Veths) != 0 {
+	if len(inv.Inits) != 0 || len(inv.Cgroups) != 0 || len(inv.Veths) != 0 || len(inv.Layers) != 0 {
 		t.Fatalf("left after the server stopped: %+v", inv)
 	}
 }

@@ -68,7 +68,11 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
 	crashpoint.Hit(crashpoint.ForkAfterChildren)
 	// 3. The parent's interpreter forked once per child.
-	pids, moved, err := r.forkInterpreter(ctx, parent.ID, kids)
+	pc, err := r.Agent(parent.ID)
+	if err != nil {
+		return res, err
+	}
+	pids, moved, err := r.forkInterpreter(ctx, pc, kids)
 	defer closeFiles(moved) // a forked interpreter whose pipe closes unwritten exits
 	if err != nil {
 		return res, err
@@ -173,11 +177,11 @@ func (r *Runtime) makeChildren(ctx context.Context, f *family, base string, chil
 	return kids, nil
 }
 
-// forkInterpreter forks the parent's interpreter, one copy per child. Each copy gets its child's namespaces and
-// the read end of a pipe on which it waits, until the server has moved it into its child's cgroup (moveForked),
-// before it enters them. It returns the copies' pids (family PID namespace) and the pipes' write ends, which the
-// caller closes (a copy whose pipe closes unwritten exits).
-func (r *Runtime) forkInterpreter(ctx context.Context, parentID string, kids []*forkChild) ([]int, []*os.File, error) {
+// forkInterpreter forks the interpreter of the parent's agent pc, one copy per child. Each copy gets its child's
+// namespaces and the read end of a pipe on which it waits, until the server has moved it into its child's cgroup
+// (moveForked), before it enters them. It returns the copies' pids (family PID namespace) and the pipes' write
+// ends, which the caller closes (a copy whose pipe closes unwritten exits).
+func (r *Runtime) forkInterpreter(ctx context.Context, pc *agent.Client, kids []*forkChild) ([]int, []*os.File, error) {
 	targets := make([]agent.ForkTarget, len(kids))
 	var passed []*os.File // taken (sent and closed) by ForkInterpreter
 	moved := make([]*os.File, len(kids))
@@ -194,11 +198,6 @@ func (r *Runtime) forkInterpreter(ctx context.Context, parentID string, kids []*
 			closeFiles(passed)
 			return nil, moved, fmt.Errorf("fork child %s: %w", c.spec.ID, err)
 		}
-	}
-	pc, err := r.Agent(parentID)
-	if err != nil {
-		closeFiles(passed)
-		return nil, moved, err
 	}
 	pids, err := pc.ForkInterpreter(ctx, targets, passed)
 	if err != nil {
@@ -237,7 +236,7 @@ func (r *Runtime) moveForked(psb *sandbox, kids []*forkChild, pids []int, moved 
 	return nil
 }
 
-// startForked has each child's agent wait for its interpreter to attach and give it the child's env and cwd.
+// startForked has each child's agent wait for its interpreter to attach and apply the child's env and cwd.
 func startForked(ctx context.Context, kids []*forkChild) error {
 	errs := make([]error, len(kids))
 	var wg sync.WaitGroup

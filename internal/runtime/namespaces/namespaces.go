@@ -492,14 +492,27 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		return runtime.Handle{}, err
 	}
 	phase("populated")
-	f := r.takePrestarted()
+	f, zyg := r.takePrestarted()
 	if f == nil {
 		if f, err = r.startFamily(ctx, r.newFamilyID(spec.ID)); err != nil {
 			return runtime.Handle{}, err
 		}
 	}
 	undo.add(f.kill)
-	sb, err := r.launch(ctx, f, spec, dir, func(*runtime.Handle) { phase("spawned") })
+	var sb *sandbox
+	switch {
+	case zyg != nil && spec.Image == "":
+		sb, err = r.launchFromZygote(ctx, f, zyg, spec, dir, func() { phase("spawned") })
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("fork a zygote failed; starting the interpreter afresh", "sandbox", spec.ID, "err", err)
+			sb, err = r.launch(ctx, f, spec, dir, nil)
+		}
+	case zyg != nil: // another image: the zygote's files are the default image's
+		r.bgEnd(zyg)
+		fallthrough
+	default:
+		sb, err = r.launch(ctx, f, spec, dir, func(*runtime.Handle) { phase("spawned") })
+	}
 	if err != nil {
 		return runtime.Handle{}, err
 	}

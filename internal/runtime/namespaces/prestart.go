@@ -31,8 +31,17 @@ type prestartPool struct {
 }
 
 type prestarted struct {
-	f  *family
-	at time.Time
+	f   *family
+	zyg *sandbox // the family's zygote; nil if it could not be made
+	at  time.Time
+}
+
+// end kills a family started ahead that no sandbox took, and its zygote.
+func (r *Runtime) endPrestarted(p prestarted) {
+	p.f.kill()
+	if p.zyg != nil {
+		r.endZygote(p.zyg)
+	}
 }
 
 // usable reports whether p may still be taken: younger than half its hold, its init running.
@@ -74,27 +83,27 @@ func (r *Runtime) runPrestartUpkeep() {
 	}()
 }
 
-// takePrestarted returns a family started ahead whose init still runs (nil if there is none) and has the pool
-// refilled in the background.
-func (r *Runtime) takePrestarted() *family {
+// takePrestarted returns a family started ahead whose init still runs, with its zygote if it has one (nil if
+// there is none), and has the pool refilled in the background.
+func (r *Runtime) takePrestarted() (*family, *sandbox) {
 	if r.cfg.PrestartFamilies <= 0 {
-		return nil
+		return nil, nil
 	}
-	var got *family
-	var stale []*family
+	var got *prestarted
+	var stale []prestarted
 	r.pre.mu.Lock()
 	for len(r.pre.idle) > 0 && got == nil {
 		p := r.pre.idle[0]
 		r.pre.idle = r.pre.idle[1:]
 		if p.usable() {
-			got = p.f
+			got = &p
 		} else {
-			stale = append(stale, p.f)
+			stale = append(stale, p)
 		}
 	}
 	r.pre.mu.Unlock()
-	for _, f := range stale {
-		f.kill()
+	for _, p := range stale {
+		r.endPrestarted(p)
 	}
 	r.startPrestartUpkeep()
 	r.bg.Add(1)
@@ -107,25 +116,28 @@ func (r *Runtime) takePrestarted() *family {
 		}
 		r.fillPrestarted()
 	}()
-	return got
+	if got == nil {
+		return nil, nil
+	}
+	return got.f, got.zyg
 }
 
 // refreshPrestarted ends the idle families older than half their hold (fillPrestarted replaces them).
 func (r *Runtime) refreshPrestarted() {
-	var old []*family
+	var old []prestarted
 	r.pre.mu.Lock()
 	kept := r.pre.idle[:0]
 	for _, p := range r.pre.idle {
 		if p.usable() {
 			kept = append(kept, p)
 		} else {
-			old = append(old, p.f)
+			old = append(old, p)
 		}
 	}
 	r.pre.idle = kept
 	r.pre.mu.Unlock()
-	for _, f := range old {
-		f.kill()
+	for _, p := range old {
+		r.endPrestarted(p)
 	}
 }
 
@@ -150,7 +162,7 @@ func (r *Runtime) fillPrestarted() {
 		if !need {
 			return
 		}
-		f, err := r.prestartFamily()
+		p, err := r.prestartFamily()
 		if err != nil {
 			r.log.Warn("start a family ahead of need", "err", err)
 			return
@@ -158,33 +170,39 @@ func (r *Runtime) fillPrestarted() {
 		r.pre.mu.Lock()
 		if r.pre.closed {
 			r.pre.mu.Unlock()
-			f.kill()
+			r.endPrestarted(p)
 			return
 		}
-		r.pre.idle = append(r.pre.idle, prestarted{f: f, at: time.Now()})
+		r.pre.idle = append(r.pre.idle, p)
 		r.pre.mu.Unlock()
 	}
 }
 
-// prestartFamily starts a family with one spare agent, held for prestartHold.
-func (r *Runtime) prestartFamily() (*family, error) {
+// prestartFamily starts a family, held for prestartHold, with its zygote and one spare agent.
+func (r *Runtime) prestartFamily() (prestarted, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	f, err := r.startFamily(ctx, "fam_p"+newToken()[:24])
 	if err != nil {
-		return nil, err
+		return prestarted{}, err
 	}
 	if _, err := f.call(ctx, initRequest{Op: "hold", HoldS: prestartHold.Seconds()}, nil); err != nil {
 		f.kill()
-		return nil, err
+		return prestarted{}, err
+	}
+	p := prestarted{f: f}
+	if p.zyg, err = r.startZygote(ctx, f); err != nil {
+		// The family still saves a create its process starts; its interpreter starts as usual.
+		r.log.Warn("start a zygote", "family", f.id, "err", err)
 	}
 	rep, err := f.call(ctx, initRequest{Op: "spares", Count: 1}, nil)
 	if err != nil {
-		f.kill()
-		return nil, err
+		r.endPrestarted(p)
+		return prestarted{}, err
 	}
 	r.placeSpares(f, rep.Spares)
-	return f, nil
+	p.at = time.Now()
+	return p, nil
 }
 
 // closePrestarted stops the upkeep and ends the idle families (they hold no sandbox).
@@ -202,6 +220,6 @@ func (r *Runtime) closePrestarted() {
 	r.pre.idle = nil
 	r.pre.mu.Unlock()
 	for _, p := range idle {
-		p.f.kill()
+		r.endPrestarted(p)
 	}
 }

@@ -1,0 +1,109 @@
+package namespaces
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/runtime"
+)
+
+// A zygote is a fresh interpreter that a family started ahead keeps ready, in a hidden sandbox of its own on the
+// default image (an empty layer, no network, small limits). A sandbox created in that family (a cold create, a
+// resume) gets a fork of it instead of an interpreter started from nothing: Python's start, its site set-up,
+// the interpreter loop's imports and compilation and its seccomp set-up, ~45-60 ms in a sandbox here, become a
+// fork of a ~10 MB process and its move into the new sandbox, as for a fork child. The copy is then given the
+// sandbox's env and cwd, as a fresh interpreter is (agent.StartRequest.Fresh), and the zygote is ended: a zygote
+// serves one sandbox, so no two sandboxes share anything it held (its hash seed, its random state).
+
+// zygoteLimits are a zygote sandbox's cgroup limits: it only starts Python.
+const (
+	zygoteMemMiB   = 256
+	zygoteMaxProcs = 16
+)
+
+// startZygote makes family f's zygote: a layer, an agent (the family's spare, or a new one) and its interpreter.
+func (r *Runtime) startZygote(ctx context.Context, f *family) (_ *sandbox, err error) {
+	id := "zyg_" + strings.TrimPrefix(f.id, "fam_")
+	dir, err := r.cfg.Layers.Create(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("zygote layer: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			r.cfg.Layers.Remove(context.Background(), id) //nolint:errcheck // undo
+		}
+	}()
+	if err := prepareLayer(dir); err != nil {
+		return nil, fmt.Errorf("zygote layer: %w", err)
+	}
+	spec := runtime.Spec{ID: id, VCPU: 1, MemMiB: zygoteMemMiB, MaxProcs: zygoteMaxProcs}
+	sb, err := r.spawn(ctx, f, spec, dir, "")
+	if err != nil {
+		return nil, fmt.Errorf("zygote agent: %w", err)
+	}
+	if err := sb.client.Start(ctx, agent.StartRequest{}); err != nil {
+		r.teardown(sb)
+		return nil, fmt.Errorf("zygote interpreter: %w", err)
+	}
+	return sb, nil
+}
+
+// endZygote removes a zygote: its processes, cgroup and layer.
+func (r *Runtime) endZygote(z *sandbox) {
+	r.teardown(z)
+	if err := r.cfg.Layers.Remove(context.Background(), z.h.ID); err != nil {
+		r.log.Warn("remove zygote layer", "zygote", z.h.ID, "err", err)
+	}
+}
+
+// launchFromZygote is launch with the interpreter forked from zygote z (both in family f): spec's agent is
+// spawned on layer dir to wait for a forked interpreter, z's interpreter forks once into the new sandbox, and
+// the copy gets spec's env and cwd. It ends z whatever happens; on error it undoes the spawn.
+func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, spec runtime.Spec, dir string, spawned func()) (_ *sandbox, err error) {
+	defer r.bgEnd(z)
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	c := &forkChild{spec: spec, token: newToken()}
+	if c.sb, err = r.spawn(ctx, f, spec, dir, c.token); err != nil {
+		return nil, err
+	}
+	undo.add(func() { r.teardown(c.sb) })
+	spawned()
+	kids := []*forkChild{c}
+	pids, moved, err := r.forkInterpreter(ctx, z.client, kids)
+	defer closeFiles(moved)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.moveForked(z, kids, pids, moved, &undo); err != nil {
+		return nil, err
+	}
+	req := startRequest(spec)
+	req.Fresh = true
+	if err := c.sb.client.Start(ctx, req); err != nil {
+		return nil, fmt.Errorf("start sandbox: %w", err)
+	}
+	r.mu.Lock()
+	f.members[spec.ID] = true
+	r.families[f.id] = f
+	r.sandboxes[spec.ID] = c.sb
+	r.mu.Unlock()
+	return c.sb, nil
+}
+
+// bgEnd ends zygote z in the background, after the sandbox forked from it has its answer.
+func (r *Runtime) bgEnd(z *sandbox) {
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		time.Sleep(10 * time.Millisecond)
+		r.endZygote(z)
+	}()
+}
