@@ -12,16 +12,21 @@ import (
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
 
-// pauseStores returns the servers to measure: the local snapshot directory, and S3 when a test S3 server can be
-// started (see startS3).
+// BenchmarkPause pauses and resumes states of 10 MB, 256 MB and 1 GiB, on the local snapshot directory and, when
+// a test S3 server can be started (see startS3), on S3.
+//
+// The servers run as shipped, with a family started ahead (--prestart-families 1, which the test servers turn off
+// by default): a resume takes it, and the server starts its next one in the background. Each state is resumed
+// right after its pause (the next family may not be ready yet) and, in a second column, a second after it.
 func BenchmarkPause(b *testing.B) {
-	servers := map[string]*testserver.Server{"local": testserver.Start(b)}
+	prestart := []string{"--prestart-families", "1"}
+	servers := map[string]*testserver.Server{"local": testserver.Start(b, prestart...)}
 	if args, ok := s3Args(b); ok {
-		servers["s3"] = testserver.Start(b, args...)
+		servers["s3"] = testserver.Start(b, append(args, prestart...)...)
 	}
 	out := &strings.Builder{}
 	fmt.Fprintf(out, "\n### pause and resume (interpreter state of the given size, one numpy array)\n\n")
-	fmt.Fprintf(out, "| store | state | pause (client: POST → paused) | resume (POST → running) | pause / resume (server) | snapshot size |\n| --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(out, "| store | state | pause (client: POST → paused) | resume (POST → running) | resume 1 s after the pause | pause / resume (server) | snapshot size |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, store := range []string{"local", "s3"} {
 		s := servers[store]
 		if s == nil {
@@ -32,9 +37,9 @@ func BenchmarkPause(b *testing.B) {
 		for _, mb := range []int{10, 256, 1024} {
 			id := must(c.Create(ctx, client.CreateRequest{MemMiB: 4096})).ID
 			must(c.RunCode(ctx, id, client.RunCodeRequest{Code: fmt.Sprintf("import numpy as np\nstate = np.full(%d, 7, dtype=np.uint8)\n1", mb<<20)}))
-			var pauses, resumes, spauses, sresumes stats
+			var pauses, resumes, later, spauses, sresumes stats
 			var size int64
-			for r := 0; r < 3; r++ {
+			for r := 0; r < 6; r++ {
 				t := time.Now()
 				must2(c.Pause(ctx, id))
 				sb := waitClose(b, c, id, "paused")
@@ -43,10 +48,17 @@ func BenchmarkPause(b *testing.B) {
 					size = sb.Pause.SnapshotBytes
 					spauses = append(spauses, time.Duration(sb.Pause.PauseMs*float64(time.Millisecond)))
 				}
+				if r%2 == 1 {
+					time.Sleep(time.Second)
+				}
 				t = time.Now()
 				must2(c.Resume(ctx, id))
 				sb = waitClose(b, c, id, "running")
-				resumes = append(resumes, time.Since(t))
+				if r%2 == 1 {
+					later = append(later, time.Since(t))
+				} else {
+					resumes = append(resumes, time.Since(t))
+				}
 				if sb.Pause != nil {
 					sresumes = append(sresumes, time.Duration(sb.Pause.ResumeMs*float64(time.Millisecond)))
 				}
@@ -55,8 +67,8 @@ func BenchmarkPause(b *testing.B) {
 			if ex.Value == nil || *ex.Value != fmt.Sprint(7*(mb<<20)) {
 				b.Fatalf("state after resume: %+v", ex)
 			}
-			fmt.Fprintf(out, "| %s | %d MB | %s | %s | %s / %s | %.1f MB |\n", store, mb, ms(pauses.pct(.5)), ms(resumes.pct(.5)),
-				ms(spauses.pct(.5)), ms(sresumes.pct(.5)), float64(size)/1e6)
+			fmt.Fprintf(out, "| %s | %d MB | %s | %s | %s | %s / %s | %.1f MB |\n", store, mb, ms(pauses.pct(.5)), ms(resumes.pct(.5)),
+				ms(later.pct(.5)), ms(spauses.pct(.5)), ms(sresumes.pct(.5)), float64(size)/1e6)
 			c.Delete(ctx, id)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,4 +102,12 @@ func wantError(t testing.TB, code int, body map[string]any, wantCode int, wantMs
 	if msg == "" || (wantMsg != "" && !strings.Contains(msg, wantMsg)) {
 		t.Errorf("error body %v, want an error containing %q", body, wantMsg)
 	}
+}
+
+// sortedLines returns out's lines sorted, joined by newlines: for output that comes partly from print() (through
+// the interpreter's connection) and partly from fd 1 (a subprocess's, through a pipe), whose order is not kept.
+func sortedLines(out string) string {
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
 }
