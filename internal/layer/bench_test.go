@@ -2,11 +2,13 @@ package layer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,5 +151,53 @@ func BenchmarkCloneQuota(b *testing.B) {
 			b.ReportMetric(float64(percentile(clones, 99).Microseconds()), "clone-p99-us")
 			b.ReportMetric(float64(percentile(removes, 50).Microseconds()), "remove-p50-us")
 		})
+	}
+}
+
+// BenchmarkCloneParallel measures n clones of one layer made at once, as a fork of n makes them (each then given
+// its limit), beside one: whether btrfs batches concurrent snapshots into one transaction commit.
+func BenchmarkCloneParallel(b *testing.B) {
+	requireRoot(b)
+	ctx := context.Background()
+	for _, mode := range []QuotaMode{QuotaOff, QuotaFull, QuotaSimple} {
+		d, _ := openBtrfsQuota(b, mode)
+		src := mustCreateB(b, d, "src")
+		populateBench(b, src)
+		for _, n := range []int{1, 5, 32} {
+			b.Run(fmt.Sprintf("%s/n=%d", mode, n), func(b *testing.B) {
+				var times []time.Duration
+				for i := 0; i < b.N; i++ {
+					unix.Sync()
+					start := time.Now()
+					var wg sync.WaitGroup
+					errs := make([]error, n)
+					for k := 0; k < n; k++ {
+						wg.Add(1)
+						go func(k int) {
+							defer wg.Done()
+							id := fmt.Sprintf("dst%d", k)
+							if _, errs[k] = d.Clone(ctx, "src", id); errs[k] == nil {
+								if lim, ok := LimiterOf(d); ok {
+									errs[k] = lim.SetLimit(id, 1<<30)
+								}
+							}
+						}(k)
+					}
+					wg.Wait()
+					times = append(times, time.Since(start))
+					if err := errors.Join(errs...); err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					for k := 0; k < n; k++ {
+						d.Remove(ctx, fmt.Sprintf("dst%d", k)) //nolint:errcheck
+					}
+					b.StartTimer()
+				}
+				slices.Sort(times)
+				b.ReportMetric(float64(percentile(times, 50).Microseconds())/1000, "p50-ms")
+				b.ReportMetric(float64(percentile(times, 50).Microseconds())/1000/float64(n), "ms/clone")
+			})
+		}
 	}
 }
