@@ -18,12 +18,16 @@ import (
 )
 
 // forkStates are the parent states BenchmarkForkFloor forks: a numpy array (which numpy backs with transparent
-// huge pages where the kernel allows them) and the same size in ordinary Python objects (pymalloc arenas and
-// malloc: what most agents' state looks like).
+// huge pages where the kernel allows them), the same size in ordinary Python objects (pymalloc arenas and
+// malloc: what most agents' state looks like), and 200 MB of files written to the sandbox's disk (pip installs,
+// a dataset) with a small interpreter: what the layer snapshots cost, which depends on --layer-quota (pass
+// RAMIFY_BENCH_EXTRA_ARGS="--layer-quota simple" to compare).
 var forkStates = []struct{ name, setup string }{
 	{"200 MB numpy array", "import numpy as np\ndata = np.ones(25_000_000)\nint(data.nbytes)"},
 	{"~200 MB of Python objects (dicts, lists, strings)",
 		"data = [{'k': i, 's': 'v%08d' % i, 'l': [i, i + 1]} for i in range(600_000)]\nlen(data)"},
+	{"200 MB of files on its disk (200 files of 1 MiB), a small interpreter",
+		"import os\nos.makedirs('/root/data', exist_ok=True)\nfor i in range(200):\n    with open('/root/data/f%03d' % i, 'wb') as f:\n        f.write(os.urandom(1 << 20))\nos.sync()\nlen(os.listdir('/root/data'))"},
 }
 
 // BenchmarkForkFloor times fork(n) until every child has answered its first run_code, beside its floor measured
