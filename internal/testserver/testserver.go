@@ -24,6 +24,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/ramify-dev/ramify/client"
+	"golang.org/x/sys/unix"
 )
 
 // Server is a running ramify server.
@@ -31,15 +32,55 @@ type Server struct {
 	URL, Key, DataDir string
 	Client            *client.Client
 
-	t      testing.TB
-	bin    string
-	args   []string
-	cmd    *exec.Cmd
-	logf   *os.File
-	bridge string
-	extra  []*os.File    // descriptors the server inherits (see StartInheriting)
-	env    []string      // added to the server's environment (RestartCrashingAt)
-	exited chan struct{} // closed when the server process has exited
+	t       testing.TB
+	bin     string
+	args    []string
+	cmd     *exec.Cmd
+	logf    *os.File
+	bridge  string
+	extra   []*os.File    // descriptors the server inherits (see StartInheriting)
+	env     []string      // added to the server's environment (RestartCrashingAt)
+	exited  chan struct{} // closed when the server process has exited
+	release func()        // gives its id (bridge, subnet) back, once cleanup has removed them
+}
+
+// serverIDs is how many test servers can run at once on a host: id i has bridge rfyt<i> and subnet
+// 10.(220+i/100).(i%100+1).0/24.
+const serverIDs = 200
+
+// claimID returns a server id that no other test server on this host holds, trying from first on, and the func
+// that gives it back. Test binaries of several packages run at once (go test ./...), each numbering its own
+// servers: without a host-wide claim two of them could share a bridge and subnet, and each one's restart
+// reclaims (or its checks count) the other's veths and addresses. The claim is an flock on a file named for the
+// id, which the kernel drops if the test process dies; giving it back removes the file.
+func claimID(first int) (int, func(), error) {
+	dir := filepath.Join(os.TempDir(), "ramify-testserver-ids")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, nil, err
+	}
+	for k := 0; k < serverIDs; k++ {
+		id := (first + k) % serverIDs
+		path := filepath.Join(dir, strconv.Itoa(id))
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil || !samePath(f, path) {
+			// Held; or given back (removed) between the open and the lock, so that another claim may hold
+			// a new file of that name: try the next.
+			f.Close()
+			continue
+		}
+		return id, func() { os.Remove(path); f.Close() }, nil
+	}
+	return 0, nil, fmt.Errorf("all %d test server ids (bridges rfyt*) are held by running tests", serverIDs)
+}
+
+// samePath reports whether path still names the file f has open.
+func samePath(f *os.File, path string) bool {
+	a, err1 := f.Stat()
+	b, err2 := os.Stat(path)
+	return err1 == nil && err2 == nil && os.SameFile(a, b)
 }
 
 var seq atomic.Int32
@@ -80,7 +121,10 @@ func start(t testing.TB, bin string, files []*os.File, extraArgs []string) *Serv
 		t.Skipf("no test image in %s: run 'make image'", images)
 	}
 	n := int(seq.Add(1))
-	id := (os.Getpid()*7 + n) % 200
+	id, release, err := claimID((os.Getpid()*7 + n) % serverIDs)
+	if err != nil {
+		t.Fatalf("test server: %v", err)
+	}
 	s := &Server{
 		t:       t,
 		bin:     bin,
@@ -88,6 +132,7 @@ func start(t testing.TB, bin string, files []*os.File, extraArgs []string) *Serv
 		DataDir: t.TempDir(),
 		bridge:  fmt.Sprintf("rfyt%d", id),
 		extra:   files,
+		release: release,
 	}
 	s.args = append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", s.DataDir, "--image-dir", images,
 		"--api-key", s.Key, "--bridge", s.bridge, "--subnet", fmt.Sprintf("10.%d.%d.0/24", 220+id/100, id%100+1),
@@ -315,6 +360,10 @@ func (s *Server) cleanup() {
 			os.Remove(filepath.Dir(sub))
 		}
 		os.Remove(d)
+	}
+	if s.release != nil {
+		s.release()
+		s.release = nil
 	}
 }
 
