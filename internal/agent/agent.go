@@ -104,7 +104,8 @@ func Main(args []string) error {
 	// host= lets the server file the line under this sandbox (see runtime/namespaces logs.go). Nothing else
 	// reads a.log yet: the spawner thread uses it only while it starts (prepare).
 	a.log = a.log.With("host", cfg.Hostname)
-	a.token, a.forked = cfg.ReplToken, cfg.ReplToken != ""
+	a.token = cfg.ReplToken
+	a.forked.Store(cfg.ReplToken != "")
 	if err := finishRoot(cfg); err != nil {
 		return fmt.Errorf("agent: set up root: %w", err)
 	}
@@ -252,8 +253,8 @@ type Agent struct {
 	repl  *repl
 	calls CallSet // the run_code and exec calls being served, for interrupt
 
-	token    string // expected token of an attaching forked interpreter ("" when none is expected)
-	forked   bool   // the sandbox's interpreter is a forked one, which attaches (closing attached)
+	token    string      // expected token of an attaching forked interpreter ("" when none is expected)
+	forked   atomic.Bool // the sandbox's interpreter is forked from a parent sandbox's, which attaches (closing attached)
 	attached chan struct{}
 
 	// Every process of the sandbox runs under a seccomp filter that sends process-targeting syscalls (kill,
@@ -524,7 +525,8 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: "start interpreter: " + err.Error()})
 			return
 		}
-		if (running && !a.forked) || (a.forked && req.Fresh) {
+		forked := a.forked.Load()
+		if (running && !forked) || (forked && req.Fresh) {
 			// A warm sandbox being claimed: its interpreter already runs; give it the sandbox's env and cwd. So
 			// too a fresh interpreter forked from a family's zygote. An interpreter forked from a parent sandbox
 			// is not told: it keeps its parent's environment and took the child's cwd when it moved in (whether
@@ -540,6 +542,11 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			} else if err := a.repl.configure(withDefaults(ThreadEnv(req.CPUs), req.Env), req.Cwd); err != nil {
 				w.emit(Event{Type: "error", Message: "configure interpreter: " + err.Error()})
 				return
+			}
+			if req.Fresh {
+				// From now on its interpreter is this sandbox's own, as a fresh one: a later start (the claim of
+				// a warm sandbox made from a zygote) gives it env and cwd too.
+				a.forked.Store(false)
 			}
 		}
 		w.emit(Event{Type: "ok", Pid: os.Getpid(), ReplPid: pid})

@@ -61,7 +61,7 @@ func (p *repl) ensure() (int, error) {
 		return pid, nil
 	}
 	a := p.agent
-	if a.forked {
+	if a.forked.Load() {
 		// Whether or not the token was already taken: attachRepl clears it before it installs the interpreter,
 		// and deciding on the token here could start a fresh interpreter in that window.
 		select {

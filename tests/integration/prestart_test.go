@@ -139,3 +139,45 @@ func TestPrestartedFamilies(t *testing.T) {
 		t.Fatalf("left after the server stopped: %+v", inv)
 	}
 }
+
+// A warm sandbox made in a family started ahead has its zygote's interpreter; claimed by a create, it takes the
+// create's env and cwd as any warm sandbox does (and an env Python reads at start gets a fresh interpreter).
+func TestWarmSandboxFromAZygoteTakesTheCreatesEnv(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "1", "--prestart-families", "1")
+	ctx := ctxT(t)
+	// The pool's first warm sandbox takes the family started ahead; wait until it is ready.
+	warm := func() bool {
+		return slices.ContainsFunc(s.Inventory().Layers, func(l string) bool { return strings.HasPrefix(l, "sbx_") })
+	}
+	for deadline := time.Now().Add(20 * time.Second); !warm(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warm sandbox: %+v\n%s", s.Inventory(), s.Log())
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	fromZygote := 0
+	for i, env := range []map[string]string{{"WHO": "claimed"}, {"WHO": "claimed", "PYTHONPATH": "/opt/extra"}} {
+		id := create(t, s, &client.CreateRequest{Env: env, Cwd: "/tmp"})
+		info, err := s.Client.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "('claimed', '/tmp', False)"
+		if i == 1 {
+			want = "('claimed', '/tmp', True)"
+		}
+		if v := value(t, s, id, "import os, sys; (os.environ.get('WHO'), os.getcwd(), '/opt/extra' in sys.path)"); v != want {
+			t.Fatalf("create %d (family %s): %s, want %s\n%s", i, info.FamilyID, v, want, s.Log())
+		}
+		if strings.HasPrefix(info.FamilyID, "fam_p") {
+			fromZygote++
+		}
+		if err := s.Client.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(700 * time.Millisecond) // the pool refilled, from a new family started ahead
+	}
+	if !strings.Contains(s.Log(), "warm=true") || fromZygote == 0 {
+		t.Fatalf("no create was served by a warm sandbox made from a zygote (%d)\n%s", fromZygote, s.Log())
+	}
+}
