@@ -39,7 +39,6 @@ type repl struct {
 	r       *bufio.Reader
 	pid     int
 	cmd     *exec.Cmd // nil for an attached (forked) interpreter
-	streams bool      // the interpreter's fd 1 and 2 are this agent's pipes (it ends each run with sync markers)
 	sink    func(Event)
 	running bool
 
@@ -151,9 +150,6 @@ func (p *repl) spawn() (int, error) {
 		return 0, fmt.Errorf("interpreter sent %q instead of ready", line)
 	}
 	p.install(conn, r, cmd.Process.Pid, cmd)
-	p.mu.Lock()
-	p.streams = true
-	p.mu.Unlock()
 	return cmd.Process.Pid, nil
 }
 
@@ -191,7 +187,7 @@ func heapEnv(env []string) []string {
 func (p *repl) install(conn net.Conn, r *bufio.Reader, pid int, cmd *exec.Cmd) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.conn, p.r, p.pid, p.cmd, p.streams = conn, r, pid, cmd, false
+	p.conn, p.r, p.pid, p.cmd = conn, r, pid, cmd
 	p.dead = make(chan struct{})
 	p.syncMu.Lock()
 	p.synced = nil // a new interpreter counts its runs afresh
@@ -240,9 +236,6 @@ func (a *Agent) attachRepl(c net.Conn, r *bufio.Reader, req Request) bool {
 		return false
 	}
 	a.repl.install(c, r, req.Pid, nil)
-	a.repl.mu.Lock()
-	a.repl.streams = true
-	a.repl.mu.Unlock()
 	close(a.attached)
 	return true
 }
@@ -521,13 +514,10 @@ func (p *repl) run(ctx context.Context, code string, env map[string]string, time
 				m.Error.Traceback = strings.TrimRight(m.Error.Traceback, "\n") + "\nTimeoutError: " + m.Error.Value + "\n"
 			}
 			wasInterrupted := errors.Is(context.Cause(ctx), ErrInterrupted) && !to
-			// Let the run's fd-level output (read from the pipes by other goroutines) land before answering.
-			p.mu.Lock()
-			streams := p.streams
-			p.mu.Unlock()
-			if streams {
-				p.waitSync(m.ExecutionCount, 2*time.Second)
-			}
+			// Let the run's fd-level output (read from the pipes by other goroutines) land before answering:
+			// every interpreter's fd 1 and 2 are this agent's pipes (a started one's, or those an attaching
+			// one is given), and it ends each run with sync markers on them.
+			p.waitSync(m.ExecutionCount, 2*time.Second)
 			capResult(&m)
 			sinkMu.Lock()
 			ev := Event{Type: "result", Stdout: out.sb.String(), Stderr: errOut.sb.String(), Value: m.Value, Error: m.Error,

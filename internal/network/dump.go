@@ -12,10 +12,10 @@ import (
 const dumpAttempts = 20
 
 // retryDump runs dump until it completes without interruption: an interrupted dump may miss or repeat entries,
-// and a reclaim working from one would leave ports behind.
-func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
+// and a reclaim working from one would leave ports behind (a conntrack walk, flows unforgotten).
+func retryDump[T any](dump func() (T, error)) (T, error) {
 	var (
-		out []T
+		out T
 		err error
 	)
 	for range dumpAttempts {

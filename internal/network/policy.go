@@ -15,7 +15,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -162,12 +161,9 @@ func (m *Manager) forgetFlows(ip netip.Addr) {
 				}
 			}
 			// Best effort, but a walk a concurrent change interrupted may have missed flows: walk again.
-			for range dumpAttempts {
-				_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, filters...)
-				if !errors.Is(err, nl.ErrDumpInterrupted) {
-					break
-				}
-			}
+			retryDump(func() (uint, error) { //nolint:errcheck // best effort
+				return netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, filters...)
+			})
 			f.mu.Lock()
 			for _, ip := range ips {
 				delete(f.waiting, ip)

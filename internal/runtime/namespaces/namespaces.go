@@ -470,7 +470,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	}()
 	t0 := time.Now()
 	phase := func(name string) {
-		r.log.Debug("create phase", "sandbox", spec.ID, "phase", name, "ms", float64(time.Since(t0).Microseconds())/1000)
+		r.log.Debug("create phase", "sandbox", spec.ID, "phase", name, "ms", msSince(t0))
 	}
 	dir, err := r.cfg.Layers.Create(ctx, spec.ID)
 	if err != nil {
@@ -535,12 +535,17 @@ func (r *Runtime) launch(ctx context.Context, f *family, spec runtime.Spec, dir 
 		r.teardown(sb)
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
+	r.addMember(f, sb)
+	return sb, nil
+}
+
+// addMember records sandbox sb, started, as a member of family f.
+func (r *Runtime) addMember(f *family, sb *sandbox) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	f.members[sb.h.ID] = true
 	r.families[f.id] = f
 	r.sandboxes[sb.h.ID] = sb
-	r.mu.Unlock()
-	return sb, nil
 }
 
 // teardown kills a sandbox's processes and releases its cgroup and network (not its layer, not its family).

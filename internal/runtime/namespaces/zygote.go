@@ -90,11 +90,7 @@ func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, s
 	if err := c.sb.client.Start(ctx, req); err != nil {
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
-	r.mu.Lock()
-	f.members[spec.ID] = true
-	r.families[f.id] = f
-	r.sandboxes[spec.ID] = c.sb
-	r.mu.Unlock()
+	r.addMember(f, c.sb)
 	return c.sb, nil
 }
 
