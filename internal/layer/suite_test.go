@@ -131,6 +131,9 @@ func testCloneIndependence(t *testing.T, d Driver) {
 	if dst != d.Path("dst") {
 		t.Errorf("Clone returned %q, Path says %q", dst, d.Path("dst"))
 	}
+	if tmps := listTemps(filepath.Dir(dst)); len(tmps) > 0 {
+		t.Errorf("a clone left temporary entries behind: %v", tmps)
+	}
 	if got := readFile(t, filepath.Join(dst, "shared")); got != "one" {
 		t.Fatalf("clone reads %q, want %q", got, "one")
 	}
