@@ -170,7 +170,14 @@ func checkApplied(t *testing.T, fsys *FS, entries []fuzzEntry) {
 	last := map[string]landed{} // the host path an entry resolves to now -> the last entry that resolves there
 	var order []string
 	rels := make([]string, len(entries))
-	for i, e := range entries {
+	for i := range entries {
+		e := &entries[i]
+		if e.typ == tar.TypeRegA { //nolint:staticcheck // archive/tar reads this old type as a file or, named "x/", a directory
+			e.typ = tar.TypeReg
+			if strings.HasSuffix(e.name, "/") {
+				e.typ = tar.TypeDir
+			}
+		}
 		rel, err := entryName(e.name)
 		if err != nil || rel == "" {
 			continue
