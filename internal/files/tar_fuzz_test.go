@@ -86,7 +86,7 @@ func buildTar(entries []fuzzEntry) ([]byte, error) {
 	for _, e := range entries {
 		h := &tar.Header{Typeflag: e.typ, Name: e.name, Linkname: e.link, Mode: e.mode,
 			ModTime: time.Unix(1700000000, 0), Format: tar.FormatPAX}
-		if e.typ == tar.TypeReg {
+		if e.typ == tar.TypeReg || e.typ == tar.TypeRegA { //nolint:staticcheck // old-style files carry a body too
 			h.Size = int64(len(e.body))
 		}
 		if err := tw.WriteHeader(h); err != nil {
