@@ -186,14 +186,15 @@ func interpreterMemKiB(id string) (rss, huge int) {
 var phaseLine = regexp.MustCompile(`msg="fork phase" phase="?([^"=]+?)"? ms=([0-9.]+)`)
 
 // forkPhases summarizes the server's "fork phase" debug lines per kind of fork (forks is every fork of the run,
-// in order; each began with a "snapshot" phase): each phase's median time since its fork began.
+// in order; each began with a "layers cloned" phase, "snapshot" before the children's layers were cloned from the
+// parent directly): each phase's median time since its fork began.
 func forkPhases(log string, forks []key) map[key]string {
 	byKey := map[key]map[string][]float64{}
 	var order []string
 	seen := map[string]bool{}
 	f := -1
 	for _, m := range phaseLine.FindAllStringSubmatch(log, -1) {
-		if m[1] == "snapshot" {
+		if m[1] == "layers cloned" || m[1] == "snapshot" {
 			f++
 		}
 		if f < 0 || f >= len(forks) {

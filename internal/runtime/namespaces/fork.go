@@ -27,9 +27,9 @@ func newToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Fork implements runtime.Forker. The parent is frozen only while its writable layer is snapshotted once; the
-// children's layers are then cloned from that snapshot, their agents started in the parent's family, and the
-// parent's interpreter forks once per child: each fork child enters its sandbox's namespaces and cgroup and
+// Fork implements runtime.Forker. The parent is frozen only while its writable layer is cloned into each child's
+// (one transaction commit); the children's agents are then started in the parent's family, and the parent's
+// interpreter forks once per child: each fork child enters its sandbox's namespaces and cgroup and
 // attaches to the child's agent. On any error every child is destroyed and the parent is as it was.
 func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []runtime.Spec) (res runtime.ForkResult, err error) {
 	start := time.Now()
@@ -52,17 +52,19 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 			undo.run()
 		}
 	}()
-	// 1. The parent's layer at one instant.
-	base, pause, err := r.snapshotParent(ctx, psb, parent)
+	kids := make([]*forkChild, len(children))
+	for i, spec := range children {
+		kids[i] = &forkChild{spec: spec, token: newToken()}
+	}
+	// 1. Each child's layer, cloned from the parent's at one instant.
+	pause, err := r.cloneLayers(ctx, psb, parent, kids, &undo)
+	res.PauseWindow = pause
 	if err != nil {
 		return res, err
 	}
-	res.PauseWindow = pause
-	defer r.cfg.Layers.Remove(context.Background(), base) //nolint:errcheck // the base is only a staging copy
-	r.log.Debug("fork phase", "phase", "snapshot", "ms", msSince(start))
-	// 2. Each child's layer (a clone of the base) and agent.
-	kids, err := r.makeChildren(ctx, f, base, children, &undo)
-	if err != nil {
+	r.log.Debug("fork phase", "phase", "layers cloned", "ms", msSince(start))
+	// 2. Each child's agent.
+	if err := r.spawnChildren(ctx, f, kids, &undo); err != nil {
 		return res, err
 	}
 	r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
@@ -105,58 +107,64 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 type forkChild struct {
 	spec  runtime.Spec
 	token string // proves to the child's agent that the interpreter attaching is the one forked for it
+	dir   string // its layer
 	sb    *sandbox
 	err   error
 }
 
-// snapshotParent clones the parent's layer into a staging layer at one instant (frozen around the clone) and
-// returns its name and how long the parent was frozen. The caller removes the staging layer.
-func (r *Runtime) snapshotParent(ctx context.Context, psb *sandbox, parent runtime.Handle) (string, time.Duration, error) {
-	base := "fork-" + newToken()[:16]
+// cloneLayers clones the parent's layer into each child's at one instant: the parent is frozen around the
+// clones, which run in parallel and so share a btrfs transaction commit. (A staging snapshot of the parent, frozen
+// alone, then cloned for each child, kept the pause shorter but put a second commit on every fork's path.) It
+// returns how long the parent was frozen. Every layer it cloned is removed through undo: at once if a clone fails,
+// later if the fork does.
+func (r *Runtime) cloneLayers(ctx context.Context, psb *sandbox, parent runtime.Handle, kids []*forkChild, undo *cleanup) (time.Duration, error) {
 	if err := psb.cg.Freeze(ctx); err != nil {
-		return "", 0, fmt.Errorf("freeze parent: %w", err)
+		return 0, fmt.Errorf("freeze parent: %w", err)
 	}
 	frozen := time.Now()
-	_, cerr := r.cfg.Layers.Clone(ctx, parent.Layer(), base)
+	errs := make([]error, len(kids))
+	var wg sync.WaitGroup
+	for i, c := range kids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.dir, errs[i] = r.cfg.Layers.Clone(ctx, parent.Layer(), c.spec.ID)
+		}()
+	}
+	wg.Wait()
 	terr := psb.cg.Thaw(context.Background())
 	pause := time.Since(frozen)
-	if cerr != nil {
-		return "", pause, fmt.Errorf("snapshot parent layer: %w", cerr)
+	undo.add(func() {
+		for i, c := range kids {
+			if errs[i] == nil {
+				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
+			}
+		}
+	})
+	for i, c := range kids {
+		if errs[i] != nil {
+			return pause, fmt.Errorf("fork child %s: clone layer: %w", c.spec.ID, errs[i])
+		}
 	}
 	if terr != nil {
-		r.cfg.Layers.Remove(context.Background(), base) //nolint:errcheck
-		return "", pause, fmt.Errorf("thaw parent: %w", terr)
+		return pause, fmt.Errorf("thaw parent: %w", terr)
 	}
-	return base, pause, nil
+	return pause, nil
 }
 
-// makeChildren clones the base layer and spawns an agent for each child, in parallel. What it made is undone
-// by undo when the fork fails later; when it fails itself, it has already been added to undo.
-func (r *Runtime) makeChildren(ctx context.Context, f *family, base string, children []runtime.Spec, undo *cleanup) ([]*forkChild, error) {
-	kids := make([]*forkChild, len(children))
+// spawnChildren limits each child's layer and spawns its agent, in parallel. The agents it started are stopped
+// through undo when the fork fails later; when it fails itself, they have already been added to undo.
+func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChild, undo *cleanup) error {
 	var wg sync.WaitGroup
-	for i, spec := range children {
-		kids[i] = &forkChild{spec: spec, token: newToken()}
+	for _, c := range kids {
 		wg.Add(1)
-		go func(c *forkChild) {
+		go func() {
 			defer wg.Done()
-			t0 := time.Now()
-			dir, err := r.cfg.Layers.Clone(ctx, base, c.spec.ID)
-			if err != nil {
-				c.err = fmt.Errorf("clone layer: %w", err)
+			if c.err = r.limitLayer(c.spec.ID, c.spec.DiskMiB); c.err != nil {
 				return
 			}
-			if err := r.limitLayer(c.spec.ID, c.spec.DiskMiB); err != nil {
-				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
-				c.err = err
-				return
-			}
-			r.log.Debug("spawn phase", "sandbox", c.spec.ID, "phase", "layer-cloned", "ms", msSince(t0))
-			c.sb, c.err = r.spawn(ctx, f, c.spec, dir, c.token)
-			if c.err != nil {
-				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
-			}
-		}(kids[i])
+			c.sb, c.err = r.spawn(ctx, f, c.spec, c.dir, c.token)
+		}()
 	}
 	wg.Wait()
 	undo.add(func() {
@@ -164,17 +172,14 @@ func (r *Runtime) makeChildren(ctx context.Context, f *family, base string, chil
 			if c.sb != nil {
 				r.teardown(c.sb)
 			}
-			if c.err == nil {
-				r.cfg.Layers.Remove(context.Background(), c.spec.ID) //nolint:errcheck
-			}
 		}
 	})
 	for _, c := range kids {
 		if c.err != nil {
-			return nil, fmt.Errorf("fork child %s: %w", c.spec.ID, c.err)
+			return fmt.Errorf("fork child %s: %w", c.spec.ID, c.err)
 		}
 	}
-	return kids, nil
+	return nil
 }
 
 // forkInterpreter forks the interpreter of the parent's agent pc, one copy per child. Each copy gets its child's
