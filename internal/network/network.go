@@ -274,7 +274,7 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 	if err := m.setPort(ctx, hostVeth, addr, mac, rules); err != nil {
 		return fmt.Errorf("attach %s: %w", hostVeth, err)
 	}
-	if err := configureInside(nsFD, ip4, m.pool.prefix, m.pool.gateway()); err != nil {
+	if err := configureInside(nsFD, ip4, m.pool.prefix, m.pool.gateway(), nil, true); err != nil {
 		return fmt.Errorf("attach %s: %w", hostVeth, err)
 	}
 
@@ -302,24 +302,28 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 	return nil
 }
 
-// configureInside sets up eth0 and lo inside the namespace open at nsFD.
-func configureInside(nsFD int, ip net.IP, prefix int, gw net.IP) error {
+// configureInside sets up eth0 (its MAC first, when mac is not nil) and, unless loUp is false, lo inside the
+// namespace open at nsFD.
+func configureInside(nsFD int, ip net.IP, prefix int, gw net.IP, mac net.HardwareAddr, loUp bool) error {
 	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD))
 	if err != nil {
 		return fmt.Errorf("netlink handle in namespace: %w", err)
 	}
 	defer h.Close()
 
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("namespace lo: %w", err)
-	}
-	if err := h.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("namespace lo up: %w", err)
+	if loUp {
+		if err := upLoopback(h); err != nil {
+			return err
+		}
 	}
 	eth, err := h.LinkByName(SandboxIfName)
 	if err != nil {
 		return fmt.Errorf("namespace %s: %w", SandboxIfName, err)
+	}
+	if mac != nil {
+		if err := h.LinkSetHardwareAddr(eth, mac); err != nil {
+			return fmt.Errorf("namespace %s MAC %s: %w", SandboxIfName, mac, err)
+		}
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip, Mask: net.CIDRMask(prefix, 32)}}
 	if err := h.AddrAdd(eth, addr); err != nil {
@@ -332,6 +336,150 @@ func configureInside(nsFD int, ip net.IP, prefix int, gw net.IP) error {
 	if err := h.RouteReplace(route); err != nil {
 		return fmt.Errorf("namespace default route via %s: %w", gw, err)
 	}
+	return nil
+}
+
+// upLoopback brings up lo in the namespace h works in.
+func upLoopback(h *netlink.Handle) error {
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("namespace lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("namespace lo up: %w", err)
+	}
+	return nil
+}
+
+// SparePortName is the host-side name of a port prepared (Prepare) ahead of its sandbox, for the namespace that
+// key names: "rfs" and 12 hex digits of a SHA-256 of key.
+func SparePortName(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "rfs" + hex.EncodeToString(sum[:6])
+}
+
+// Prepare makes a port ahead of the sandbox that will own the network namespace open at nsFD, off the path of
+// the fork or create that claims it (AttachPrepared): the veth pair hostVeth <-> eth0 (inside, down, no address),
+// hostVeth marked with the server's alias, on the bridge, isolated and down, and lo up inside. A prepared port
+// carries nothing: neither end is up, and it has no pin. It goes with the namespace, or with Detach(hostVeth). On
+// failure nothing is left.
+func (m *Manager) Prepare(ctx context.Context, nsFD int, hostVeth string) (err error) {
+	if err := validIfName(hostVeth); err != nil {
+		return fmt.Errorf("prepare %s: %w", hostVeth, err)
+	}
+	if nsFD < 0 {
+		return fmt.Errorf("prepare %s: namespace fd %d: %w", hostVeth, nsFD, errdefs.ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("prepare %s: %w", hostVeth, err)
+	}
+	br, err := netlink.LinkByName(m.bridge)
+	if err != nil {
+		return fmt.Errorf("prepare %s: bridge %s: %w", hostVeth, m.bridge, err)
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: hostVeth, MTU: br.Attrs().MTU},
+		PeerName:      SandboxIfName,
+		PeerNamespace: netlink.NsFd(nsFD),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("prepare %s: create veth: %w", hostVeth, errdefs.ErrConflict)
+		}
+		return fmt.Errorf("prepare %s: create veth: %w", hostVeth, err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := m.Detach(hostVeth); derr != nil {
+				m.log.Warn("prepare cleanup failed", "veth", hostVeth, "err", derr)
+			}
+		}
+	}()
+	if m.alias != "" {
+		if err := netlink.LinkSetAlias(veth, m.alias); err != nil {
+			return fmt.Errorf("prepare %s: set alias: %w", hostVeth, err)
+		}
+	}
+	if err := netlink.LinkSetMaster(veth, br); err != nil {
+		return fmt.Errorf("prepare %s: set master %s: %w", hostVeth, m.bridge, err)
+	}
+	if err := netlink.LinkSetIsolated(veth, true); err != nil {
+		return fmt.Errorf("prepare %s: isolate port: %w", hostVeth, err)
+	}
+	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD))
+	if err != nil {
+		return fmt.Errorf("prepare %s: netlink handle in namespace: %w", hostVeth, err)
+	}
+	defer h.Close()
+	if err := upLoopback(h); err != nil {
+		return fmt.Errorf("prepare %s: %w", hostVeth, err)
+	}
+	return nil
+}
+
+// AttachPrepared gives the port Prepare made as prepared, for the namespace open at nsFD, to a sandbox: as
+// Attach, with less to do on the claim's path. The port is renamed hostVeth, pinned and given its egress policy,
+// eth0 gets MACFor(ip), ip and the default route, and both ends come up. A prepared port that is not this
+// server's, or is up, is refused (errdefs.ErrConflict); one that is gone is errdefs.ErrNotFound. On failure the pair is deleted: the
+// namespace can be attached afresh with Attach.
+func (m *Manager) AttachPrepared(ctx context.Context, nsFD int, prepared string, ip net.IP, hostVeth string, egress []string) (err error) {
+	for _, name := range []string{prepared, hostVeth} {
+		if err := validIfName(name); err != nil {
+			return fmt.Errorf("attach %s: %w", hostVeth, err)
+		}
+	}
+	rules, err := ParseEgress(egress)
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	ip4 := ip.To4()
+	if ip4 == nil || !m.pool.isHost(ip4) || ip4.Equal(m.pool.gateway()) {
+		return fmt.Errorf("attach %s: address %v: %w", hostVeth, ip,
+			errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("address %v is not a usable address of %s", ip, m.pool.network)))
+	}
+	if nsFD < 0 {
+		return fmt.Errorf("attach %s: namespace fd %d: %w", hostVeth, nsFD, errdefs.ErrInvalid)
+	}
+	host, err := netlink.LinkByName(prepared)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			err = errdefs.ErrNotFound
+		}
+		return fmt.Errorf("attach %s: prepared port %s: %w", hostVeth, prepared, err)
+	}
+	if host.Type() != "veth" || host.Attrs().Alias != m.alias || host.Attrs().Flags&net.FlagUp != 0 {
+		return fmt.Errorf("attach %s: %s is not a prepared port of this server: %w", hostVeth, prepared, errdefs.ErrConflict)
+	}
+	defer func() {
+		if err != nil {
+			m.dropPort(hostVeth) //nolint:errcheck // logged by Detach's callers; nothing else to do
+			if derr := netlink.LinkDel(host); derr != nil && !errors.Is(derr, unix.ENODEV) {
+				m.log.Warn("attach cleanup failed", "veth", hostVeth, "err", derr)
+			}
+		}
+	}()
+	if err := netlink.LinkSetName(host, hostVeth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("attach %s: rename %s: %w", hostVeth, prepared, errdefs.ErrConflict)
+		}
+		return fmt.Errorf("attach %s: rename %s: %w", hostVeth, prepared, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	mac := MACFor(ip4)
+	addr, _ := netip.AddrFromSlice(ip4)
+	if err := m.setPort(ctx, hostVeth, addr, mac, rules); err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	if err := configureInside(nsFD, ip4, m.pool.prefix, m.pool.gateway(), mac, false); err != nil {
+		return fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("attach %s: set up: %w", hostVeth, err)
+	}
+	m.log.Debug("attached", "veth", hostVeth, "ip", ip4.String(), "prepared", prepared)
 	return nil
 }
 

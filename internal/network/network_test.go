@@ -159,6 +159,130 @@ func TestAttachDetach(t *testing.T) {
 		t.Fatalf("Attach: %v", err)
 	}
 
+	checkAttached(t, m, ns, veth, ip)
+
+	// The bridge keeps its own fixed MAC (MACFor(gateway)) however ports come and go, so the sandboxes' cached
+	// gateway MAC never goes stale.
+	if br, _ := netlink.LinkByName(testBridge); br.Attrs().HardwareAddr.String() != MACFor(gw).String() {
+		t.Errorf("bridge MAC %s, want %s", br.Attrs().HardwareAddr, MACFor(gw))
+	}
+
+	// Attaching the same host veth again is a conflict and leaves the existing one alone.
+	ns2 := newNetns(t)
+	ip2, _ := m.Allocate(nil)
+	if err := m.Attach(context.Background(), int(ns2), ip2, veth, nil); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("second Attach with same veth: %v, want ErrConflict", err)
+	}
+	if _, err := netlink.LinkByName(veth); err != nil {
+		t.Errorf("existing veth gone after conflicting Attach: %v", err)
+	}
+
+	checkDetach(t, m, ns, veth)
+}
+
+// checkDetach checks that Detach removes the host veth and eth0 in the namespace, and that a second Detach is fine.
+func checkDetach(t *testing.T, m *Manager, ns netns.NsHandle, veth string) {
+	t.Helper()
+	if err := m.Detach(veth); err != nil {
+		t.Fatalf("Detach: %v", err)
+	}
+	if _, err := netlink.LinkByName(veth); err == nil {
+		t.Errorf("host veth still present after Detach")
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if _, err := h.LinkByName("eth0"); err == nil {
+		t.Errorf("eth0 still present in netns after Detach")
+	}
+	if err := m.Detach(veth); err != nil {
+		t.Errorf("second Detach: %v", err)
+	}
+}
+
+// TestPrepareAttach: a port prepared ahead of its sandbox carries nothing until AttachPrepared gives it to the
+// sandbox, which then has exactly what Attach gives; a prepared port that is gone, or one that is a sandbox's, is
+// refused and left alone.
+func TestPrepareAttach(t *testing.T) {
+	m := newTestManager(t, func(c *Config) { c.Owner = "preparetest" })
+	ns := newNetns(t)
+	ctx := context.Background()
+	prepared := SparePortName("fam_test/7")
+	veth := VethName("sbx_00112233445566778899aabbccddeeff")
+	t.Cleanup(func() { _ = m.Detach(prepared); _ = m.Detach(veth) })
+	if err := m.Prepare(ctx, int(ns), prepared); err != nil {
+		t.Fatalf("Prepare: %v", err)
+	}
+
+	// Prepared: the host side on the bridge, isolated, ours and down; inside, eth0 down with no address, lo up.
+	host, err := netlink.LinkByName(prepared)
+	if err != nil {
+		t.Fatalf("prepared port: %v", err)
+	}
+	br, _ := netlink.LinkByName(testBridge)
+	if a := host.Attrs(); a.MasterIndex != br.Attrs().Index || a.Flags&net.FlagUp != 0 || a.Alias != aliasOf("preparetest") {
+		t.Errorf("prepared port: master %d (bridge %d), flags %v, alias %q", a.MasterIndex, br.Attrs().Index, a.Flags, a.Alias)
+	}
+	if pi, err := netlink.LinkGetProtinfo(host); err != nil || !pi.Isolated {
+		t.Errorf("prepared port is not isolated (%+v, %v)", pi, err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatalf("eth0 in netns: %v", err)
+	}
+	if addrs, _ := h.AddrList(eth, netlink.FAMILY_V4); eth.Attrs().Flags&net.FlagUp != 0 || len(addrs) != 0 {
+		t.Errorf("prepared eth0: flags %v, addresses %v; want down, none", eth.Attrs().Flags, addrs)
+	}
+	if lo, err := h.LinkByName("lo"); err != nil || lo.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("lo not up in the prepared namespace (%v)", err)
+	}
+
+	// A sandbox's port (up) is not a prepared one: refused, and left as it was.
+	other := newNetns(t)
+	ipOther, _ := m.Allocate(nil)
+	otherVeth := VethName("sbx_ffeeddccbbaa99887766554433221100")
+	t.Cleanup(func() { _ = m.Detach(otherVeth) })
+	if err := m.Attach(ctx, int(other), ipOther, otherVeth, nil); err != nil {
+		t.Fatal(err)
+	}
+	ip, _ := m.Allocate(func(a net.IP) bool { return a.Equal(ipOther) })
+	if err := m.AttachPrepared(ctx, int(other), otherVeth, ip, veth, nil); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("AttachPrepared of a sandbox's port: %v, want ErrConflict", err)
+	}
+	checkAttached(t, m, other, otherVeth, ipOther)
+
+	// Given to the sandbox: renamed, and exactly what Attach gives.
+	if err := m.AttachPrepared(ctx, int(ns), prepared, ip, veth, nil); err != nil {
+		t.Fatalf("AttachPrepared: %v", err)
+	}
+	if _, err := netlink.LinkByName(prepared); err == nil {
+		t.Errorf("prepared port still under its spare name")
+	}
+	checkAttached(t, m, ns, veth, ip)
+	checkDetach(t, m, ns, veth)
+
+	// Gone: ErrNotFound, and nothing made.
+	if err := m.AttachPrepared(ctx, int(ns), prepared, ip, veth, nil); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("AttachPrepared of a port that is gone: %v, want ErrNotFound", err)
+	}
+	if _, err := netlink.LinkByName(veth); err == nil {
+		t.Errorf("AttachPrepared of a port that is gone made %s", veth)
+	}
+}
+
+// checkAttached checks what Attach (or AttachPrepared) promises for host veth in namespace ns with address ip:
+// the host side on the bridge, isolated and up; eth0 inside with MACFor(ip), ip and the default route, lo and eth0
+// up; and the default egress policy, which SetEgress opens and closes port by port.
+func checkAttached(t *testing.T, m *Manager, ns netns.NsHandle, veth string, ip net.IP) {
+	t.Helper()
+	gw := m.Gateway()
 	// Host side: veth on the bridge and up.
 	host, err := netlink.LinkByName(veth)
 	if err != nil {
@@ -171,6 +295,9 @@ func TestAttachDetach(t *testing.T) {
 	if host.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("host veth is not up")
 	}
+	if pi, err := netlink.LinkGetProtinfo(host); err != nil || !pi.Isolated {
+		t.Errorf("host veth is not an isolated bridge port (%+v, %v)", pi, err)
+	}
 
 	// Inside: eth0 has the address, lo and eth0 are up, default route via the gateway.
 	h, err := netlink.NewHandleAt(ns)
@@ -181,6 +308,9 @@ func TestAttachDetach(t *testing.T) {
 	eth, err := h.LinkByName("eth0")
 	if err != nil {
 		t.Fatalf("eth0 in netns: %v", err)
+	}
+	if got := eth.Attrs().HardwareAddr.String(); got != MACFor(ip).String() {
+		t.Errorf("eth0 MAC %s, want %s", got, MACFor(ip))
 	}
 	if eth.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("eth0 is not up")
@@ -233,35 +363,6 @@ func TestAttachDetach(t *testing.T) {
 		t.Errorf("dial the host with egress []: %v, want connection refused", err)
 	}
 
-	// The bridge keeps its own fixed MAC (MACFor(gateway)) however ports come and go, so the sandboxes' cached
-	// gateway MAC never goes stale.
-	if br, _ := netlink.LinkByName(testBridge); br.Attrs().HardwareAddr.String() != MACFor(gw).String() {
-		t.Errorf("bridge MAC %s, want %s", br.Attrs().HardwareAddr, MACFor(gw))
-	}
-
-	// Attaching the same host veth again is a conflict and leaves the existing one alone.
-	ns2 := newNetns(t)
-	ip2, _ := m.Allocate(nil)
-	if err := m.Attach(context.Background(), int(ns2), ip2, veth, nil); !errors.Is(err, errdefs.ErrConflict) {
-		t.Errorf("second Attach with same veth: %v, want ErrConflict", err)
-	}
-	if _, err := netlink.LinkByName(veth); err != nil {
-		t.Errorf("existing veth gone after conflicting Attach: %v", err)
-	}
-
-	// Detach removes the host veth (and eth0 in the namespace); a second Detach is fine.
-	if err := m.Detach(veth); err != nil {
-		t.Fatalf("Detach: %v", err)
-	}
-	if _, err := netlink.LinkByName(veth); err == nil {
-		t.Errorf("host veth still present after Detach")
-	}
-	if _, err := h.LinkByName("eth0"); err == nil {
-		t.Errorf("eth0 still present in netns after Detach")
-	}
-	if err := m.Detach(veth); err != nil {
-		t.Errorf("second Detach: %v", err)
-	}
 }
 
 // listenGreeter listens on host:0 and greets every connection with one line, until the test ends.

@@ -16,7 +16,9 @@ import (
 	"github.com/ramify-dev/ramify/internal/cgroups"
 	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/network"
 	"github.com/ramify-dev/ramify/internal/runtime"
+	"golang.org/x/sys/unix"
 )
 
 var _ runtime.Forker = (*Runtime)(nil)
@@ -367,7 +369,30 @@ func (r *Runtime) placeSpare(f *family, nsPid, hostPid int) placedSpare {
 		cg.Delete() //nolint:errcheck // empty: the move failed
 		return placedSpare{}
 	}
-	return placedSpare{cgroup: name, hostPid: hostPid}
+	return placedSpare{cgroup: name, hostPid: hostPid, port: r.preparePort(f, nsPid, hostPid)}
+}
+
+// preparePort makes the veth pair of spare nsPid (host pid hostPid) ahead of its claim, which then only names,
+// addresses and raises it (network.Manager.AttachPrepared): creating a veth and putting it on the bridge hold the
+// kernel's RTNL lock, which serialized the children of a fork. It returns the port's host-side name, "" if it
+// could not be made (the claim then attaches a new one).
+func (r *Runtime) preparePort(f *family, nsPid, hostPid int) string {
+	if r.cfg.Network == nil {
+		return ""
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", hostPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(fd)
+	name := network.SparePortName(fmt.Sprintf("%s/%d", f.id, nsPid))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.cfg.Network.Prepare(ctx, fd, name); err != nil {
+		r.log.Debug("prepare spare port", "family", f.id, "spare", nsPid, "err", err)
+		return ""
+	}
+	return name
 }
 
 func closeFiles(fs []*os.File) {

@@ -561,10 +561,12 @@ type sparePool struct {
 	ended bool
 }
 
-// placedSpare is a spare agent in a cgroup of its own.
+// placedSpare is a spare agent in a cgroup of its own, and with a port prepared in its network namespace
+// (network.Manager.Prepare) when it could be.
 type placedSpare struct {
 	cgroup  string
 	hostPid int
+	port    string // the prepared port's host-side veth; "" if none
 }
 
 // take returns where spare nsPid was placed (a zero placedSpare if it was not), and remembers that it is

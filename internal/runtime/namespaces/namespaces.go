@@ -385,10 +385,10 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 	undo.add(func() { unix.Close(netFD) })
 	phase(map[bool]string{true: "cgroup-renamed", false: "cgroup-add"}[renamed])
 	veth := network.VethName(spec.ID)
+	if err := r.attach(ctx, spec, netFD, veth, pooled.port); err != nil {
+		return nil, err
+	}
 	if spec.IP != nil {
-		if err := r.cfg.Network.Attach(ctx, netFD, spec.IP, veth, spec.Egress); err != nil {
-			return nil, fmt.Errorf("network: %w", err)
-		}
 		undo.add(func() { r.cfg.Network.Detach(veth) })
 	}
 	sb := &sandbox{
@@ -412,6 +412,33 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 		time.Sleep(500 * time.Microsecond)
 	}
 	return sb, nil
+}
+
+// attach connects the sandbox's network namespace (open at netFD) to the bridge as veth, with the port prepared
+// for it (a claimed spare's) when there is one, else a new one. A sandbox without an address gets no port: a
+// prepared one is removed.
+func (r *Runtime) attach(ctx context.Context, spec runtime.Spec, netFD int, veth, prepared string) error {
+	if spec.IP == nil {
+		if prepared != "" {
+			if err := r.cfg.Network.Detach(prepared); err != nil {
+				return fmt.Errorf("network: %w", err)
+			}
+		}
+		return nil
+	}
+	if prepared != "" {
+		err := r.cfg.Network.AttachPrepared(ctx, netFD, prepared, spec.IP, veth, spec.Egress)
+		if err == nil {
+			return nil
+		}
+		// Gone (the spare's namespace with it, and the pid reused) or refused: the pair was deleted, and a new
+		// one goes in its place.
+		r.log.Debug("attach prepared port", "sandbox", spec.ID, "port", prepared, "err", err)
+	}
+	if err := r.cfg.Network.Attach(ctx, netFD, spec.IP, veth, spec.Egress); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	return nil
 }
 
 func (r *Runtime) dialer(netFD int) func(ctx context.Context) (net.Conn, error) {
