@@ -22,6 +22,7 @@ import (
 
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/cgroups"
+	"github.com/ramify-dev/ramify/internal/network"
 	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
@@ -539,9 +540,10 @@ type family struct {
 	initStart uint64
 	netFD     int // the init's network namespace, where its control socket is
 	members   map[string]bool
-	cmd       *exec.Cmd       // nil for a family recovered after a restart
-	cgroups   cgroups.Manager // where its init's cgroup (named after the family) is; nil: none to remove
-	pool      sparePool       // spare agents placed in cgroups of their own ahead of a claim
+	cmd       *exec.Cmd        // nil for a family recovered after a restart
+	cgroups   cgroups.Manager  // where its init's cgroup (named after the family) is; nil: none to remove
+	network   *network.Manager // where its spares' prepared ports are; nil: none to remove
+	pool      sparePool        // spare agents placed in cgroups of their own ahead of a claim
 }
 
 // sparePool tracks the family's spare agents that the server has placed in cgroups of their own (named

@@ -191,7 +191,7 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 		(&family{id: id, initPid: pid, initStart: start, cgroups: r.cfg.Cgroups}).kill()
 		return nil, err
 	}
-	f := &family{id: id, initPid: pid, initStart: start, netFD: netFD, members: map[string]bool{}, cmd: cmd, cgroups: r.cfg.Cgroups}
+	f := &family{id: id, initPid: pid, initStart: start, netFD: netFD, members: map[string]bool{}, cmd: cmd, cgroups: r.cfg.Cgroups, network: r.cfg.Network}
 	// Wait for its control socket.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -229,6 +229,21 @@ func (f *family) kill() {
 		f.netFD = -1
 	}
 	f.pool.life.Unlock()
+	// Its spares' prepared ports would go with their namespaces, but the kernel frees a namespace in the
+	// background: remove them now, so that nothing of the family is left once it has ended.
+	f.pool.mu.Lock()
+	var ports []string
+	for _, sp := range f.pool.placed {
+		if sp.port != "" {
+			ports = append(ports, sp.port)
+		}
+	}
+	f.pool.mu.Unlock()
+	if f.network != nil {
+		for _, port := range ports {
+			f.network.Detach(port) //nolint:errcheck // gone already with its namespace: not an error
+		}
+	}
 	if f.cgroups == nil || f.id == "" {
 		return
 	}
@@ -687,7 +702,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 		if err != nil {
 			return err
 		}
-		f = &family{id: h.FamilyID, initPid: h.InitPid, initStart: h.InitStart, netFD: nfd, members: map[string]bool{}, cgroups: r.cfg.Cgroups}
+		f = &family{id: h.FamilyID, initPid: h.InitPid, initStart: h.InitStart, netFD: nfd, members: map[string]bool{}, cgroups: r.cfg.Cgroups, network: r.cfg.Network}
 		r.families[h.FamilyID] = f
 	}
 	f.members[h.ID] = true
