@@ -65,23 +65,44 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, err
 	}
 	r.log.Debug("fork phase", "phase", "layers cloned", "ms", msSince(start))
-	// 2. Each child's agent.
-	if err := r.spawnChildren(ctx, f, kids, &undo); err != nil {
-		return res, err
-	}
-	r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
-	crashpoint.Hit(crashpoint.ForkAfterChildren)
-	// 3. The parent's interpreter forked once per child.
 	pc, err := r.Agent(parent.ID)
 	if err != nil {
 		return res, err
 	}
-	pids, moved, err := r.forkInterpreter(ctx, pc, kids)
-	defer closeFiles(moved) // a forked interpreter whose pipe closes unwritten exits
-	if err != nil {
-		return res, err
+	// 2. Each child's agent, and 3. the parent's interpreter forked once per child. With a spare chosen ahead
+	// for each child (when the family has enough placed), the interpreter forks into their namespaces while they
+	// are claimed (layer, cgroup and network), not after.
+	var pids []int
+	var moved []*os.File
+	defer func() { closeFiles(moved) }() // a forked interpreter whose pipe closes unwritten exits
+	if reserved := f.pool.reserve(len(kids)); reserved != nil {
+		for i, c := range kids {
+			c.spare = &reserved[i]
+		}
+		var ferr error
+		forked := make(chan struct{})
+		go func() {
+			defer close(forked)
+			pids, moved, ferr = r.forkInterpreter(ctx, pc, kids)
+		}()
+		serr := r.spawnChildren(ctx, f, kids, &undo)
+		<-forked
+		if err := errors.Join(serr, ferr); err != nil {
+			return res, err
+		}
+		r.log.Debug("fork phase", "phase", "children spawned, interpreter forked", "ms", msSince(start))
+		crashpoint.Hit(crashpoint.ForkAfterChildren)
+	} else {
+		if err := r.spawnChildren(ctx, f, kids, &undo); err != nil {
+			return res, err
+		}
+		r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
+		crashpoint.Hit(crashpoint.ForkAfterChildren)
+		if pids, moved, err = r.forkInterpreter(ctx, pc, kids); err != nil {
+			return res, err
+		}
+		r.log.Debug("fork phase", "phase", "interpreter forked", "ms", msSince(start))
 	}
-	r.log.Debug("fork phase", "phase", "interpreter forked", "ms", msSince(start))
 	// 4. Each forked interpreter moved into its child's cgroup, and told so.
 	if err := r.moveForked(psb, kids, pids, moved, &undo); err != nil {
 		return res, err
@@ -108,8 +129,9 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 // forkChild is one child of a fork being made.
 type forkChild struct {
 	spec  runtime.Spec
-	token string // proves to the child's agent that the interpreter attaching is the one forked for it
-	dir   string // its layer
+	token string       // proves to the child's agent that the interpreter attaching is the one forked for it
+	dir   string       // its layer
+	spare *placedSpare // the spare agent chosen for it ahead, if any
 	sb    *sandbox
 	err   error
 }
@@ -165,7 +187,7 @@ func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChil
 			if c.err = r.limitLayer(c.spec.ID, c.spec.DiskMiB); c.err != nil {
 				return
 			}
-			c.sb, c.err = r.spawn(ctx, f, c.spec, c.dir, c.token)
+			c.sb, c.err = r.spawnOn(ctx, f, c.spec, c.dir, c.token, c.spare)
 		}()
 	}
 	wg.Wait()
@@ -184,6 +206,15 @@ func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChil
 	return nil
 }
 
+// agent is the pid of the child's agent in the family's PID namespace and on the host: its spare's, chosen
+// ahead (whose namespaces the agent keeps when it is claimed), or the one spawned for it.
+func (c *forkChild) agent() (nsPid, hostPid int) {
+	if c.spare != nil {
+		return c.spare.nsPid, c.spare.hostPid
+	}
+	return c.sb.h.AgentNsPid, c.sb.h.AgentPid
+}
+
 // forkInterpreter forks the interpreter of the parent's agent pc, one copy per child. Each copy gets its child's
 // namespaces and the read end of a pipe on which it waits, until the server has moved it into its child's cgroup
 // (moveForked), before it enters them. It returns the copies' pids (family PID namespace) and the pipes' write
@@ -193,8 +224,9 @@ func (r *Runtime) forkInterpreter(ctx context.Context, pc *agent.Client, kids []
 	var passed []*os.File // taken (sent and closed) by ForkInterpreter
 	moved := make([]*os.File, len(kids))
 	for i, c := range kids {
-		targets[i] = agent.ForkTarget{AgentPid: c.sb.h.AgentNsPid, Gid: agent.SandboxGID(c.sb.h.AgentNsPid), Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID), NS: len(passed)}
-		fs, err := namespaceFiles(c.sb.h.AgentPid)
+		nsPid, hostPid := c.agent()
+		targets[i] = agent.ForkTarget{AgentPid: nsPid, Gid: agent.SandboxGID(nsPid), Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID), NS: len(passed)}
+		fs, err := namespaceFiles(hostPid)
 		if err == nil {
 			var pr *os.File
 			pr, moved[i], err = os.Pipe()
@@ -369,7 +401,7 @@ func (r *Runtime) placeSpare(f *family, nsPid, hostPid int) placedSpare {
 		cg.Delete() //nolint:errcheck // empty: the move failed
 		return placedSpare{}
 	}
-	return placedSpare{cgroup: name, hostPid: hostPid, port: r.preparePort(f, nsPid, hostPid)}
+	return placedSpare{nsPid: nsPid, cgroup: name, hostPid: hostPid, port: r.preparePort(f, nsPid, hostPid)}
 }
 
 // preparePort makes the veth pair of spare nsPid (host pid hostPid) ahead of its claim, which then only names,

@@ -36,6 +36,7 @@ const initSocket = "ramify-init"
 type initRequest struct {
 	Op     string        `json:"op"` // ping, spawn, spares, hold
 	Config *agent.Config `json:"config,omitempty"`
+	Pid    int           `json:"pid,omitempty"`    // spawn: claim this idle spare (its pid here), or fail
 	Count  int           `json:"count,omitempty"`  // spares: how many idle agents to keep ready
 	IdleS  float64       `json:"idle_s,omitempty"` // spares: how long an unused spare lives (0: until the family ends)
 	HoldS  float64       `json:"hold_s,omitempty"` // hold: how long an init given no work yet waits for some
@@ -281,6 +282,14 @@ func handleInit(msg []byte, fds []int) initReply {
 			return initReply{Message: "spawn needs a config and the root file system's mount fd"}
 		}
 		cfg, _ := json.Marshal(req.Config)
+		if req.Pid != 0 {
+			// A fork that chose this spare ahead (and forked an interpreter into its namespaces): it or nothing.
+			if err := claimSpareByPid(req.Pid, cfg, fds[0]); err != nil {
+				return initReply{Message: err.Error()}
+			}
+			spawned.Store(true)
+			return initReply{OK: true, Pid: req.Pid, Spare: true}
+		}
 		if pid, ok := claimSpare(cfg, fds[0]); ok {
 			spawned.Store(true)
 			return initReply{OK: true, Pid: pid, Spare: true}
@@ -426,6 +435,26 @@ func claimSpare(cfg []byte, mountFd int) (int, bool) {
 	}
 }
 
+// claimSpareByPid hands the config and root mount to the idle spare pid.
+func claimSpareByPid(pid int, cfg []byte, mountFd int) error {
+	spares.Lock()
+	i := slices.IndexFunc(spares.idle, func(sp spareAgent) bool { return sp.pid == pid })
+	if i < 0 {
+		spares.Unlock()
+		return fmt.Errorf("spare agent %d is not idle", pid)
+	}
+	sp := spares.idle[i]
+	spares.idle = slices.Delete(spares.idle, i, i+1)
+	spares.Unlock()
+	err := unix.Sendmsg(sp.claim, cfg, unix.UnixRights(mountFd), nil, unix.MSG_NOSIGNAL)
+	unix.Close(sp.claim)
+	if err != nil {
+		syscall.Kill(sp.pid, syscall.SIGKILL)
+		return fmt.Errorf("claim spare agent %d: %w", pid, err)
+	}
+	return nil
+}
+
 // keepSpares starts spares until n are idle (forgetting spares that died).
 func keepSpares(n int) error {
 	for {
@@ -566,6 +595,7 @@ type sparePool struct {
 // placedSpare is a spare agent in a cgroup of its own, and with a port prepared in its network namespace
 // (network.Manager.Prepare) when it could be.
 type placedSpare struct {
+	nsPid   int // its pid in the family's PID namespace
 	cgroup  string
 	hostPid int
 	port    string // the prepared port's host-side veth; "" if none
@@ -591,6 +621,33 @@ func (p *sparePool) take(nsPid int) placedSpare {
 	}
 	p.claimed[nsPid] = true
 	return sp
+}
+
+// reserve takes n placed spares that are alive for a fork, which claims each by its pid, all or none: nil if
+// fewer are placed. Each is then claimed as far as the pool knows.
+func (p *sparePool) reserve(n int) []placedSpare {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var got []placedSpare
+	for _, sp := range p.placed {
+		if len(got) == n {
+			break
+		}
+		if unix.Kill(sp.hostPid, 0) == nil {
+			got = append(got, sp)
+		}
+	}
+	if len(got) < n {
+		return nil
+	}
+	if p.claimed == nil {
+		p.claimed = map[int]bool{}
+	}
+	for _, sp := range got {
+		delete(p.placed, sp.nsPid)
+		p.claimed[sp.nsPid] = true
+	}
+	return got
 }
 
 // spareCgroupPrefix starts the names of a family's spare cgroups.

@@ -346,6 +346,11 @@ func startRequest(s runtime.Spec) agent.StartRequest {
 // spawn starts the agent of sandbox spec in family f, on layer dir, places it in its cgroup and network,
 // and returns the new sandbox. On error everything it made is undone.
 func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, replToken string) (_ *sandbox, err error) {
+	return r.spawnOn(ctx, f, spec, dir, replToken, nil)
+}
+
+// spawnOn is spawn, on the spare reserved for it (sparePool.reserve) if reserved is not nil: that spare or none.
+func (r *Runtime) spawnOn(ctx context.Context, f *family, spec runtime.Spec, dir, replToken string, reserved *placedSpare) (_ *sandbox, err error) {
 	var undo cleanup
 	defer func() {
 		if err != nil {
@@ -366,7 +371,11 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 		return nil, err
 	}
 	phase("overlay")
-	rep, err := f.call(ctx, initRequest{Op: "spawn", Config: &agent.Config{Hostname: spec.Hostname, ReplToken: replToken}}, []int{mfd})
+	req := initRequest{Op: "spawn", Config: &agent.Config{Hostname: spec.Hostname, ReplToken: replToken}}
+	if reserved != nil {
+		req.Pid = reserved.nsPid
+	}
+	rep, err := f.call(ctx, req, []int{mfd})
 	unix.Close(mfd)
 	if err != nil {
 		return nil, fmt.Errorf("spawn agent: %w", err)
@@ -374,7 +383,9 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 	phase(map[bool]string{true: "init-claim-spare", false: "init-spawn"}[rep.Spare])
 	// A spare placed ahead (placeSpares) is found by its cgroup, and the server knows its host pid already.
 	var pooled placedSpare
-	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && rep.Spare {
+	if reserved != nil {
+		pooled = *reserved
+	} else if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && rep.Spare {
 		pooled = f.pool.take(rep.Pid)
 	}
 	hostPid := pooled.hostPid
