@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -345,6 +346,26 @@ func TestSpareAgents(t *testing.T) {
 	if len(hosts) != 3 {
 		t.Fatalf("hostnames %v", hosts)
 	}
+	// A spare's cgroup and port were made before its claim: each child still has its parent's limits, and its
+	// own address on its eth0.
+	for _, k := range second {
+		for _, f := range []string{"memory/memory.limit_in_bytes", "memory/memory.memsw.limit_in_bytes", "cpu/cpu.cfs_quota_us",
+			"cpu/cpu.cfs_period_us", "pids/pids.max"} {
+			if got, want := cgroupValue(t, k, f), cgroupValue(t, parent, f); got != want {
+				t.Errorf("child %s on a spare: %s = %s, its parent's is %s", k, f, got, want)
+			}
+		}
+		sb, err := s.Client.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eth0 := "import socket, fcntl, struct\n" +
+			"sk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n" +
+			"socket.inet_ntoa(fcntl.ioctl(sk.fileno(), 0x8915, struct.pack('256s', b'eth0'))[20:24])"
+		if got := strings.Trim(value(t, s, k, eth0), "'"); got != sb.IP || sb.IP == "" {
+			t.Errorf("child %s on a spare: eth0 has %s, its record %q", k, got, sb.IP)
+		}
+	}
 	if err := killOther(t, s, second[0], second[1]); err != nil {
 		t.Fatal(err)
 	}
@@ -359,6 +380,21 @@ func TestSpareAgents(t *testing.T) {
 		func() string {
 			return fmt.Sprintf("family init %d or its spares %v outlive the family", initPid, spareAgents(initPid))
 		})
+}
+
+// cgroupValue reads file (under its controller, e.g. "pids/pids.max") of sandbox id's cgroup (cgroup v1).
+func cgroupValue(t *testing.T, id, file string) string {
+	t.Helper()
+	ctrl, name, _ := strings.Cut(file, "/")
+	paths, _ := filepath.Glob("/sys/fs/cgroup/" + ctrl + "/ramify/*/" + id + "/" + name)
+	if len(paths) != 1 {
+		t.Skipf("no cgroup v1 file %s for %s (found %v)", file, id, paths)
+	}
+	b, err := os.ReadFile(paths[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // killOther checks that a sandbox cannot kill another's interpreter (here: on agents that were spares).

@@ -122,7 +122,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	}
 	r.mu.Unlock()
 	res.Total = time.Since(start)
-	r.refillSpares(f, len(kids))
+	r.refillSpares(f, len(kids), limitsOf(kids[0].spec))
 	return res, nil
 }
 
@@ -301,7 +301,7 @@ const spareRefillDelay = 250 * time.Millisecond
 
 // refillSpares has the family's init start spares, in the background, for a next fork like this one: a family
 // that forked n children once is likely to do so again (search rounds, fork and merge loops).
-func (r *Runtime) refillSpares(f *family, n int) {
+func (r *Runtime) refillSpares(f *family, n int, limits cgroups.Limits) {
 	n = min(n, r.cfg.SpareAgents)
 	if n <= 0 {
 		return
@@ -323,14 +323,14 @@ func (r *Runtime) refillSpares(f *family, n int) {
 			r.log.Debug("start spare agents", "family", f.id, "err", err)
 			return
 		}
-		r.placeSpares(f, rep.Spares)
+		r.placeSpares(f, rep.Spares, limits)
 	}()
 }
 
 // placeSpares puts each idle spare (pids in the family's PID namespace) in a cgroup of its own, off the fork's
 // path, so that the spawn claiming it renames the cgroup instead of moving the agent (a v1 move waits ~8 ms for
 // RCU). Cgroups of spares no longer idle and never claimed (retired) are removed. Only where cgroups rename (v1).
-func (r *Runtime) placeSpares(f *family, idle []int) {
+func (r *Runtime) placeSpares(f *family, idle []int, limits cgroups.Limits) {
 	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); !ok {
 		return
 	}
@@ -370,7 +370,7 @@ func (r *Runtime) placeSpares(f *family, idle []int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sp := r.placeSpare(f, nsPid, hostPids[nsPid])
+			sp := r.placeSpare(f, nsPid, hostPids[nsPid], limits)
 			p.mu.Lock()
 			if sp.cgroup != "" {
 				p.placed[nsPid] = sp
@@ -383,16 +383,17 @@ func (r *Runtime) placeSpares(f *family, idle []int) {
 	wg.Wait()
 }
 
-// placeSpare moves spare nsPid (host pid hostPid; 0: not found) into a new cgroup of its own and returns where
-// it is (zero if it could not, or the family has ended).
-func (r *Runtime) placeSpare(f *family, nsPid, hostPid int) placedSpare {
+// placeSpare moves spare nsPid (host pid hostPid; 0: not found) into a new cgroup of its own, with limits (those
+// the family's last fork gave its children, which its next fork likely gives too: the claim then writes none),
+// and returns where it is (zero if it could not, or the family has ended).
+func (r *Runtime) placeSpare(f *family, nsPid, hostPid int, limits cgroups.Limits) placedSpare {
 	f.pool.life.RLock()
 	defer f.pool.life.RUnlock()
 	if f.pool.ended || hostPid == 0 {
 		return placedSpare{}
 	}
 	name := fmt.Sprintf("%s%d", spareCgroupPrefix(f.id), nsPid)
-	cg, err := r.cfg.Cgroups.Create(name, spareLimits)
+	cg, err := r.cfg.Cgroups.Create(name, limits)
 	if err != nil {
 		r.log.Debug("place spare agent", "family", f.id, "spare", nsPid, "err", err)
 		return placedSpare{}
@@ -401,7 +402,7 @@ func (r *Runtime) placeSpare(f *family, nsPid, hostPid int) placedSpare {
 		cg.Delete() //nolint:errcheck // empty: the move failed
 		return placedSpare{}
 	}
-	return placedSpare{nsPid: nsPid, cgroup: name, hostPid: hostPid, port: r.preparePort(f, nsPid, hostPid)}
+	return placedSpare{nsPid: nsPid, cgroup: name, limits: limits, hostPid: hostPid, port: r.preparePort(f, nsPid, hostPid)}
 }
 
 // preparePort makes the veth pair of spare nsPid (host pid hostPid) ahead of its claim, which then only names,

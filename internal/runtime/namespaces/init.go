@@ -597,6 +597,7 @@ type sparePool struct {
 type placedSpare struct {
 	nsPid   int // its pid in the family's PID namespace
 	cgroup  string
+	limits  cgroups.Limits // its cgroup's
 	hostPid int
 	port    string // the prepared port's host-side veth; "" if none
 }

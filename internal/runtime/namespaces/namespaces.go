@@ -213,8 +213,9 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 // does not move charges), and an out-of-memory kill of the init would end every sandbox of the family.
 var familyLimits = cgroups.Limits{Pids: 1024}
 
-// spareLimits bound a spare agent's own cgroup (placeSpares) until a claim renames it to a sandbox's and applies
-// the sandbox's limits: a spare is one Go process with a few threads.
+// spareLimits bound the cgroup of a spare placed before its family forked (a family started ahead) until a claim
+// renames it to a sandbox's and applies the sandbox's limits: a spare is one Go process with a few threads. A
+// fork's spares are placed with its children's limits instead (refillSpares).
 var spareLimits = cgroups.Limits{Pids: 64}
 
 // kill ends the family: its init (and with it every process of its PID namespace) and the family's cgroup.
@@ -395,7 +396,7 @@ func (r *Runtime) spawnOn(ctx context.Context, f *family, spec runtime.Spec, dir
 		}
 	}
 	undo.add(func() { syscall.Kill(hostPid, syscall.SIGKILL) })
-	cg, renamed, err := r.sandboxCgroup(spec, pooled.cgroup, hostPid)
+	cg, renamed, err := r.sandboxCgroup(spec, pooled, hostPid)
 	if err != nil {
 		return nil, err
 	}
@@ -474,10 +475,13 @@ func (r *Runtime) dialer(netFD int) func(ctx context.Context) (net.Conn, error) 
 // sandboxCgroup gives the sandbox its cgroup with spec's limits, holding its agent (hostPid): the cgroup a claimed
 // spare was placed in ahead (pooled, by placeSpares), renamed to the sandbox's name; otherwise a new cgroup the
 // agent moves into.
-func (r *Runtime) sandboxCgroup(spec runtime.Spec, pooled string, hostPid int) (cgroups.Cgroup, bool, error) {
-	if rn, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && pooled != "" {
-		cg, err := rn.Rename(pooled, spec.ID)
+func (r *Runtime) sandboxCgroup(spec runtime.Spec, pooled placedSpare, hostPid int) (cgroups.Cgroup, bool, error) {
+	if rn, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && pooled.cgroup != "" {
+		cg, err := rn.Rename(pooled.cgroup, spec.ID)
 		if err == nil {
+			if l := limitsOf(spec); l == pooled.limits {
+				return cg, true, nil // placed with these limits already
+			}
 			if err = cg.Update(limitsOf(spec)); err != nil {
 				cg.Kill(context.Background()) //nolint:errcheck // the agent dies with it; the spawn fails
 				cg.Delete()                   //nolint:errcheck
@@ -486,7 +490,7 @@ func (r *Runtime) sandboxCgroup(spec runtime.Spec, pooled string, hostPid int) (
 			return cg, true, nil
 		}
 		// The agent is still in the spare's cgroup: the move below takes it out, and the family's end removes it.
-		r.log.Debug("rename spare cgroup", "sandbox", spec.ID, "from", pooled, "err", err)
+		r.log.Debug("rename spare cgroup", "sandbox", spec.ID, "from", pooled.cgroup, "err", err)
 	}
 	cg, err := r.cfg.Cgroups.Create(spec.ID, limitsOf(spec))
 	if err != nil {
