@@ -219,17 +219,9 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 	if err := validIfName(hostVeth); err != nil {
 		return fmt.Errorf("attach %s: %w", hostVeth, err)
 	}
-	rules, err := ParseEgress(egress)
+	ip4, rules, err := m.attachArgs(hostVeth, nsFD, ip, egress)
 	if err != nil {
-		return fmt.Errorf("attach %s: %w", hostVeth, err)
-	}
-	ip4 := ip.To4()
-	if ip4 == nil || !m.pool.isHost(ip4) || ip4.Equal(m.pool.gateway()) {
-		return fmt.Errorf("attach %s: address %v: %w", hostVeth, ip,
-			errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("address %v is not a usable address of %s", ip, m.pool.network)))
-	}
-	if nsFD < 0 {
-		return fmt.Errorf("attach %s: namespace fd %d: %w", hostVeth, nsFD, errdefs.ErrInvalid)
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("attach %s: %w", hostVeth, err)
@@ -300,6 +292,24 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 	}
 	m.log.Debug("attached", "veth", hostVeth, "ip", ip4.String())
 	return nil
+}
+
+// attachArgs checks Attach's and AttachPrepared's arguments but the names, and returns ip as 4 bytes and the
+// parsed egress rules.
+func (m *Manager) attachArgs(hostVeth string, nsFD int, ip net.IP, egress []string) (net.IP, []EgressRule, error) {
+	rules, err := ParseEgress(egress)
+	if err != nil {
+		return nil, nil, fmt.Errorf("attach %s: %w", hostVeth, err)
+	}
+	ip4 := ip.To4()
+	if ip4 == nil || !m.pool.isHost(ip4) || ip4.Equal(m.pool.gateway()) {
+		return nil, nil, fmt.Errorf("attach %s: address %v: %w", hostVeth, ip,
+			errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("address %v is not a usable address of %s", ip, m.pool.network)))
+	}
+	if nsFD < 0 {
+		return nil, nil, fmt.Errorf("attach %s: namespace fd %d: %w", hostVeth, nsFD, errdefs.ErrInvalid)
+	}
+	return ip4, rules, nil
 }
 
 // configureInside sets up eth0 (its MAC first, when mac is not nil) and, unless loUp is false, lo inside the
@@ -420,25 +430,17 @@ func (m *Manager) Prepare(ctx context.Context, nsFD int, hostVeth string) (err e
 // AttachPrepared gives the port Prepare made as prepared, for the namespace open at nsFD, to a sandbox: as
 // Attach, with less to do on the claim's path. The port is renamed hostVeth, pinned and given its egress policy,
 // eth0 gets MACFor(ip), ip and the default route, and both ends come up. A prepared port that is not this
-// server's, or is up, is refused (errdefs.ErrConflict); one that is gone is errdefs.ErrNotFound. On failure the pair is deleted: the
-// namespace can be attached afresh with Attach.
+// server's, or is up, is refused (errdefs.ErrConflict); one that is gone is errdefs.ErrNotFound. On failure the
+// pair is deleted: the namespace can be attached afresh with Attach.
 func (m *Manager) AttachPrepared(ctx context.Context, nsFD int, prepared string, ip net.IP, hostVeth string, egress []string) (err error) {
 	for _, name := range []string{prepared, hostVeth} {
 		if err := validIfName(name); err != nil {
 			return fmt.Errorf("attach %s: %w", hostVeth, err)
 		}
 	}
-	rules, err := ParseEgress(egress)
+	ip4, rules, err := m.attachArgs(hostVeth, nsFD, ip, egress)
 	if err != nil {
-		return fmt.Errorf("attach %s: %w", hostVeth, err)
-	}
-	ip4 := ip.To4()
-	if ip4 == nil || !m.pool.isHost(ip4) || ip4.Equal(m.pool.gateway()) {
-		return fmt.Errorf("attach %s: address %v: %w", hostVeth, ip,
-			errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("address %v is not a usable address of %s", ip, m.pool.network)))
-	}
-	if nsFD < 0 {
-		return fmt.Errorf("attach %s: namespace fd %d: %w", hostVeth, nsFD, errdefs.ErrInvalid)
+		return err
 	}
 	host, err := netlink.LinkByName(prepared)
 	if err != nil {

@@ -180,6 +180,18 @@ func TestAttachDetach(t *testing.T) {
 	checkDetach(t, m, ns, veth)
 }
 
+// hasEth0 reports whether namespace ns has an eth0.
+func hasEth0(t *testing.T, ns netns.NsHandle) bool {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	_, err = h.LinkByName("eth0")
+	return err == nil
+}
+
 // checkDetach checks that Detach removes the host veth and eth0 in the namespace, and that a second Detach is fine.
 func checkDetach(t *testing.T, m *Manager, ns netns.NsHandle, veth string) {
 	t.Helper()
@@ -189,12 +201,7 @@ func checkDetach(t *testing.T, m *Manager, ns netns.NsHandle, veth string) {
 	if _, err := netlink.LinkByName(veth); err == nil {
 		t.Errorf("host veth still present after Detach")
 	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if _, err := h.LinkByName("eth0"); err == nil {
+	if hasEth0(t, ns) {
 		t.Errorf("eth0 still present in netns after Detach")
 	}
 	if err := m.Detach(veth); err != nil {
@@ -416,12 +423,7 @@ func TestAttachFailureCleansUp(t *testing.T) {
 	if _, err := netlink.LinkByName(veth); err == nil {
 		t.Errorf("host veth left behind after failed Attach")
 	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if _, err := h.LinkByName("eth0"); err == nil {
+	if hasEth0(t, ns) {
 		t.Errorf("eth0 left behind in netns after failed Attach")
 	}
 

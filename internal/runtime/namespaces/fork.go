@@ -75,7 +75,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	var pids []int
 	var moved []*os.File
 	defer func() { closeFiles(moved) }() // a forked interpreter whose pipe closes unwritten exits
-	if reserved := f.pool.reserve(len(kids)); reserved != nil {
+	if reserved := f.pool.reserve(len(kids), reserveMaxAge(r.cfg.SpareIdle)); reserved != nil {
 		for i, c := range kids {
 			c.spare = &reserved[i]
 		}
@@ -402,7 +402,16 @@ func (r *Runtime) placeSpare(f *family, nsPid, hostPid int, limits cgroups.Limit
 		cg.Delete() //nolint:errcheck // empty: the move failed
 		return placedSpare{}
 	}
-	return placedSpare{nsPid: nsPid, cgroup: name, limits: limits, hostPid: hostPid, port: r.preparePort(f, nsPid, hostPid)}
+	return placedSpare{nsPid: nsPid, cgroup: name, limits: limits, at: time.Now(), hostPid: hostPid, port: r.preparePort(f, nsPid, hostPid)}
+}
+
+// reserveMaxAge is how long after its placement a spare may still be chosen ahead by a fork (sparePool.reserve),
+// given the spares' idle limit (0: none): a margin short of it.
+func reserveMaxAge(idle time.Duration) time.Duration {
+	if idle <= 0 {
+		return 0
+	}
+	return idle - min(idle/2, 10*time.Second)
 }
 
 // preparePort makes the veth pair of spare nsPid (host pid hostPid) ahead of its claim, which then only names,

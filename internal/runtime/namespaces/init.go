@@ -598,6 +598,7 @@ type placedSpare struct {
 	nsPid   int // its pid in the family's PID namespace
 	cgroup  string
 	limits  cgroups.Limits // its cgroup's
+	at      time.Time      // when it was placed
 	hostPid int
 	port    string // the prepared port's host-side veth; "" if none
 }
@@ -625,8 +626,10 @@ func (p *sparePool) take(nsPid int) placedSpare {
 }
 
 // reserve takes n placed spares that are alive for a fork, which claims each by its pid, all or none: nil if
-// fewer are placed. Each is then claimed as far as the pool knows.
-func (p *sparePool) reserve(n int) []placedSpare {
+// fewer are placed. Spares placed more than maxAge ago (0: no limit) are passed over: the init retires a spare
+// at its idle limit, and one it retired between this reserve and the claim would fail the fork. Each spare taken
+// is then claimed as far as the pool knows.
+func (p *sparePool) reserve(n int, maxAge time.Duration) []placedSpare {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var got []placedSpare
@@ -634,7 +637,7 @@ func (p *sparePool) reserve(n int) []placedSpare {
 		if len(got) == n {
 			break
 		}
-		if unix.Kill(sp.hostPid, 0) == nil {
+		if (maxAge <= 0 || time.Since(sp.at) < maxAge) && unix.Kill(sp.hostPid, 0) == nil {
 			got = append(got, sp)
 		}
 	}
