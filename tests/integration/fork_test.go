@@ -492,3 +492,42 @@ func TestForkChildFdOutputStaysInTheChild(t *testing.T) {
 		}
 	}
 }
+
+// TestForkManyChildren: above directCloneMax children the parent is frozen only for one staging snapshot, which
+// the children's layers are cloned from. Every child still starts from the parent's files and memory, and the
+// staging snapshot is gone afterwards.
+func TestForkManyChildren(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	value(t, s, parent, "x = 41\nopen('/root/state.txt', 'w').write('from the parent')\n1")
+	var res struct {
+		Children      []string `json:"children"`
+		ParentPauseMs float64  `json:"parent_pause_ms"`
+	}
+	if err := s.PostJSON(ctx, "/v1/sandboxes/"+parent+"/fork", map[string]int{"n": 10}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Children) != 10 || res.ParentPauseMs <= 0 {
+		t.Fatalf("fork(10): %+v", res)
+	}
+	for i, k := range res.Children {
+		if v := value(t, s, k, fmt.Sprintf("x += %d; x", i)); v != fmt.Sprint(41+i) {
+			t.Errorf("child %d: x = %s, want %d", i, v, 41+i)
+		}
+		if r := sh(t, s, k, fmt.Sprintf("cat /root/state.txt && echo %d > /root/state.txt", i)); r.Stdout != "from the parent" {
+			t.Errorf("child %d: /root/state.txt = %q", i, r.Stdout)
+		}
+	}
+	if r := sh(t, s, parent, "cat /root/state.txt"); r.Stdout != "from the parent" {
+		t.Errorf("the parent's file after its children wrote theirs: %q", r.Stdout)
+	}
+	waitUntil(t, 10*time.Second, func() bool {
+		for _, l := range s.Inventory().Layers {
+			if strings.HasPrefix(l, "fork-") {
+				return false
+			}
+		}
+		return true
+	}, func() string { return fmt.Sprintf("a fork's staging snapshot is left: %v", s.Inventory().Layers) })
+}
