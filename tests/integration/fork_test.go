@@ -531,3 +531,46 @@ func TestForkManyChildren(t *testing.T) {
 		return true
 	}, func() string { return fmt.Sprintf("a fork's staging snapshot is left: %v", s.Inventory().Layers) })
 }
+
+// TestConcurrentForksInOneFamily: forks of a parent and of its child run at once in one family, which has fewer
+// spares than they need together: one may take spares ahead (reserve) while the other claims whatever is idle,
+// and neither may take the other's. Every fork succeeds, and every child answers.
+func TestConcurrentForksInOneFamily(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	value(t, s, parent, "x = 7; 1")
+	initPid := familyInit(t, parent)
+	first, err := s.Client.Fork(ctx, parent, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := first[0]
+	for round := 0; round < 4; round++ {
+		waitSpares(t, initPid, 3) // fewer than the 6 children the two forks need together
+		var wg sync.WaitGroup
+		kids := make([][]string, 2)
+		errs := make([]error, 2)
+		for i, id := range []string{parent, other} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				kids[i], errs[i] = s.Client.Fork(ctx, id, 3)
+			}()
+		}
+		wg.Wait()
+		for i := range kids {
+			if errs[i] != nil {
+				t.Fatalf("round %d: fork %d: %v", round, i, errs[i])
+			}
+			for _, k := range kids[i] {
+				if v := value(t, s, k, "x"); v != "7" {
+					t.Fatalf("round %d: child %s: x = %s", round, k, v)
+				}
+				if err := s.Client.Delete(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}

@@ -37,6 +37,7 @@ type initRequest struct {
 	Op     string        `json:"op"` // ping, spawn, spares, hold
 	Config *agent.Config `json:"config,omitempty"`
 	Pid    int           `json:"pid,omitempty"`    // spawn: claim this idle spare (its pid here), or fail
+	Fresh  bool          `json:"fresh,omitempty"`  // spawn: start a new agent, idle spares or not
 	Count  int           `json:"count,omitempty"`  // spares: how many idle agents to keep ready
 	IdleS  float64       `json:"idle_s,omitempty"` // spares: how long an unused spare lives (0: until the family ends)
 	HoldS  float64       `json:"hold_s,omitempty"` // hold: how long an init given no work yet waits for some
@@ -290,9 +291,13 @@ func handleInit(msg []byte, fds []int) initReply {
 			spawned.Store(true)
 			return initReply{OK: true, Pid: req.Pid, Spare: true}
 		}
-		if pid, ok := claimSpare(cfg, fds[0]); ok {
-			spawned.Store(true)
-			return initReply{OK: true, Pid: pid, Spare: true}
+		// Unless the server chooses the spares itself (it places them in cgroups of its own and reserves them
+		// for forks): then it asks for a spare by pid, or for a new agent.
+		if !req.Fresh {
+			if pid, ok := claimSpare(cfg, fds[0]); ok {
+				spawned.Store(true)
+				return initReply{OK: true, Pid: pid, Spare: true}
+			}
 		}
 		pid, err := startAgent(agent.ConfigFromInit, fds[0], cfg)
 		if err != nil {
@@ -577,7 +582,8 @@ type family struct {
 
 // sparePool tracks the family's spare agents that the server has placed in cgroups of their own (named
 // <family>.s<pid>), so that a spawn claiming one renames that cgroup to the sandbox's instead of moving the agent
-// (see cgroups.Renamer), and the spares a spawn claimed before they could be placed.
+// (see cgroups.Renamer). Where spares are placed the server also chooses which one a spawn claims (reserve): the
+// init is asked for that spare by pid, or for a new agent.
 type sparePool struct {
 	mu      sync.Mutex
 	placed  map[int]placedSpare   // spare's pid in the family's PID namespace -> where it is
@@ -601,28 +607,6 @@ type placedSpare struct {
 	at      time.Time      // when it was placed
 	hostPid int
 	port    string // the prepared port's host-side veth; "" if none
-}
-
-// take returns where spare nsPid was placed (a zero placedSpare if it was not), and remembers that it is
-// claimed. A spare being placed is waited for (one cgroup move).
-func (p *sparePool) take(nsPid int) placedSpare {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.placing[nsPid] != nil {
-		ch := p.placing[nsPid]
-		p.mu.Unlock()
-		<-ch
-		p.mu.Lock()
-	}
-	sp := p.placed[nsPid]
-	delete(p.placed, nsPid)
-	// Claimed, placed or not: a list of idle spares the init sent before this claim must not have it placed
-	// (moved out of its sandbox's cgroup) afterwards.
-	if p.claimed == nil {
-		p.claimed = map[int]bool{}
-	}
-	p.claimed[nsPid] = true
-	return sp
 }
 
 // reserve takes n placed spares that are alive for a fork, which claims each by its pid, all or none: nil if

@@ -373,6 +373,15 @@ func (r *Runtime) spawnOn(ctx context.Context, f *family, spec runtime.Spec, dir
 	}
 	phase("overlay")
 	req := initRequest{Op: "spawn", Config: &agent.Config{Hostname: spec.Hostname, ReplToken: replToken}}
+	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && reserved == nil {
+		// Where the server places spares, it chooses them too: the init's own choice could be a spare that a fork
+		// running beside this spawn has reserved (and forked an interpreter for).
+		if got := f.pool.reserve(1, reserveMaxAge(r.cfg.SpareIdle)); got != nil {
+			reserved = &got[0]
+		} else {
+			req.Fresh = true
+		}
+	}
 	if reserved != nil {
 		req.Pid = reserved.nsPid
 	}
@@ -386,8 +395,6 @@ func (r *Runtime) spawnOn(ctx context.Context, f *family, spec runtime.Spec, dir
 	var pooled placedSpare
 	if reserved != nil {
 		pooled = *reserved
-	} else if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && rep.Spare {
-		pooled = f.pool.take(rep.Pid)
 	}
 	hostPid := pooled.hostPid
 	if hostPid == 0 {
