@@ -219,6 +219,9 @@ func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChil
 		go func() {
 			defer wg.Done()
 			if c.err = r.limitLayer(c.spec.ID, c.spec.DiskMiB); c.err != nil {
+				if c.spare != nil {
+					f.pool.release(*c.spare)
+				}
 				return
 			}
 			c.sb, c.err = r.spawnOn(ctx, f, c.spec, c.dir, c.token, c.spare)

@@ -638,6 +638,16 @@ func (p *sparePool) reserve(n int, maxAge time.Duration) []placedSpare {
 	return got
 }
 
+// release gives back a spare that reserve took and no spawn asked the init for.
+func (p *sparePool) release(sp placedSpare) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.claimed, sp.nsPid)
+	if p.placed != nil {
+		p.placed[sp.nsPid] = sp
+	}
+}
+
 // spareCgroupPrefix starts the names of a family's spare cgroups.
 func spareCgroupPrefix(familyID string) string { return familyID + ".s" }
 

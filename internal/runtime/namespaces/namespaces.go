@@ -364,11 +364,14 @@ func (r *Runtime) spawnOn(ctx context.Context, f *family, spec runtime.Spec, dir
 	}
 	defer phase("done")
 	lowers, err := r.lowers(spec.Image)
-	if err != nil {
-		return nil, err
+	var mfd int
+	if err == nil {
+		mfd, err = r.mountOverlay(dir, lowers)
 	}
-	mfd, err := r.mountOverlay(dir, lowers)
 	if err != nil {
+		if reserved != nil {
+			f.pool.release(*reserved) // never asked for: still idle, and still placed
+		}
 		return nil, err
 	}
 	phase("overlay")

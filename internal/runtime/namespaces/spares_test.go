@@ -51,4 +51,12 @@ func TestSparePoolReserve(t *testing.T) {
 	if got := p.reserve(1, 0); len(got) != 1 || got[0].nsPid != 5 {
 		t.Fatalf("reserve(1) without an age limit = %v, want spare 5", got)
 	}
+	// A spare reserved but never asked for goes back, claimable again.
+	p.release(got[0])
+	if _, ok := p.placed[got[0].nsPid]; !ok || p.claimed[got[0].nsPid] {
+		t.Fatalf("released spare %d: placed %v, claimed %v", got[0].nsPid, p.placed, p.claimed)
+	}
+	if again := p.reserve(1, time.Minute); len(again) != 1 || again[0].nsPid != got[0].nsPid {
+		t.Fatalf("reserve(1) after the release = %v, want spare %d", again, got[0].nsPid)
+	}
 }
