@@ -226,25 +226,10 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("attach %s: %w", hostVeth, err)
 	}
-	br, err := netlink.LinkByName(m.bridge)
-	if err != nil {
-		return fmt.Errorf("attach %s: bridge %s: %w", hostVeth, m.bridge, err)
-	}
-
-	// The peer is created directly inside the namespace, already named eth0: there is no moment at which a
-	// temporary name could clash with another sandbox's in the host namespace.
 	mac := MACFor(ip4)
-	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: hostVeth, MTU: br.Attrs().MTU},
-		PeerName:         SandboxIfName,
-		PeerNamespace:    netlink.NsFd(nsFD),
-		PeerHardwareAddr: mac,
-	}
-	if err := netlink.LinkAdd(veth); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("attach %s: create veth: %w", hostVeth, errdefs.ErrConflict)
-		}
-		return fmt.Errorf("attach %s: create veth: %w", hostVeth, err)
+	host, br, err := m.addPair("attach", nsFD, hostVeth, mac)
+	if err != nil {
+		return err
 	}
 	defer func() {
 		if err != nil {
@@ -270,27 +255,56 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 		return fmt.Errorf("attach %s: %w", hostVeth, err)
 	}
 
-	host, err := netlink.LinkByName(hostVeth)
-	if err != nil {
-		return fmt.Errorf("attach %s: %w", hostVeth, err)
-	}
-	if m.alias != "" {
-		if err := netlink.LinkSetAlias(host, m.alias); err != nil {
-			return fmt.Errorf("attach %s: set alias: %w", hostVeth, err)
-		}
-	}
-	if err := netlink.LinkSetMaster(host, br); err != nil {
-		return fmt.Errorf("attach %s: set master %s: %w", hostVeth, m.bridge, err)
-	}
-	// An isolated bridge port forwards only to non-isolated ports (the bridge itself): sandboxes cannot
-	// reach each other at L2.
-	if err := netlink.LinkSetIsolated(host, true); err != nil {
-		return fmt.Errorf("attach %s: isolate port: %w", hostVeth, err)
+	if err := m.joinBridge("attach", host, br); err != nil {
+		return err
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return fmt.Errorf("attach %s: set up: %w", hostVeth, err)
 	}
 	m.log.Debug("attached", "veth", hostVeth, "ip", ip4.String())
+	return nil
+}
+
+// addPair creates the veth pair hostVeth <-> eth0 with the bridge's MTU, eth0 directly inside the namespace open
+// at nsFD (with MAC mac, unless nil), and returns the host side and the bridge. The peer is created already named
+// eth0 in its namespace: there is no moment at which a temporary name could clash with another sandbox's in the
+// host namespace. An existing hostVeth is errdefs.ErrConflict. op ("attach", "prepare") starts its errors.
+func (m *Manager) addPair(op string, nsFD int, hostVeth string, mac net.HardwareAddr) (*netlink.Veth, netlink.Link, error) {
+	br, err := netlink.LinkByName(m.bridge)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s %s: bridge %s: %w", op, hostVeth, m.bridge, err)
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: hostVeth, MTU: br.Attrs().MTU},
+		PeerName:         SandboxIfName,
+		PeerNamespace:    netlink.NsFd(nsFD),
+		PeerHardwareAddr: mac,
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil, nil, fmt.Errorf("%s %s: create veth: %w", op, hostVeth, errdefs.ErrConflict)
+		}
+		return nil, nil, fmt.Errorf("%s %s: create veth: %w", op, hostVeth, err)
+	}
+	return veth, br, nil
+}
+
+// joinBridge marks host (a veth's host side) with the server's alias, puts it on the bridge br and isolates the
+// port: an isolated bridge port forwards only to non-isolated ports (the bridge itself), so sandboxes cannot
+// reach each other at L2. It leaves the port down. op starts its errors.
+func (m *Manager) joinBridge(op string, host, br netlink.Link) error {
+	name := host.Attrs().Name
+	if m.alias != "" {
+		if err := netlink.LinkSetAlias(host, m.alias); err != nil {
+			return fmt.Errorf("%s %s: set alias: %w", op, name, err)
+		}
+	}
+	if err := netlink.LinkSetMaster(host, br); err != nil {
+		return fmt.Errorf("%s %s: set master %s: %w", op, name, m.bridge, err)
+	}
+	if err := netlink.LinkSetIsolated(host, true); err != nil {
+		return fmt.Errorf("%s %s: isolate port: %w", op, name, err)
+	}
 	return nil
 }
 
@@ -383,20 +397,9 @@ func (m *Manager) Prepare(ctx context.Context, nsFD int, hostVeth string) (err e
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("prepare %s: %w", hostVeth, err)
 	}
-	br, err := netlink.LinkByName(m.bridge)
+	veth, br, err := m.addPair("prepare", nsFD, hostVeth, nil)
 	if err != nil {
-		return fmt.Errorf("prepare %s: bridge %s: %w", hostVeth, m.bridge, err)
-	}
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: hostVeth, MTU: br.Attrs().MTU},
-		PeerName:      SandboxIfName,
-		PeerNamespace: netlink.NsFd(nsFD),
-	}
-	if err := netlink.LinkAdd(veth); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("prepare %s: create veth: %w", hostVeth, errdefs.ErrConflict)
-		}
-		return fmt.Errorf("prepare %s: create veth: %w", hostVeth, err)
+		return err
 	}
 	defer func() {
 		if err != nil {
@@ -405,16 +408,8 @@ func (m *Manager) Prepare(ctx context.Context, nsFD int, hostVeth string) (err e
 			}
 		}
 	}()
-	if m.alias != "" {
-		if err := netlink.LinkSetAlias(veth, m.alias); err != nil {
-			return fmt.Errorf("prepare %s: set alias: %w", hostVeth, err)
-		}
-	}
-	if err := netlink.LinkSetMaster(veth, br); err != nil {
-		return fmt.Errorf("prepare %s: set master %s: %w", hostVeth, m.bridge, err)
-	}
-	if err := netlink.LinkSetIsolated(veth, true); err != nil {
-		return fmt.Errorf("prepare %s: isolate port: %w", hostVeth, err)
+	if err := m.joinBridge("prepare", veth, br); err != nil {
+		return err
 	}
 	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD))
 	if err != nil {
