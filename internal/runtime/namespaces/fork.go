@@ -159,8 +159,9 @@ func (r *Runtime) cloneLayers(ctx context.Context, psb *sandbox, parent runtime.
 		return err
 	}
 	source := parent.Layer()
+	staged := len(kids) > directCloneMax
 	var berr, terr error
-	if len(kids) > directCloneMax {
+	if staged {
 		source = "fork-" + newToken()[:16]
 		_, berr = r.cfg.Layers.Clone(ctx, parent.Layer(), source)
 		if berr == nil {
@@ -186,7 +187,7 @@ func (r *Runtime) cloneLayers(ctx context.Context, psb *sandbox, parent runtime.
 		}
 		wg.Wait()
 	}
-	if len(kids) <= directCloneMax {
+	if !staged {
 		terr = thaw()
 	}
 	undo.add(func() {
@@ -374,7 +375,7 @@ func (r *Runtime) placeSpares(f *family, idle []int, limits cgroups.Limits) {
 	p := &f.pool
 	p.mu.Lock()
 	if p.placed == nil {
-		p.placed, p.placing = map[int]placedSpare{}, map[int]chan struct{}{}
+		p.placed, p.placing = map[int]placedSpare{}, map[int]bool{}
 	}
 	isIdle := map[int]bool{}
 	for _, pid := range idle {
@@ -394,8 +395,8 @@ func (r *Runtime) placeSpares(f *family, idle []int, limits cgroups.Limits) {
 	}
 	var todo []int
 	for _, nsPid := range idle {
-		if p.placed[nsPid].cgroup == "" && !p.claimed[nsPid] && p.placing[nsPid] == nil {
-			p.placing[nsPid] = make(chan struct{})
+		if p.placed[nsPid].cgroup == "" && !p.claimed[nsPid] && !p.placing[nsPid] {
+			p.placing[nsPid] = true
 			todo = append(todo, nsPid)
 		}
 	}
@@ -412,7 +413,6 @@ func (r *Runtime) placeSpares(f *family, idle []int, limits cgroups.Limits) {
 			if sp.cgroup != "" {
 				p.placed[nsPid] = sp
 			}
-			close(p.placing[nsPid])
 			delete(p.placing, nsPid)
 			p.mu.Unlock()
 		}()
@@ -459,7 +459,7 @@ func (r *Runtime) preparePort(f *family, nsPid, hostPid int) string {
 	if r.cfg.Network == nil {
 		return ""
 	}
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", hostPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := openNetNS(hostPid)
 	if err != nil {
 		return ""
 	}

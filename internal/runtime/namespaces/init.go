@@ -431,13 +431,22 @@ func claimSpare(cfg []byte, mountFd int) (int, bool) {
 		sp := spares.idle[0]
 		spares.idle = spares.idle[1:]
 		spares.Unlock()
-		err := unix.Sendmsg(sp.claim, cfg, unix.UnixRights(mountFd), nil, unix.MSG_NOSIGNAL)
-		unix.Close(sp.claim)
-		if err == nil {
+		if handOver(sp, cfg, mountFd) == nil {
 			return sp.pid, true
 		}
-		syscall.Kill(sp.pid, syscall.SIGKILL) // gone or broken: try the next
+		// gone or broken: try the next
 	}
+}
+
+// handOver sends spare sp (taken off the idle list) its config and root mount, and closes its claim socket; a
+// spare that cannot take them is killed.
+func handOver(sp spareAgent, cfg []byte, mountFd int) error {
+	err := unix.Sendmsg(sp.claim, cfg, unix.UnixRights(mountFd), nil, unix.MSG_NOSIGNAL)
+	unix.Close(sp.claim)
+	if err != nil {
+		syscall.Kill(sp.pid, syscall.SIGKILL)
+	}
+	return err
 }
 
 // claimSpareByPid hands the config and root mount to the idle spare pid.
@@ -451,10 +460,7 @@ func claimSpareByPid(pid int, cfg []byte, mountFd int) error {
 	sp := spares.idle[i]
 	spares.idle = slices.Delete(spares.idle, i, i+1)
 	spares.Unlock()
-	err := unix.Sendmsg(sp.claim, cfg, unix.UnixRights(mountFd), nil, unix.MSG_NOSIGNAL)
-	unix.Close(sp.claim)
-	if err != nil {
-		syscall.Kill(sp.pid, syscall.SIGKILL)
+	if err := handOver(sp, cfg, mountFd); err != nil {
 		return fmt.Errorf("claim spare agent %d: %w", pid, err)
 	}
 	return nil
@@ -586,10 +592,10 @@ type family struct {
 // init is asked for that spare by pid, or for a new agent.
 type sparePool struct {
 	mu      sync.Mutex
-	placed  map[int]placedSpare   // spare's pid in the family's PID namespace -> where it is
-	placing map[int]chan struct{} // being placed now: closed when done
-	claimed map[int]bool          // claimed: never to be placed (until a later list of idle spares lacks it)
-	refill  sync.Mutex            // one refill (ask the init for spares, place them) at a time: lists in order
+	placed  map[int]placedSpare // spare's pid in the family's PID namespace -> where it is
+	placing map[int]bool        // being placed now
+	claimed map[int]bool        // claimed: never to be placed (until a later list of idle spares lacks it)
+	refill  sync.Mutex          // one refill (ask the init for spares, place them) at a time: lists in order
 
 	// life orders placements (read-held while a cgroup is made) and dials of the init (read-held while netFD is
 	// used) before the family's end (write-held to set ended and close netFD), so that no spare cgroup is made

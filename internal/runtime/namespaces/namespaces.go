@@ -186,7 +186,7 @@ func (r *Runtime) startFamily(ctx context.Context, id string) (*family, error) {
 		(&family{id: id, initPid: pid, cgroups: r.cfg.Cgroups}).kill()
 		return nil, fmt.Errorf("family init exited at once (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, err)
 	}
-	netFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	netFD, err := openNetNS(pid)
 	if err != nil {
 		(&family{id: id, initPid: pid, initStart: start, cgroups: r.cfg.Cgroups}).kill()
 		return nil, err
@@ -415,7 +415,7 @@ func (r *Runtime) spawnOn(ctx context.Context, f *family, spec runtime.Spec, dir
 	if err != nil {
 		return nil, fmt.Errorf("agent exited at once (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, err)
 	}
-	netFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", hostPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	netFD, err := openNetNS(hostPid)
 	if err != nil {
 		return nil, err
 	}
@@ -709,7 +709,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	if err := cg.Thaw(ctx); err != nil {
 		return fmt.Errorf("thaw: %w", err)
 	}
-	netFD, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", h.AgentPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	netFD, err := openNetNS(h.AgentPid)
 	if err != nil {
 		return err
 	}
@@ -723,7 +723,7 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	defer r.mu.Unlock()
 	f := r.families[h.FamilyID]
 	if f == nil {
-		nfd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", h.InitPid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		nfd, err := openNetNS(h.InitPid)
 		if err != nil {
 			return err
 		}

@@ -166,3 +166,8 @@ func nsPidOf(pid int) int {
 	}
 	return 0
 }
+
+// openNetNS opens the network namespace of process pid (a host pid), close-on-exec.
+func openNetNS(pid int) (int, error) {
+	return unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+}
