@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -58,8 +59,26 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	for i, spec := range children {
 		kids[i] = &forkChild{spec: spec, token: newToken()}
 	}
-	// 1. Each child's layer, cloned from the parent's at one instant.
+	// 1. Each child's layer, cloned from the parent's at one instant; meanwhile, when the family has enough spares
+	// placed, one is chosen for each child and seated (its cgroup and port made the child's: no layer needed).
+	seated := make(chan struct{})
+	if reserved := f.pool.reserve(len(kids), reserveMaxAge(r.cfg.SpareIdle)); reserved != nil {
+		go func() {
+			defer close(seated)
+			r.seatChildren(ctx, f, kids, reserved)
+		}()
+	} else {
+		close(seated)
+	}
 	pause, err := r.cloneLayers(ctx, psb, parent, kids, &undo)
+	<-seated
+	undo.add(func() {
+		for _, c := range kids {
+			if c.sb != nil {
+				r.teardown(c.sb)
+			}
+		}
+	})
 	res.PauseWindow = pause
 	if err != nil {
 		return res, err
@@ -69,23 +88,20 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	if err != nil {
 		return res, err
 	}
-	// 2. Each child's agent, and 3. the parent's interpreter forked once per child. With a spare chosen ahead
-	// for each child (when the family has enough placed), the interpreter forks into their namespaces while they
-	// are claimed (layer, cgroup and network), not after.
+	// 2. Each child's agent given its root (a seated spare) or spawned, and 3. the parent's interpreter forked
+	// once per child. When every child has a seated spare, the interpreter forks into their namespaces while they
+	// get their roots, not after.
 	var pids []int
 	var moved []*os.File
 	defer func() { closeFiles(moved) }() // a forked interpreter whose pipe closes unwritten exits
-	if reserved := f.pool.reserve(len(kids), reserveMaxAge(r.cfg.SpareIdle)); reserved != nil {
-		for i, c := range kids {
-			c.spare = &reserved[i]
-		}
+	if !slices.ContainsFunc(kids, func(c *forkChild) bool { return c.sb == nil }) {
 		var ferr error
 		forked := make(chan struct{})
 		go func() {
 			defer close(forked)
 			pids, moved, ferr = r.forkInterpreter(ctx, pc, kids)
 		}()
-		serr := r.spawnChildren(ctx, f, kids, &undo)
+		serr := r.spawnChildren(ctx, f, kids)
 		<-forked
 		if err := errors.Join(serr, ferr); err != nil {
 			return res, err
@@ -93,7 +109,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		r.log.Debug("fork phase", "phase", "children spawned, interpreter forked", "ms", msSince(start))
 		crashpoint.Hit(crashpoint.ForkAfterChildren)
 	} else {
-		if err := r.spawnChildren(ctx, f, kids, &undo); err != nil {
+		if err := r.spawnChildren(ctx, f, kids); err != nil {
 			return res, err
 		}
 		r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
@@ -129,9 +145,8 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 // forkChild is one child of a fork being made.
 type forkChild struct {
 	spec  runtime.Spec
-	token string       // proves to the child's agent that the interpreter attaching is the one forked for it
-	dir   string       // its layer
-	spare *placedSpare // the spare agent chosen for it ahead, if any
+	token string // proves to the child's agent that the interpreter attaching is the one forked for it
+	dir   string // its layer
 	sb    *sandbox
 	err   error
 }
@@ -211,46 +226,50 @@ func (r *Runtime) cloneLayers(ctx context.Context, psb *sandbox, parent runtime.
 	return pause, nil
 }
 
-// spawnChildren limits each child's layer and spawns its agent, in parallel. The agents it started are stopped
-// through undo when the fork fails later; when it fails itself, they have already been added to undo.
-func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChild, undo *cleanup) error {
+// seatChildren seats spare reserved[i] for kids[i] (seat), in parallel. A child whose spare could not be seated
+// (it died: the spare is gone) is left to spawnChildren, which gives it another.
+func (r *Runtime) seatChildren(ctx context.Context, f *family, kids []*forkChild, reserved []placedSpare) {
+	var wg sync.WaitGroup
+	for i, c := range kids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := r.seat(ctx, f, c.spec, reserved[i])
+			if err != nil {
+				r.log.Debug("seat spare agent", "sandbox", c.spec.ID, "err", err)
+				return
+			}
+			c.sb = sb
+		}()
+	}
+	wg.Wait()
+}
+
+// spawnChildren limits each child's layer and gives its agent its root (a seated spare) or spawns it, in
+// parallel. Each child's sandbox is set as soon as its agent exists: the fork's undo stops it.
+func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChild) error {
 	var wg sync.WaitGroup
 	for _, c := range kids {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if c.err = r.limitLayer(c.spec.ID, c.spec.DiskMiB); c.err != nil {
-				if c.spare != nil {
-					f.pool.release(*c.spare)
-				}
 				return
 			}
-			c.sb, c.err = r.spawnOn(ctx, f, c.spec, c.dir, c.token, c.spare)
+			if c.sb != nil {
+				c.err = r.giveRoot(ctx, f, c.sb, c.spec, c.dir, c.token)
+			} else {
+				c.sb, c.err = r.spawnOn(ctx, f, c.spec, c.dir, c.token, nil)
+			}
 		}()
 	}
 	wg.Wait()
-	undo.add(func() {
-		for _, c := range kids {
-			if c.sb != nil {
-				r.teardown(c.sb)
-			}
-		}
-	})
 	for _, c := range kids {
 		if c.err != nil {
 			return fmt.Errorf("fork child %s: %w", c.spec.ID, c.err)
 		}
 	}
 	return nil
-}
-
-// agent is the pid of the child's agent in the family's PID namespace and on the host: its spare's, chosen
-// ahead (whose namespaces the agent keeps when it is claimed), or the one spawned for it.
-func (c *forkChild) agent() (nsPid, hostPid int) {
-	if c.spare != nil {
-		return c.spare.nsPid, c.spare.hostPid
-	}
-	return c.sb.h.AgentNsPid, c.sb.h.AgentPid
 }
 
 // forkInterpreter forks the interpreter of the parent's agent pc, one copy per child. Each copy gets its child's
@@ -262,7 +281,7 @@ func (r *Runtime) forkInterpreter(ctx context.Context, pc *agent.Client, kids []
 	var passed []*os.File // taken (sent and closed) by ForkInterpreter
 	moved := make([]*os.File, len(kids))
 	for i, c := range kids {
-		nsPid, hostPid := c.agent()
+		nsPid, hostPid := c.sb.h.AgentNsPid, c.sb.h.AgentPid
 		targets[i] = agent.ForkTarget{AgentPid: nsPid, Gid: agent.SandboxGID(nsPid), Token: c.token, Cwd: c.spec.Cwd, Cgroup: cgroupMarker(c.spec.ID), NS: len(passed)}
 		fs, err := namespaceFiles(hostPid)
 		if err == nil {

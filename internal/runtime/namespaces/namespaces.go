@@ -352,61 +352,99 @@ func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, 
 
 // spawnOn is spawn, on the spare reserved for it (sparePool.reserve) if reserved is not nil: that spare or none.
 func (r *Runtime) spawnOn(ctx context.Context, f *family, spec runtime.Spec, dir, replToken string, reserved *placedSpare) (_ *sandbox, err error) {
+	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && reserved == nil {
+		// Where the server places spares, it chooses them too: the init's own choice could be a spare that a fork
+		// running beside this spawn has reserved (and forked an interpreter for).
+		if got := f.pool.reserve(1, reserveMaxAge(r.cfg.SpareIdle)); got != nil {
+			reserved = &got[0]
+		}
+	}
+	if reserved != nil {
+		sb, err := r.seat(ctx, f, spec, *reserved)
+		if err != nil {
+			return nil, err
+		}
+		if err := r.giveRoot(ctx, f, sb, spec, dir, replToken); err != nil {
+			r.teardown(sb)
+			return nil, err
+		}
+		return sb, nil
+	}
+	return r.spawnAgent(ctx, f, spec, dir, replToken)
+}
+
+// seat makes placed spare sp the agent of sandbox spec, as far as that needs no layer: its cgroup renamed to the
+// sandbox's (with spec's limits) and its port named, addressed and raised. The init has not handed the spare its
+// root and config yet (giveRoot), so a fork seats its children's spares while their layers are being cloned. On
+// error the spare is killed (never to serve) and nothing of it is left.
+func (r *Runtime) seat(ctx context.Context, f *family, spec runtime.Spec, sp placedSpare) (_ *sandbox, err error) {
 	var undo cleanup
 	defer func() {
 		if err != nil {
 			undo.run()
 		}
 	}()
-	t0 := time.Now()
-	phase := func(name string) {
-		r.log.Debug("spawn phase", "sandbox", spec.ID, "phase", name, "ms", float64(time.Since(t0).Microseconds())/1000)
-	}
-	defer phase("done")
-	lowers, err := r.lowers(spec.Image)
-	var mfd int
-	if err == nil {
-		mfd, err = r.mountOverlay(dir, lowers)
-	}
+	undo.add(func() { syscall.Kill(sp.hostPid, syscall.SIGKILL) })
+	start, err := procStart(sp.hostPid)
 	if err != nil {
-		if reserved != nil {
-			f.pool.release(*reserved) // never asked for: still idle, and still placed
-		}
+		return nil, fmt.Errorf("spare agent %d is gone: %w", sp.nsPid, err)
+	}
+	cg, err := r.sandboxCgroup(spec, sp, sp.hostPid)
+	if err != nil {
 		return nil, err
 	}
-	phase("overlay")
-	req := initRequest{Op: "spawn", Config: &agent.Config{Hostname: spec.Hostname, ReplToken: replToken}}
-	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && reserved == nil {
-		// Where the server places spares, it chooses them too: the init's own choice could be a spare that a fork
-		// running beside this spawn has reserved (and forked an interpreter for).
-		if got := f.pool.reserve(1, reserveMaxAge(r.cfg.SpareIdle)); got != nil {
-			reserved = &got[0]
-		} else {
-			req.Fresh = true
-		}
+	undo.add(func() { cg.Kill(context.Background()); cg.Delete() })
+	sb, err := r.connect(ctx, f, spec, sp.hostPid, sp.nsPid, start, cg, sp.port)
+	if err != nil {
+		return nil, err
 	}
-	if reserved != nil {
-		req.Pid = reserved.nsPid
+	return sb, nil
+}
+
+// giveRoot has the family's init hand seated spare sb (seat) its root, the overlay of layer dir on the sandbox's
+// image, and sandbox spec's config, then waits for the agent to answer.
+func (r *Runtime) giveRoot(ctx context.Context, f *family, sb *sandbox, spec runtime.Spec, dir, replToken string) error {
+	mfd, err := r.rootMount(sb.h.Image, dir)
+	if err != nil {
+		return err
+	}
+	req := initRequest{Op: "spawn", Pid: sb.h.AgentNsPid, Config: &agent.Config{Hostname: spec.Hostname, ReplToken: replToken}}
+	_, err = f.call(ctx, req, []int{mfd})
+	unix.Close(mfd)
+	if err != nil {
+		return fmt.Errorf("spawn agent: %w", err)
+	}
+	return r.waitAgent(ctx, sb)
+}
+
+// spawnAgent has the family's init start a new agent for sandbox spec (or, where the server does not place spares,
+// give it an idle spare of the init's choice) on layer dir, then puts it in its cgroup and network.
+func (r *Runtime) spawnAgent(ctx context.Context, f *family, spec runtime.Spec, dir, replToken string) (_ *sandbox, err error) {
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	mfd, err := r.rootMount(spec.Image, dir)
+	if err != nil {
+		return nil, err
+	}
+	req := initRequest{Op: "spawn", Config: &agent.Config{Hostname: spec.Hostname, ReplToken: replToken}}
+	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok {
+		req.Fresh = true // the server chooses spares here (spawnOn): none was free
 	}
 	rep, err := f.call(ctx, req, []int{mfd})
 	unix.Close(mfd)
 	if err != nil {
 		return nil, fmt.Errorf("spawn agent: %w", err)
 	}
-	phase(map[bool]string{true: "init-claim-spare", false: "init-spawn"}[rep.Spare])
-	// A spare placed ahead (placeSpares) is found by its cgroup, and the server knows its host pid already.
-	var pooled placedSpare
-	if reserved != nil {
-		pooled = *reserved
-	}
-	hostPid := pooled.hostPid
-	if hostPid == 0 {
-		if hostPid, err = hostPidOf(f.initPid, rep.Pid); err != nil {
-			return nil, fmt.Errorf("find agent: %w", err)
-		}
+	hostPid, err := hostPidOf(f.initPid, rep.Pid)
+	if err != nil {
+		return nil, fmt.Errorf("find agent: %w", err)
 	}
 	undo.add(func() { syscall.Kill(hostPid, syscall.SIGKILL) })
-	cg, renamed, err := r.sandboxCgroup(spec, pooled, hostPid)
+	cg, err := r.sandboxCgroup(spec, placedSpare{}, hostPid)
 	if err != nil {
 		return nil, err
 	}
@@ -415,40 +453,61 @@ func (r *Runtime) spawnOn(ctx context.Context, f *family, spec runtime.Spec, dir
 	if err != nil {
 		return nil, fmt.Errorf("agent exited at once (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, err)
 	}
+	sb, err := r.connect(ctx, f, spec, hostPid, rep.Pid, start, cg, "")
+	if err != nil {
+		return nil, err
+	}
+	undo.add(func() { r.cfg.Network.Detach(vethOf(sb.h)); unix.Close(sb.netFD) })
+	if err := r.waitAgent(ctx, sb); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// rootMount mounts the overlay of layer dir on image's lower dirs and returns the mount's descriptor.
+func (r *Runtime) rootMount(image, dir string) (int, error) {
+	lowers, err := r.lowers(image)
+	if err != nil {
+		return -1, err
+	}
+	return r.mountOverlay(dir, lowers)
+}
+
+// connect opens the network namespace of sandbox spec's agent (host pid hostPid, nsPid in the family) and
+// attaches it to the bridge (on port prepared, if not ""), and returns the sandbox, whose agent may not listen
+// yet (waitAgent). On error nothing it made is left.
+func (r *Runtime) connect(ctx context.Context, f *family, spec runtime.Spec, hostPid, nsPid int, start uint64, cg cgroups.Cgroup, prepared string) (*sandbox, error) {
 	netFD, err := openNetNS(hostPid)
 	if err != nil {
 		return nil, err
 	}
-	undo.add(func() { unix.Close(netFD) })
-	phase(map[bool]string{true: "cgroup-renamed", false: "cgroup-add"}[renamed])
 	veth := network.VethName(spec.ID)
-	if err := r.attach(ctx, spec, netFD, veth, pooled.port); err != nil {
+	if err := r.attach(ctx, spec, netFD, veth, prepared); err != nil {
+		unix.Close(netFD)
 		return nil, err
 	}
-	if spec.IP != nil {
-		undo.add(func() { r.cfg.Network.Detach(veth) })
-	}
-	sb := &sandbox{
+	return &sandbox{
 		h: runtime.Handle{ID: spec.ID, FamilyID: f.id, AgentPid: hostPid, AgentStart: start,
-			InitPid: f.initPid, InitStart: f.initStart, AgentNsPid: rep.Pid, Image: spec.Image},
-		netFD: netFD,
-		cg:    cg,
-	}
-	phase("network")
-	sb.client = agent.NewClient(r.dialer(netFD))
-	// Wait for the agent to listen.
+			InitPid: f.initPid, InitStart: f.initStart, AgentNsPid: nsPid, Image: spec.Image},
+		netFD:  netFD,
+		cg:     cg,
+		client: agent.NewClient(r.dialer(netFD)),
+	}, nil
+}
+
+// waitAgent waits for sb's agent to answer.
+func (r *Runtime) waitAgent(ctx context.Context, sb *sandbox) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, perr := sb.client.Ping(ctx)
 		if perr == nil {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil || !alive(hostPid, start) {
-			return nil, fmt.Errorf("agent did not come up (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, perr)
+		if time.Now().After(deadline) || ctx.Err() != nil || !alive(sb.h.AgentPid, sb.h.AgentStart) {
+			return fmt.Errorf("agent did not come up (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, perr)
 		}
 		time.Sleep(500 * time.Microsecond)
 	}
-	return sb, nil
 }
 
 // attach connects the sandbox's network namespace (open at netFD) to the bridge as veth, with the port prepared
@@ -485,32 +544,32 @@ func (r *Runtime) dialer(netFD int) func(ctx context.Context) (net.Conn, error) 
 // sandboxCgroup gives the sandbox its cgroup with spec's limits, holding its agent (hostPid): the cgroup a claimed
 // spare was placed in ahead (pooled, by placeSpares), renamed to the sandbox's name; otherwise a new cgroup the
 // agent moves into.
-func (r *Runtime) sandboxCgroup(spec runtime.Spec, pooled placedSpare, hostPid int) (cgroups.Cgroup, bool, error) {
+func (r *Runtime) sandboxCgroup(spec runtime.Spec, pooled placedSpare, hostPid int) (cgroups.Cgroup, error) {
 	if rn, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && pooled.cgroup != "" {
 		cg, err := rn.Rename(pooled.cgroup, spec.ID)
 		if err == nil {
 			if l := limitsOf(spec); l == pooled.limits {
-				return cg, true, nil // placed with these limits already
+				return cg, nil // placed with these limits already
 			}
 			if err = cg.Update(limitsOf(spec)); err != nil {
 				cg.Kill(context.Background()) //nolint:errcheck // the agent dies with it; the spawn fails
 				cg.Delete()                   //nolint:errcheck
-				return nil, false, fmt.Errorf("limit cgroup: %w", err)
+				return nil, fmt.Errorf("limit cgroup: %w", err)
 			}
-			return cg, true, nil
+			return cg, nil
 		}
 		// The agent is still in the spare's cgroup: the move below takes it out, and the family's end removes it.
 		r.log.Debug("rename spare cgroup", "sandbox", spec.ID, "from", pooled.cgroup, "err", err)
 	}
 	cg, err := r.cfg.Cgroups.Create(spec.ID, limitsOf(spec))
 	if err != nil {
-		return nil, false, fmt.Errorf("create cgroup: %w", err)
+		return nil, fmt.Errorf("create cgroup: %w", err)
 	}
 	if err := cg.Add(hostPid); err != nil {
 		cg.Delete() //nolint:errcheck // empty: the move failed
-		return nil, false, fmt.Errorf("place agent in cgroup: %w", err)
+		return nil, fmt.Errorf("place agent in cgroup: %w", err)
 	}
-	return cg, false, nil
+	return cg, nil
 }
 
 // newFamilyID names a new family after the sandbox it starts with: fam_<id>, or, when a family of that name still
