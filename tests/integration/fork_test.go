@@ -297,6 +297,18 @@ func TestDiffCases(t *testing.T) {
 
 // TestSpareAgents: after a fork the family keeps spare agents running; the next fork's children run on them and
 // are as complete and isolated as any; spares are refilled, and go when the family's last sandbox goes.
+// agentsOf lists the processes in sandbox id's cgroup whose command line holds arg.
+func agentsOf(id, arg string) []int {
+	var pids []int
+	for _, pid := range sandboxPids(id) {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(cmd), arg) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 func TestSpareAgents(t *testing.T) {
 	s := testserver.Start(t)
 	ctx := ctxT(t)
@@ -310,6 +322,13 @@ func TestSpareAgents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The family had none placed: the first fork started spares for its children as it began (topUpSpares),
+	// rather than an agent per child after its clones.
+	for _, k := range first {
+		if n := len(agentsOf(k, "--spare")); n != 1 {
+			t.Errorf("first fork's child %s: %d agents started as spares, want 1", k, n)
+		}
+	}
 	waitSpares(t, initPid, 3)
 	idle := spareAgents(initPid)
 	second, err := s.Client.Fork(ctx, parent, 3)
@@ -319,12 +338,7 @@ func TestSpareAgents(t *testing.T) {
 	// The second fork's agents are the spares (now in the children's cgroups).
 	var claimed []int
 	for _, k := range second {
-		for _, pid := range sandboxPids(k) {
-			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if strings.Contains(string(cmd), "__agent") {
-				claimed = append(claimed, pid)
-			}
-		}
+		claimed = append(claimed, agentsOf(k, "__agent")...)
 	}
 	slices.Sort(idle)
 	slices.Sort(claimed)

@@ -59,17 +59,19 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	for i, spec := range children {
 		kids[i] = &forkChild{spec: spec, token: newToken()}
 	}
-	// 1. Each child's layer, cloned from the parent's at one instant; meanwhile, when the family has enough spares
-	// placed, one is chosen for each child and seated (its cgroup and port made the child's: no layer needed).
+	// 1. Each child's layer, cloned from the parent's at one instant; meanwhile a placed spare is chosen for each
+	// child (those the family lacks started now) and seated: its cgroup and port made the child's.
 	seated := make(chan struct{})
-	if reserved := f.pool.reserve(len(kids), reserveMaxAge(r.cfg.SpareIdle)); reserved != nil {
-		go func() {
-			defer close(seated)
+	go func() {
+		defer close(seated)
+		reserved := f.pool.reserve(len(kids), reserveMaxAge(r.cfg.SpareIdle))
+		if reserved == nil {
+			reserved = r.topUpSpares(ctx, f, len(kids), limitsOf(kids[0].spec))
+		}
+		if reserved != nil {
 			r.seatChildren(ctx, f, kids, reserved)
-		}()
-	} else {
-		close(seated)
-	}
+		}
+	}()
 	pause, err := r.cloneLayers(ctx, psb, parent, kids, &undo)
 	<-seated
 	undo.add(func() {
@@ -382,6 +384,29 @@ func (r *Runtime) refillSpares(f *family, n int, limits cgroups.Limits) {
 		}
 		r.placeSpares(f, rep.Spares, limits)
 	}()
+}
+
+// topUpSpares has the family's init start the spares that a fork of n children lacks, places them with the
+// children's limits and reserves n; nil if it could not (or spares are not placed here, or are turned off).
+// Started as the fork begins, the new agents come up while the parent's layer is cloned, and the parent's
+// interpreter forks into their namespaces while they are handed their roots: a family's first fork no longer
+// starts an agent per child after the clones, then forks the interpreter.
+func (r *Runtime) topUpSpares(ctx context.Context, f *family, n int, limits cgroups.Limits) []placedSpare {
+	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); !ok || r.cfg.SpareAgents <= 0 || n > maxSpares {
+		return nil
+	}
+	f.pool.refill.Lock() // the init's lists of idle spares placed in order (refillSpares)
+	defer f.pool.refill.Unlock()
+	maxAge := reserveMaxAge(r.cfg.SpareIdle)
+	if more := n - f.pool.usable(maxAge); more > 0 {
+		rep, err := f.call(ctx, initRequest{Op: "spares", More: more, IdleS: r.cfg.SpareIdle.Seconds()}, nil)
+		if err != nil {
+			r.log.Debug("start spare agents for a fork", "family", f.id, "err", err)
+			return nil
+		}
+		r.placeSpares(f, rep.Spares, limits)
+	}
+	return f.pool.reserve(n, maxAge)
 }
 
 // placeSpares puts each idle spare (pids in the family's PID namespace) in a cgroup of its own, off the fork's

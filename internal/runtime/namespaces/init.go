@@ -39,6 +39,7 @@ type initRequest struct {
 	Pid    int           `json:"pid,omitempty"`    // spawn: claim this idle spare (its pid here), or fail
 	Fresh  bool          `json:"fresh,omitempty"`  // spawn: start a new agent, idle spares or not
 	Count  int           `json:"count,omitempty"`  // spares: how many idle agents to keep ready
+	More   int           `json:"more,omitempty"`   // spares: start this many beside those idle (within maxSpares)
 	IdleS  float64       `json:"idle_s,omitempty"` // spares: how long an unused spare lives (0: until the family ends)
 	HoldS  float64       `json:"hold_s,omitempty"` // hold: how long an init given no work yet waits for some
 }
@@ -315,7 +316,7 @@ func handleInit(msg []byte, fds []int) initReply {
 		spares.maxIdle = time.Duration(req.IdleS * float64(time.Second))
 		spares.Unlock()
 		wakeReaper()
-		if err := keepSpares(min(req.Count, maxSpares)); err != nil {
+		if err := keepSpares(req.Count, req.More); err != nil {
 			return initReply{Message: err.Error()}
 		}
 		spares.Lock()
@@ -466,8 +467,10 @@ func claimSpareByPid(pid int, cfg []byte, mountFd int) error {
 	return nil
 }
 
-// keepSpares starts spares until n are idle (forgetting spares that died).
-func keepSpares(n int) error {
+// keepSpares starts spares until n are idle, or more beside those idle now if that is more (forgetting spares
+// that died); never beyond maxSpares.
+func keepSpares(n, more int) error {
+	target := -1
 	for {
 		spares.Lock()
 		live := spares.idle[:0]
@@ -481,7 +484,10 @@ func keepSpares(n int) error {
 		spares.idle = live
 		have := len(spares.idle)
 		spares.Unlock()
-		if have >= n {
+		if target < 0 {
+			target = min(max(n, have+more), maxSpares)
+		}
+		if have >= target {
 			return nil
 		}
 		claim, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -627,7 +633,7 @@ func (p *sparePool) reserve(n int, maxAge time.Duration) []placedSpare {
 		if len(got) == n {
 			break
 		}
-		if (maxAge <= 0 || time.Since(sp.at) < maxAge) && unix.Kill(sp.hostPid, 0) == nil {
+		if sp.ready(maxAge) {
 			got = append(got, sp)
 		}
 	}
@@ -644,15 +650,24 @@ func (p *sparePool) reserve(n int, maxAge time.Duration) []placedSpare {
 	return got
 }
 
-// release gives back a spare that reserve took and no spawn asked the init for.
-func (p *sparePool) release(sp placedSpare) {
+// ready reports whether the spare is alive and was placed less than maxAge ago (0: no limit).
+func (sp placedSpare) ready(maxAge time.Duration) bool {
+	return (maxAge <= 0 || time.Since(sp.at) < maxAge) && unix.Kill(sp.hostPid, 0) == nil
+}
+
+// usable is how many placed spares reserve(n, maxAge) could take now.
+func (p *sparePool) usable(maxAge time.Duration) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.claimed, sp.nsPid)
-	if p.placed != nil {
-		p.placed[sp.nsPid] = sp
+	n := 0
+	for _, sp := range p.placed {
+		if sp.ready(maxAge) {
+			n++
+		}
 	}
+	return n
 }
+
 
 // spareCgroupPrefix starts the names of a family's spare cgroups.
 func spareCgroupPrefix(familyID string) string { return familyID + ".s" }

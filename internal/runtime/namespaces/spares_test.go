@@ -51,12 +51,12 @@ func TestSparePoolReserve(t *testing.T) {
 	if got := p.reserve(1, 0); len(got) != 1 || got[0].nsPid != 5 {
 		t.Fatalf("reserve(1) without an age limit = %v, want spare 5", got)
 	}
-	// A spare reserved but never asked for goes back, claimable again.
-	p.release(got[0])
-	if _, ok := p.placed[got[0].nsPid]; !ok || p.claimed[got[0].nsPid] {
-		t.Fatalf("released spare %d: placed %v, claimed %v", got[0].nsPid, p.placed, p.claimed)
+	if n := p.usable(0); n != 0 {
+		t.Fatalf("usable(0) = %d with only a dead spare left, want 0", n)
 	}
-	if again := p.reserve(1, time.Minute); len(again) != 1 || again[0].nsPid != got[0].nsPid {
-		t.Fatalf("reserve(1) after the release = %v, want spare %d", again, got[0].nsPid)
+	p.placed[6] = placedSpare{nsPid: 6, hostPid: os.Getpid(), at: now}
+	p.placed[7] = placedSpare{nsPid: 7, hostPid: os.Getpid(), at: now.Add(-time.Hour)}
+	if n, all := p.usable(time.Minute), p.usable(0); n != 1 || all != 2 {
+		t.Fatalf("usable = %d (age limit) and %d (none), want 1 and 2", n, all)
 	}
 }
