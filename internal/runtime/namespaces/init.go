@@ -668,7 +668,6 @@ func (p *sparePool) usable(maxAge time.Duration) int {
 	return n
 }
 
-
 // spareCgroupPrefix starts the names of a family's spare cgroups.
 func spareCgroupPrefix(familyID string) string { return familyID + ".s" }
 
