@@ -42,7 +42,7 @@ test-go:
 test-race: build
 	$(GO) build -race -o bin/ramify-race ./cmd/ramify
 	GORACE=halt_on_error=1 RAMIFY_TEST_BINARY=$(abspath bin/ramify-race) RAMIFY_TEST_RUNTIME_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) \
-		$(GO) test -race -count=1 -timeout 15m -run 'Concurrent|Race|Merge|ForkChildren|ForkMany|SpareAgents|BadInput|Restart' ./tests/integration/
+		$(GO) test -race -count=1 -timeout 15m -run 'Concurrent|Race|Merge|ForkChildren|ForkMany|SpareAgents|SparesAhead|BadInput|Restart' ./tests/integration/
 	GORACE=halt_on_error=1 $(GO) test -race -count=1 -timeout 5m ./internal/sandbox/
 
 test-sdk:

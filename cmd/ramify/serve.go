@@ -61,7 +61,7 @@ func envOr(name, def string) string {
 
 type serveFlags struct {
 	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel  string
-	warmPool, spareAgents, templatePool, prestartFamilies                     int
+	warmPool, spareAgents, spareAhead, templatePool, prestartFamilies         int
 	observe                                                                   observeFlags
 	ingress                                                                   ingressFlags
 	ssh                                                                       sshFlags
@@ -97,6 +97,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
 	fs.IntVar(&f.prestartFamilies, "prestart-families", envInt("RAMIFY_PRESTART_FAMILIES", 1), "families kept started ahead, each with a spare agent and a fresh interpreter to fork (~25 MiB each), so that a create the warm pool cannot serve (a resume, a template, a named image, an empty pool) skips starting processes; 0 for none (env RAMIFY_PRESTART_FAMILIES)")
 	fs.IntVar(&f.spareAgents, "spare-agents", envInt("RAMIFY_SPARE_AGENTS", 32), "agents a fork family keeps started after a fork (~5.5 MiB each), so that its next fork of up to that many children skips process start-up; 0 for none (env RAMIFY_SPARE_AGENTS)")
+	fs.IntVar(&f.spareAhead, "spare-agents-ahead", envInt("RAMIFY_SPARE_AGENTS_AHEAD", 20), "spare agents kept, in all, for the first fork of the sandboxes that most recently ran code (5 per family, ~5.5 MiB each), so that a first fork skips process start-up too; 0 for none (env RAMIFY_SPARE_AGENTS_AHEAD)")
 	fs.StringVar(&f.snapshotDir, "snapshot-dir", os.Getenv("RAMIFY_SNAPSHOT_DIR"), "where pause snapshots go (default <data-dir>/snapshots; env RAMIFY_SNAPSHOT_DIR)")
 	fs.StringVar(&f.s3Endpoint, "s3-endpoint", os.Getenv("RAMIFY_S3_ENDPOINT"), "host:port of an S3-compatible store for pause snapshots instead of --snapshot-dir (env RAMIFY_S3_ENDPOINT)")
 	fs.StringVar(&f.s3Bucket, "s3-bucket", envOr("RAMIFY_S3_BUCKET", "ramify"), "S3 bucket (env RAMIFY_S3_BUCKET)")
@@ -270,7 +271,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	defer st.Close()
 	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, ImageRootfs: img.Rootfs, Layers: layers,
 		Images:  func(name string) ([]string, error) { return image.Lowers(f.imageDir, name) },
-		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle, Owner: owner,
+		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle, SpareAhead: f.spareAhead, Owner: owner,
 		PrestartFamilies: f.prestartFamilies})
 	if err != nil {
 		return err

@@ -149,6 +149,13 @@ type Forker interface {
 	LowerDirs(h Handle) ([]string, error)
 }
 
+// ForkPreparer is implemented by runtimes that can make a sandbox's first fork cheaper ahead of it.
+type ForkPreparer interface {
+	// PrepareFork readies h's family for a fork, in the background, for children with limits' cgroup limits
+	// (VCPU, MemMiB, MaxProcs); cheap and idempotent, called as the sandbox's interpreter runs code.
+	PrepareFork(h Handle, limits Spec)
+}
+
 // Lost is a sandbox whose own machinery (its agent, or its family's init) died: it cannot answer.
 type Lost struct {
 	Handle Handle

@@ -834,6 +834,7 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 	if err != nil {
 		return Execution{}, err
 	}
+	s.prepareFork(e)
 	ev, err := c.RunCode(ctx, agent.RunCodeRequest{Code: req.Code, Env: req.Env, TimeoutS: timeout}, forward(onOutput))
 	if err != nil {
 		return Execution{}, fmt.Errorf("run_code in %s: %w", id, err)
@@ -844,6 +845,19 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 	}
 	return Execution{Stdout: ev.Stdout, Stderr: ev.Stderr, Value: ev.Value, Error: ev.Error, ExecutionCount: ev.ExecutionCount,
 		Results: results, Interrupted: ev.WasInterrupted}, nil
+}
+
+// prepareFork lets the runtime ready e's family for a first fork (spare agents), as e's interpreter runs code:
+// the sandboxes that run code are the ones that fork.
+func (s *Service) prepareFork(e *entry) {
+	fp, ok := s.cfg.Runtime.(runtime.ForkPreparer)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	h, spec := e.handle, e.spec
+	s.mu.Unlock()
+	fp.PrepareFork(h, runtime.Spec{VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs})
 }
 
 func forward(on func(OutputEvent)) func(agent.Event) {

@@ -126,7 +126,20 @@ func TestCrashMidOperationLeavesNothingBehind(t *testing.T) {
 	other := testserver.Start(t, "--warm-pool", "0")
 	bystander := create(t, other, nil)
 	value(t, other, bystander, "x = 41; 1")
-	otherInv := other.Inventory()
+	// Having run code, the bystander's family gets 5 spare agents ahead of a first fork (each in a cgroup and
+	// with a port of its own): they are among what must survive this server's reclaims.
+	var otherInv testserver.Inventory
+	waitUntil(t, 15*time.Second, func() bool {
+		otherInv = other.Inventory()
+		spareCgs := slices.IndexFunc(otherInv.Cgroups, func(c string) bool { return strings.Contains(c, ".s") })
+		ports := 0
+		for _, v := range otherInv.Veths {
+			if strings.HasPrefix(v, "rfs") {
+				ports++
+			}
+		}
+		return spareCgs >= 0 && len(otherInv.Cgroups) == 2+5 && ports == 5
+	}, func() string { return fmt.Sprintf("the bystander's spares ahead not placed: %+v", otherInv) })
 	s := testserver.Start(t, "--warm-pool", "0")
 	ctx := ctxT(t)
 	defer func() {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/network"
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
 
@@ -309,8 +310,9 @@ func agentsOf(id, arg string) []int {
 	return pids
 }
 
+// TestSpareAgents: spares started by forks (none ahead of the first: --spare-agents-ahead 0).
 func TestSpareAgents(t *testing.T) {
-	s := testserver.Start(t)
+	s := testserver.Start(t, "--spare-agents-ahead", "0")
 	ctx := ctxT(t)
 	parent := create(t, s, nil)
 	value(t, s, parent, "x = 10; 1")
@@ -394,6 +396,111 @@ func TestSpareAgents(t *testing.T) {
 		func() string {
 			return fmt.Sprintf("family init %d or its spares %v outlive the family", initPid, spareAgents(initPid))
 		})
+}
+
+// TestSparesAheadOfFirstFork: a sandbox that runs code gets spares in its family before it ever forks, and its
+// first fork's children run on them. The server-wide budget (here one family's worth) goes to the sandbox that
+// ran code most recently once its holder has had it a while (5 s), and what the holder gives up is gone: the
+// spare agents, their cgroups and their ports. The family that lost them still forks.
+func TestSparesAheadOfFirstFork(t *testing.T) {
+	s := testserver.Start(t, "--spare-agents-ahead", "5")
+	ctx := ctxT(t)
+	a := create(t, s, nil)
+	initA := familyInit(t, a)
+	if n := len(spareAgents(initA)); n != 0 {
+		t.Fatalf("%d spares before the sandbox ran code", n)
+	}
+	value(t, s, a, "x = 1; x")
+	granted := time.Now()
+	waitSpares(t, initA, 5)
+	aheadA := spareAgents(initA)
+	var cgs, ports []string
+	waitUntil(t, 10*time.Second, func() bool {
+		cgs, ports = spareCgroupsAndPorts(aheadA)
+		return len(cgs) == 5 && len(ports) == 5
+	}, func() string { return fmt.Sprintf("spares ahead placed in cgroups %v with ports %v, want 5 of each", cgs, ports) })
+
+	// b runs code while a has held the budget less than 5 s: b gets none.
+	b := create(t, s, nil)
+	initB := familyInit(t, b)
+	value(t, s, b, "y = 2; y")
+	time.Sleep(time.Second)
+	if n := len(spareAgents(initB)); n != 0 {
+		t.Fatalf("b got %d spares while a held the budget for less than its hold", n)
+	}
+	// Past the hold, b's next run_code takes the budget; a's spares go, with everything placed for them.
+	time.Sleep(time.Until(granted.Add(5500 * time.Millisecond)))
+	value(t, s, b, "y")
+	waitSpares(t, initB, 5)
+	aheadB := spareAgents(initB)
+	waitUntil(t, 10*time.Second, func() bool {
+		if len(spareAgents(initA)) != 0 {
+			return false
+		}
+		for _, cg := range cgs {
+			if _, err := os.Stat(cg); err == nil {
+				return false
+			}
+		}
+		for _, port := range ports {
+			if _, err := os.Stat("/sys/class/net/" + port); err == nil {
+				return false
+			}
+		}
+		return true
+	}, func() string {
+		return fmt.Sprintf("a's spares after it gave up the budget: %d agents left (cgroups %v, ports %v were to go)", len(spareAgents(initA)), cgs, ports)
+	})
+
+	// b's first fork runs on the spares started ahead; a forks without any.
+	kids, err := s.Client.Fork(ctx, b, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range kids {
+		agents := agentsOf(k, "__agent")
+		if len(agents) != 1 || !slices.Contains(aheadB, agents[0]) {
+			t.Errorf("child %s: agent %v, want one of the spares started ahead %v", k, agents, aheadB)
+		}
+		if v := value(t, s, k, fmt.Sprintf("y + %d", i)); v != fmt.Sprint(2+i) {
+			t.Errorf("child %s: y + %d = %s", k, i, v)
+		}
+	}
+	kidsA, err := s.Client.Fork(ctx, a, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kidsA {
+		if v := value(t, s, k, "x"); v != "1" {
+			t.Errorf("a's child %s: x = %s", k, v)
+		}
+	}
+}
+
+// spareCgroupsAndPorts finds, for each spare agent (host pid), the directory of its cgroup in the pids hierarchy
+// (<family>.s<pid in the family>) and the host-side name of its prepared port, where it has them.
+func spareCgroupsAndPorts(spares []int) (cgs, ports []string) {
+	for _, pid := range spares {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		for _, l := range strings.Split(string(b), "\n") {
+			parts := strings.SplitN(l, ":", 3)
+			if len(parts) != 3 || parts[1] != "pids" {
+				continue
+			}
+			name := filepath.Base(parts[2])
+			fam, nsPid, ok := strings.Cut(name, ".s")
+			if !ok {
+				continue
+			}
+			cgs = append(cgs, "/sys/fs/cgroup/pids"+parts[2])
+			if port := network.SparePortName(fam + "/" + nsPid); port != "" {
+				if _, err := os.Stat("/sys/class/net/" + port); err == nil {
+					ports = append(ports, port)
+				}
+			}
+		}
+	}
+	return cgs, ports
 }
 
 // cgroupValue reads file (under its controller, e.g. "pids/pids.max") of sandbox id's cgroup (cgroup v1).

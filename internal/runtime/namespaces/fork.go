@@ -44,6 +44,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
 	}
 	defer r.movesFast()() // each forked interpreter moves into its child's cgroup (and unplaced spares' agents)
+	r.forked(f)
 	// Children run on their parent's image: the forked interpreters hold its files open.
 	children = append([]runtime.Spec(nil), children...)
 	for i := range children {
@@ -359,7 +360,8 @@ func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds())
 const spareRefillDelay = 250 * time.Millisecond
 
 // refillSpares has the family's init start spares, in the background, for a next fork like this one: a family
-// that forked n children once is likely to do so again (search rounds, fork and merge loops).
+// that forked n children once is likely to do so again (search rounds, fork and merge loops); or for a first
+// fork (PrepareFork).
 func (r *Runtime) refillSpares(f *family, n int, limits cgroups.Limits) {
 	n = min(n, r.cfg.SpareAgents)
 	if n <= 0 {
@@ -377,6 +379,9 @@ func (r *Runtime) refillSpares(f *family, n int, limits cgroups.Limits) {
 		// made, or an older list could have it place a spare a fork has claimed since.
 		f.pool.refill.Lock()
 		defer f.pool.refill.Unlock()
+		if !r.wantsSpares(f) {
+			return // spares ahead of a first fork, given up since (PrepareFork)
+		}
 		rep, err := f.call(ctx, initRequest{Op: "spares", Count: n, IdleS: r.cfg.SpareIdle.Seconds()}, nil)
 		if err != nil {
 			r.log.Debug("start spare agents", "family", f.id, "err", err)

@@ -590,6 +590,7 @@ type family struct {
 	cgroups   cgroups.Manager  // where its init's cgroup (named after the family) is; nil: none to remove
 	network   *network.Manager // where its spares' prepared ports are; nil: none to remove
 	pool      sparePool        // spare agents placed in cgroups of their own ahead of a claim
+	ahead     aheadState       // its share of the spares held ahead of first forks (guarded by Runtime.ahead.mu)
 }
 
 // sparePool tracks the family's spare agents that the server has placed in cgroups of their own (named

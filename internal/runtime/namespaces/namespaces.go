@@ -60,6 +60,9 @@ type Config struct {
 	SpareAgents int
 	// SpareIdle is how long an unused spare agent lives (0: until its family ends).
 	SpareIdle time.Duration
+	// SpareAhead is how many spare agents families may hold ahead of their first fork, in all (PrepareFork);
+	// 0: none.
+	SpareAhead int
 	// PrestartFamilies is how many families the runtime keeps started ahead of need, each with a spare agent,
 	// for creates without a fork parent (see prestart.go); 0: none.
 	PrestartFamilies int
@@ -81,7 +84,8 @@ type Runtime struct {
 
 	bg sync.WaitGroup // clean-up finishing in the background (after a merge)
 
-	pre prestartPool // families started ahead of need
+	pre   prestartPool // families started ahead of need
+	ahead aheadBudget  // families holding spares ahead of their first fork
 
 	bin  *os.File // the ramify executable, sealed in a memfd (see sealedBinary)
 	logs *logSink // where families' inits and agents write their diagnostics
