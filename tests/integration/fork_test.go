@@ -418,7 +418,9 @@ func TestSparesAheadOfFirstFork(t *testing.T) {
 	waitUntil(t, 10*time.Second, func() bool {
 		cgs, ports = spareCgroupsAndPorts(aheadA)
 		return len(cgs) == 5 && len(ports) == 5
-	}, func() string { return fmt.Sprintf("spares ahead placed in cgroups %v with ports %v, want 5 of each", cgs, ports) })
+	}, func() string {
+		return fmt.Sprintf("spares ahead placed in cgroups %v with ports %v, want 5 of each", cgs, ports)
+	})
 
 	// b runs code while a has held the budget less than 5 s: b gets none.
 	b := create(t, s, nil)
