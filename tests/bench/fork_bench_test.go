@@ -73,7 +73,9 @@ func BenchmarkForkFloor(b *testing.B) {
 				d, pc, sc := forkReady(ctx, b, s, c, parent, n)
 				forkNs = append(forkNs, key{st.name, n, r == 0})
 				if r == 0 {
-					// The family's first fork starts an agent per child; later ones find spares.
+					// The family's first fork finds the spares started for it as its run_code began
+					// (--spare-agents-ahead), if they are up by then, and starts the others; later forks
+					// find the spares their previous fork left.
 					if first {
 						firstS = ms(d)
 					}
