@@ -484,11 +484,16 @@ func (r *Runtime) placeSpare(f *family, nsPid, hostPid int, limits cgroups.Limit
 		r.log.Debug("place spare agent", "family", f.id, "spare", nsPid, "err", err)
 		return placedSpare{}
 	}
-	if err := cg.Add(hostPid); err != nil {
+	start, err := procStart(hostPid)
+	if err == nil {
+		err = cg.Add(hostPid)
+	}
+	if err != nil {
 		cg.Delete() //nolint:errcheck // empty: the move failed
 		return placedSpare{}
 	}
-	return placedSpare{nsPid: nsPid, cgroup: name, limits: limits, at: time.Now(), hostPid: hostPid, port: r.preparePort(f, nsPid, hostPid)}
+	return placedSpare{nsPid: nsPid, cgroup: name, limits: limits, at: time.Now(), hostPid: hostPid, start: start,
+		port: r.preparePort(f, nsPid, hostPid)}
 }
 
 // reserveMaxAge is how long after its placement a spare may still be chosen ahead by a fork (sparePool.reserve),

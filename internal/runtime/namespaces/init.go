@@ -210,6 +210,7 @@ func reapForever() {
 				break
 			}
 			ramifyProcs.forget(pid)
+			dropSpare(pid)
 		}
 		if d := nextReapDeadline(); d > 0 {
 			t := time.NewTimer(d)
@@ -525,6 +526,20 @@ func retireIdleSpares() {
 	spares.idle = kept
 }
 
+// dropSpare takes a spare that died (the server retired or could not seat it) off the idle list as it is reaped:
+// once reaped its pid may be reused, and a process of a sandbox must never be handed out, or placed, as a spare.
+func dropSpare(pid int) {
+	spares.Lock()
+	defer spares.Unlock()
+	for i, sp := range spares.idle {
+		if sp.pid == pid {
+			unix.Close(sp.claim)
+			spares.idle = slices.Delete(spares.idle, i, i+1)
+			return
+		}
+	}
+}
+
 // onlySparesLeft reports whether every child of the init is an idle spare (the family's sandboxes are gone).
 func onlySparesLeft() bool {
 	spares.Lock()
@@ -619,6 +634,7 @@ type placedSpare struct {
 	limits  cgroups.Limits // its cgroup's
 	at      time.Time      // when it was placed
 	hostPid int
+	start   uint64 // the host process's start time (procStart): who hostPid is, should it die and the pid be reused
 	port    string // the prepared port's host-side veth; "" if none
 }
 

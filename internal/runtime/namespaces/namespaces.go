@@ -388,21 +388,33 @@ func (r *Runtime) seat(ctx context.Context, f *family, spec runtime.Spec, sp pla
 			undo.run()
 		}
 	}()
-	undo.add(func() { syscall.Kill(sp.hostPid, syscall.SIGKILL) })
-	start, err := procStart(sp.hostPid)
-	if err != nil {
-		return nil, fmt.Errorf("spare agent %d is gone: %w", sp.nsPid, err)
+	// The spare is known by its host pid, which the server looked up when it placed it: it must still be that
+	// process (not a pid reused since) before its cgroup is renamed, and after its namespace is opened.
+	same := func() error {
+		if start, err := procStart(sp.hostPid); err != nil || start != sp.start {
+			return fmt.Errorf("spare agent %d is gone", sp.nsPid)
+		}
+		return nil
 	}
+	if err := same(); err != nil {
+		return nil, err
+	}
+	undo.add(func() { syscall.Kill(sp.hostPid, syscall.SIGKILL) })
 	cg, err := r.sandboxCgroup(spec, sp, sp.hostPid)
 	if err != nil {
 		return nil, err
 	}
 	undo.add(func() { cg.Kill(context.Background()); cg.Delete() })
-	sb, err := r.connect(ctx, f, spec, sp.hostPid, sp.nsPid, start, cg, sp.port)
+	netFD, err := openNetNS(sp.hostPid)
+	if err == nil {
+		if err = same(); err != nil {
+			unix.Close(netFD)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	return sb, nil
+	return r.connect(ctx, f, spec, netFD, sp.hostPid, sp.nsPid, sp.start, cg, sp.port)
 }
 
 // giveRoot has the family's init hand seated spare sb (seat) its root, the overlay of layer dir on the sandbox's
@@ -457,7 +469,11 @@ func (r *Runtime) spawnAgent(ctx context.Context, f *family, spec runtime.Spec, 
 	if err != nil {
 		return nil, fmt.Errorf("agent exited at once (see %s/logs/sandboxes.log): %w", r.cfg.DataDir, err)
 	}
-	sb, err := r.connect(ctx, f, spec, hostPid, rep.Pid, start, cg, "")
+	netFD, err := openNetNS(hostPid)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := r.connect(ctx, f, spec, netFD, hostPid, rep.Pid, start, cg, "")
 	if err != nil {
 		return nil, err
 	}
@@ -477,14 +493,10 @@ func (r *Runtime) rootMount(image, dir string) (int, error) {
 	return r.mountOverlay(dir, lowers)
 }
 
-// connect opens the network namespace of sandbox spec's agent (host pid hostPid, nsPid in the family) and
-// attaches it to the bridge (on port prepared, if not ""), and returns the sandbox, whose agent may not listen
-// yet (waitAgent). On error nothing it made is left.
-func (r *Runtime) connect(ctx context.Context, f *family, spec runtime.Spec, hostPid, nsPid int, start uint64, cg cgroups.Cgroup, prepared string) (*sandbox, error) {
-	netFD, err := openNetNS(hostPid)
-	if err != nil {
-		return nil, err
-	}
+// connect attaches the network namespace of sandbox spec's agent (host pid hostPid, nsPid in the family), open
+// at netFD, to the bridge (on port prepared, if not ""), and returns the sandbox, whose agent may not listen yet
+// (waitAgent). The sandbox owns netFD from then on; on error connect closes it, and nothing it made is left.
+func (r *Runtime) connect(ctx context.Context, f *family, spec runtime.Spec, netFD, hostPid, nsPid int, start uint64, cg cgroups.Cgroup, prepared string) (*sandbox, error) {
 	veth := network.VethName(spec.ID)
 	if err := r.attach(ctx, spec, netFD, veth, prepared); err != nil {
 		unix.Close(netFD)

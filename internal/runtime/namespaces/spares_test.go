@@ -3,8 +3,11 @@ package namespaces
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestReserveMaxAge(t *testing.T) {
@@ -58,5 +61,40 @@ func TestSparePoolReserve(t *testing.T) {
 	p.placed[7] = placedSpare{nsPid: 7, hostPid: os.Getpid(), at: now.Add(-time.Hour)}
 	if n, all := p.usable(time.Minute), p.usable(0); n != 1 || all != 2 {
 		t.Fatalf("usable = %d (age limit) and %d (none), want 1 and 2", n, all)
+	}
+}
+
+// TestDropSpare: a spare reaped by the init leaves its idle list at once (its pid may be reused from then on),
+// with its claim socket closed; the other spares stay.
+func TestDropSpare(t *testing.T) {
+	var fds [2][2]int
+	for i := range fds {
+		var err error
+		if fds[i], err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fds[i][1])
+	}
+	spares.Lock()
+	saved := spares.idle
+	spares.idle = []spareAgent{{pid: 41, claim: fds[0][0]}, {pid: 42, claim: fds[1][0]}}
+	spares.Unlock()
+	defer func() {
+		spares.Lock()
+		spares.idle = saved
+		spares.Unlock()
+		unix.Close(fds[1][0])
+	}()
+	dropSpare(41)
+	dropSpare(7) // not a spare: nothing happens
+	spares.Lock()
+	idle := slices.Clone(spares.idle)
+	spares.Unlock()
+	if len(idle) != 1 || idle[0].pid != 42 {
+		t.Fatalf("idle spares after dropping 41: %+v, want only 42", idle)
+	}
+	// The dropped spare's end of its claim socket is closed: the spare (were it alive) would see end of file.
+	if n, err := unix.Read(fds[0][1], make([]byte, 1)); n != 0 || err != nil {
+		t.Fatalf("read from the dropped spare's claim socket = %d, %v; want end of file", n, err)
 	}
 }
