@@ -479,6 +479,22 @@ func TestSparesAheadOfFirstFork(t *testing.T) {
 	}
 }
 
+// TestSparesAheadLapse: spares started ahead retire when idle (--spare-agents-idle), and the sandbox's next
+// run_code starts them again: a grant does not outlive its spares.
+func TestSparesAheadLapse(t *testing.T) {
+	s := testserver.Start(t, "--spare-agents-idle", "2s")
+	a := create(t, s, nil)
+	initA := familyInit(t, a)
+	value(t, s, a, "1")
+	waitSpares(t, initA, 5)
+	waitUntil(t, 15*time.Second, func() bool { return len(spareAgents(initA)) == 0 },
+		func() string {
+			return fmt.Sprintf("%d spares ahead still idle past their idle limit", len(spareAgents(initA)))
+		})
+	value(t, s, a, "2")
+	waitSpares(t, initA, 5)
+}
+
 // spareCgroupsAndPorts finds, for each spare agent (host pid), the directory of its cgroup in the pids hierarchy
 // (<family>.s<pid in the family>) and the host-side name of its prepared port, where it has them.
 func spareCgroupsAndPorts(spares []int) (cgs, ports []string) {

@@ -40,7 +40,8 @@ var _ runtime.ForkPreparer = (*Runtime)(nil)
 
 // PrepareFork implements runtime.ForkPreparer: it starts spares in h's family, with the cgroup limits of limits
 // (a fork's children have their parent's unless told otherwise), unless the family has forked or holds spares
-// ahead already, or the budget is held by families granted less than aheadMinHold ago.
+// ahead already (granted less than --spare-agents-idle ago), or the budget is held by families granted less than
+// aheadMinHold ago.
 func (r *Runtime) PrepareFork(h runtime.Handle, limits runtime.Spec) {
 	k := min(aheadPerFamily, r.cfg.SpareAhead, r.cfg.SpareAgents)
 	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); !ok || k <= 0 {
@@ -54,11 +55,14 @@ func (r *Runtime) PrepareFork(h runtime.Handle, limits runtime.Spec) {
 	}
 	a := &r.ahead
 	a.mu.Lock()
-	if f.ahead.granted || f.ahead.forked {
+	// A grant lasts as long as the spares it started (the init retires them --spare-agents-idle after their
+	// start): one older than that is made again.
+	lapsed := r.cfg.SpareIdle > 0 && time.Since(f.ahead.at) >= r.cfg.SpareIdle
+	if f.ahead.forked || (f.ahead.granted && !lapsed) {
 		a.mu.Unlock()
 		return
 	}
-	a.granted = slices.DeleteFunc(a.granted, (*family).hasEnded)
+	a.granted = slices.DeleteFunc(a.granted, func(g *family) bool { return g == f || g.hasEnded() })
 	held := make([]time.Time, len(a.granted))
 	for i, g := range a.granted {
 		held[i] = g.ahead.at
