@@ -129,7 +129,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", msSince(start))
 	crashpoint.Hit(crashpoint.ForkAfterInterpreters)
 	// 5. Each child's agent waits for its interpreter to attach, then applies env and cwd.
-	if err := startForked(ctx, kids); err != nil {
+	if err := startForked(kids); err != nil {
 		return res, err
 	}
 	r.log.Debug("fork phase", "phase", "children attached", "ms", msSince(start))
@@ -152,6 +152,8 @@ type forkChild struct {
 	dir   string // its layer
 	sb    *sandbox
 	err   error
+	// started has its agent's answer to the child's start, sent as soon as the agent answered (spawnChildren).
+	started chan error
 }
 
 // directCloneMax is the most children whose layers a fork clones from the frozen parent directly. Beyond it the
@@ -264,6 +266,12 @@ func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChil
 			} else {
 				c.sb, c.err = r.spawnOn(ctx, f, c.spec, c.dir, c.token, nil)
 			}
+			if c.err == nil {
+				// Its agent answers: the start (which waits there for the forked interpreter to attach) goes now,
+				// so that the agent is ready the moment it attaches (startForked collects the answers).
+				c.started = make(chan error, 1)
+				go func() { c.started <- c.sb.client.Start(ctx, startRequest(c.spec)) }()
+			}
 		}()
 	}
 	wg.Wait()
@@ -335,18 +343,13 @@ func (r *Runtime) moveForked(psb *sandbox, kids []*forkChild, pids []int, moved 
 	return nil
 }
 
-// startForked has each child's agent wait for its interpreter to attach and apply the child's env and cwd.
-func startForked(ctx context.Context, kids []*forkChild) error {
+// startForked collects each child's start (sent by spawnChildren): its agent's answer once the child's
+// interpreter has attached.
+func startForked(kids []*forkChild) error {
 	errs := make([]error, len(kids))
-	var wg sync.WaitGroup
 	for i, c := range kids {
-		wg.Add(1)
-		go func(i int, c *forkChild) {
-			defer wg.Done()
-			errs[i] = c.sb.client.Start(ctx, startRequest(c.spec))
-		}(i, c)
+		errs[i] = <-c.started
 	}
-	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("start fork children: %w", err)
 	}
