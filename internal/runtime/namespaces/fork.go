@@ -60,19 +60,8 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	for i, spec := range children {
 		kids[i] = &forkChild{spec: spec, token: newToken()}
 	}
-	// 1. Each child's layer, cloned from the parent's at one instant; meanwhile a placed spare is chosen for each
-	// child (those the family lacks started now) and seated: its cgroup and port made the child's.
-	seated := make(chan struct{})
-	go func() {
-		defer close(seated)
-		reserved := f.pool.reserve(len(kids), reserveMaxAge(r.cfg.SpareIdle))
-		if reserved == nil {
-			reserved = r.topUpSpares(ctx, f, len(kids), limitsOf(kids[0].spec))
-		}
-		if reserved != nil {
-			r.seatChildren(ctx, f, kids, reserved)
-		}
-	}()
+	// 1. Each child's layer, cloned from the parent's at one instant; meanwhile a spare is seated for each child.
+	seated := r.seatSpares(ctx, f, kids)
 	pause, err := r.cloneLayers(ctx, psb, parent, kids, &undo)
 	<-seated
 	undo.add(func() {
@@ -92,35 +81,11 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, err
 	}
 	// 2. Each child's agent given its root (a seated spare) or spawned, and 3. the parent's interpreter forked
-	// once per child. When every child has a seated spare, the interpreter forks into their namespaces while they
-	// get their roots, not after.
-	var pids []int
-	var moved []*os.File
+	// once per child.
+	pids, moved, err := r.spawnAndFork(ctx, f, pc, kids, start)
 	defer func() { closeFiles(moved) }() // a forked interpreter whose pipe closes unwritten exits
-	if !slices.ContainsFunc(kids, func(c *forkChild) bool { return c.sb == nil }) {
-		var ferr error
-		forked := make(chan struct{})
-		go func() {
-			defer close(forked)
-			pids, moved, ferr = r.forkInterpreter(ctx, pc, kids)
-		}()
-		serr := r.spawnChildren(ctx, f, kids)
-		<-forked
-		if err := errors.Join(serr, ferr); err != nil {
-			return res, err
-		}
-		r.log.Debug("fork phase", "phase", "children spawned, interpreter forked", "ms", msSince(start))
-		crashpoint.Hit(crashpoint.ForkAfterChildren)
-	} else {
-		if err := r.spawnChildren(ctx, f, kids); err != nil {
-			return res, err
-		}
-		r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
-		crashpoint.Hit(crashpoint.ForkAfterChildren)
-		if pids, moved, err = r.forkInterpreter(ctx, pc, kids); err != nil {
-			return res, err
-		}
-		r.log.Debug("fork phase", "phase", "interpreter forked", "ms", msSince(start))
+	if err != nil {
+		return res, err
 	}
 	// 4. Each forked interpreter moved into its child's cgroup, and told so.
 	if err := r.moveForked(psb, kids, pids, moved, &undo); err != nil {
@@ -128,7 +93,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	}
 	r.log.Debug("fork phase", "phase", "interpreter forked and moved", "ms", msSince(start))
 	crashpoint.Hit(crashpoint.ForkAfterInterpreters)
-	// 5. Each child's agent waits for its interpreter to attach, then applies env and cwd.
+	// 5. Each child's start answered: its agent had it wait for its interpreter to attach.
 	if err := startForked(kids); err != nil {
 		return res, err
 	}
@@ -229,6 +194,56 @@ func (r *Runtime) cloneLayers(ctx context.Context, psb *sandbox, parent runtime.
 		return pause, fmt.Errorf("thaw parent: %w", terr)
 	}
 	return pause, nil
+}
+
+// seatSpares chooses a placed spare for each child (starting those the family lacks: topUpSpares) and seats
+// them (seatChildren), in the background: the returned channel is closed when it is done. Children left without
+// a seated spare get an agent in spawnChildren.
+func (r *Runtime) seatSpares(ctx context.Context, f *family, kids []*forkChild) <-chan struct{} {
+	seated := make(chan struct{})
+	go func() {
+		defer close(seated)
+		reserved := f.pool.reserve(len(kids), reserveMaxAge(r.cfg.SpareIdle))
+		if reserved == nil {
+			reserved = r.topUpSpares(ctx, f, len(kids), limitsOf(kids[0].spec))
+		}
+		if reserved != nil {
+			r.seatChildren(ctx, f, kids, reserved)
+		}
+	}()
+	return seated
+}
+
+// spawnAndFork gives each child its agent (spawnChildren) and forks pc's interpreter once per child
+// (forkInterpreter): side by side when every child has a seated spare, whose namespaces exist before it is given
+// its root; else the interpreter forks once the agents are up. It returns the copies' pids and the write ends of
+// their pipes (forkInterpreter), which the caller closes, even on error.
+func (r *Runtime) spawnAndFork(ctx context.Context, f *family, pc *agent.Client, kids []*forkChild, start time.Time) (pids []int, moved []*os.File, err error) {
+	if slices.ContainsFunc(kids, func(c *forkChild) bool { return c.sb == nil }) {
+		if err := r.spawnChildren(ctx, f, kids); err != nil {
+			return nil, nil, err
+		}
+		r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
+		crashpoint.Hit(crashpoint.ForkAfterChildren)
+		if pids, moved, err = r.forkInterpreter(ctx, pc, kids); err == nil {
+			r.log.Debug("fork phase", "phase", "interpreter forked", "ms", msSince(start))
+		}
+		return pids, moved, err
+	}
+	var ferr error
+	forked := make(chan struct{})
+	go func() {
+		defer close(forked)
+		pids, moved, ferr = r.forkInterpreter(ctx, pc, kids)
+	}()
+	serr := r.spawnChildren(ctx, f, kids)
+	<-forked
+	if err := errors.Join(serr, ferr); err != nil {
+		return pids, moved, err
+	}
+	r.log.Debug("fork phase", "phase", "children spawned, interpreter forked", "ms", msSince(start))
+	crashpoint.Hit(crashpoint.ForkAfterChildren)
+	return pids, moved, nil
 }
 
 // seatChildren seats spare reserved[i] for kids[i] (seat), in parallel. A child whose spare could not be seated
