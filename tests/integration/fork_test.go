@@ -398,10 +398,11 @@ func TestSpareAgents(t *testing.T) {
 		})
 }
 
-// TestSparesAheadOfFirstFork: a sandbox that runs code gets spares in its family before it ever forks, and its
-// first fork's children run on them. The server-wide budget (here one family's worth) goes to the sandbox that
-// ran code most recently once its holder has had it a while (5 s), and what the holder gives up is gone: the
-// spare agents, their cgroups and their ports. The family that lost them still forks.
+// TestSparesAheadOfFirstFork: a sandbox that runs code gets spares in its family before it ever forks (each in
+// a cgroup of its own, no port on the host yet), and its first fork's children run on them. The server-wide
+// budget (here one family's worth) goes to the sandbox that ran code most recently once its holder has had it a
+// while (5 s), and what the holder gives up is gone: the spare agents and their cgroups. The family that lost
+// them still forks.
 func TestSparesAheadOfFirstFork(t *testing.T) {
 	s := testserver.Start(t, "--spare-agents-ahead", "5")
 	ctx := ctxT(t)
@@ -417,10 +418,13 @@ func TestSparesAheadOfFirstFork(t *testing.T) {
 	var cgs, ports []string
 	waitUntil(t, 10*time.Second, func() bool {
 		cgs, ports = spareCgroupsAndPorts(aheadA)
-		return len(cgs) == 5 && len(ports) == 5
-	}, func() string {
-		return fmt.Sprintf("spares ahead placed in cgroups %v with ports %v, want 5 of each", cgs, ports)
-	})
+		return len(cgs) == 5
+	}, func() string { return fmt.Sprintf("spares ahead placed in cgroups %v, want 5", cgs) })
+	// No port is made for them: a veth appearing on the host would abort a local browser's requests in flight
+	// (the console's run_code), and they start while the sandbox's run_code runs.
+	if len(ports) != 0 {
+		t.Errorf("spares ahead have ports %v, want none until a fork claims them", ports)
+	}
 
 	// b runs code while a has held the budget less than 5 s: b gets none.
 	b := create(t, s, nil)

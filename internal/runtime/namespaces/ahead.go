@@ -89,7 +89,10 @@ func (r *Runtime) PrepareFork(h runtime.Handle, limits runtime.Spec) {
 		}()
 	}
 	r.log.Debug("spares ahead of a first fork", "family", f.id, "spares", k, "gave_up", len(evicted))
-	r.refillSpares(f, k, limitsOf(limits))
+	// No ports prepared: a veth appearing on the host makes a browser there (the console, on the server's own
+	// machine) abort its requests in flight (Chromium: net::ERR_NETWORK_CHANGED), and these spares start while the
+	// sandbox's run_code is in flight. The fork that claims them makes their ports, beside its clones.
+	r.refillSpares(f, k, limitsOf(limits), false)
 }
 
 // admitAhead decides whether a family may be granted k spares at now, within budget, given when the families

@@ -106,7 +106,7 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	}
 	r.mu.Unlock()
 	res.Total = time.Since(start)
-	r.refillSpares(f, len(kids), limitsOf(kids[0].spec))
+	r.refillSpares(f, len(kids), limitsOf(kids[0].spec), true)
 	return res, nil
 }
 
@@ -379,8 +379,8 @@ const spareRefillDelay = 250 * time.Millisecond
 
 // refillSpares has the family's init start spares, in the background, for a next fork like this one: a family
 // that forked n children once is likely to do so again (search rounds, fork and merge loops); or for a first
-// fork (PrepareFork).
-func (r *Runtime) refillSpares(f *family, n int, limits cgroups.Limits) {
+// fork (PrepareFork). ports: whether each gets its port prepared too (placeSpare).
+func (r *Runtime) refillSpares(f *family, n int, limits cgroups.Limits, ports bool) {
 	n = min(n, r.cfg.SpareAgents)
 	if n <= 0 {
 		return
@@ -405,7 +405,7 @@ func (r *Runtime) refillSpares(f *family, n int, limits cgroups.Limits) {
 			r.log.Debug("start spare agents", "family", f.id, "err", err)
 			return
 		}
-		r.placeSpares(f, rep.Spares, limits)
+		r.placeSpares(f, rep.Spares, limits, ports)
 	}()
 }
 
@@ -427,15 +427,16 @@ func (r *Runtime) topUpSpares(ctx context.Context, f *family, n int, limits cgro
 			r.log.Debug("start spare agents for a fork", "family", f.id, "err", err)
 			return nil
 		}
-		r.placeSpares(f, rep.Spares, limits)
+		r.placeSpares(f, rep.Spares, limits, true)
 	}
 	return f.pool.reserve(n, maxAge)
 }
 
 // placeSpares puts each idle spare (pids in the family's PID namespace) in a cgroup of its own, off the fork's
 // path, so that the spawn claiming it renames the cgroup instead of moving the agent (a v1 move waits ~8 ms for
-// RCU). Cgroups of spares no longer idle and never claimed (retired) are removed. Only where cgroups rename (v1).
-func (r *Runtime) placeSpares(f *family, idle []int, limits cgroups.Limits) {
+// RCU), and, if ports, with its port prepared (placeSpare). Cgroups of spares no longer idle and never claimed
+// (retired) are removed. Only where cgroups rename (v1).
+func (r *Runtime) placeSpares(f *family, idle []int, limits cgroups.Limits, ports bool) {
 	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); !ok {
 		return
 	}
@@ -475,7 +476,7 @@ func (r *Runtime) placeSpares(f *family, idle []int, limits cgroups.Limits) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sp := r.placeSpare(f, nsPid, hostPids[nsPid], limits)
+			sp := r.placeSpare(f, nsPid, hostPids[nsPid], limits, ports)
 			p.mu.Lock()
 			if sp.cgroup != "" {
 				p.placed[nsPid] = sp
@@ -489,8 +490,9 @@ func (r *Runtime) placeSpares(f *family, idle []int, limits cgroups.Limits) {
 
 // placeSpare moves spare nsPid (host pid hostPid; 0: not found) into a new cgroup of its own, with limits (those
 // the family's last fork gave its children, which its next fork likely gives too: the claim then writes none),
-// and returns where it is (zero if it could not, or the family has ended).
-func (r *Runtime) placeSpare(f *family, nsPid, hostPid int, limits cgroups.Limits) placedSpare {
+// and, if ports, prepares its port (preparePort); it returns where it is (zero if it could not, or the family
+// has ended).
+func (r *Runtime) placeSpare(f *family, nsPid, hostPid int, limits cgroups.Limits, ports bool) placedSpare {
 	f.pool.life.RLock()
 	defer f.pool.life.RUnlock()
 	if f.pool.ended || hostPid == 0 {
@@ -510,8 +512,11 @@ func (r *Runtime) placeSpare(f *family, nsPid, hostPid int, limits cgroups.Limit
 		cg.Delete() //nolint:errcheck // empty: the move failed
 		return placedSpare{}
 	}
-	return placedSpare{nsPid: nsPid, cgroup: name, limits: limits, at: time.Now(), hostPid: hostPid, start: start,
-		port: r.preparePort(f, nsPid, hostPid)}
+	sp := placedSpare{nsPid: nsPid, cgroup: name, limits: limits, at: time.Now(), hostPid: hostPid, start: start}
+	if ports {
+		sp.port = r.preparePort(f, nsPid, hostPid)
+	}
+	return sp
 }
 
 // reserveMaxAge is how long after its placement a spare may still be chosen ahead by a fork (sparePool.reserve),

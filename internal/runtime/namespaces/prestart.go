@@ -205,7 +205,7 @@ func (r *Runtime) prestartFamily() (prestarted, error) {
 		r.endPrestarted(p)
 		return prestarted{}, err
 	}
-	r.placeSpares(f, rep.Spares, spareLimits)
+	r.placeSpares(f, rep.Spares, spareLimits, true)
 	p.at = time.Now()
 	return p, nil
 }
