@@ -279,7 +279,7 @@ func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChil
 			if c.sb != nil {
 				c.err = r.giveRoot(ctx, f, c.sb, c.spec, c.dir, c.token)
 			} else {
-				c.sb, c.err = r.spawnOn(ctx, f, c.spec, c.dir, c.token, nil)
+				c.sb, c.err = r.spawn(ctx, f, c.spec, c.dir, c.token)
 			}
 			if c.err == nil {
 				// Its agent answers: the start (which waits there for the forked interpreter to attach) goes now,

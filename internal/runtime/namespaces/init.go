@@ -453,15 +453,10 @@ func handOver(sp spareAgent, cfg []byte, mountFd int) error {
 
 // claimSpareByPid hands the config and root mount to the idle spare pid.
 func claimSpareByPid(pid int, cfg []byte, mountFd int) error {
-	spares.Lock()
-	i := slices.IndexFunc(spares.idle, func(sp spareAgent) bool { return sp.pid == pid })
-	if i < 0 {
-		spares.Unlock()
+	sp, ok := takeIdleSpare(pid)
+	if !ok {
 		return fmt.Errorf("spare agent %d is not idle", pid)
 	}
-	sp := spares.idle[i]
-	spares.idle = slices.Delete(spares.idle, i, i+1)
-	spares.Unlock()
 	if err := handOver(sp, cfg, mountFd); err != nil {
 		return fmt.Errorf("claim spare agent %d: %w", pid, err)
 	}
@@ -529,15 +524,22 @@ func retireIdleSpares() {
 // dropSpare takes a spare that died (the server retired or could not seat it) off the idle list as it is reaped:
 // once reaped its pid may be reused, and a process of a sandbox must never be handed out, or placed, as a spare.
 func dropSpare(pid int) {
+	if sp, ok := takeIdleSpare(pid); ok {
+		unix.Close(sp.claim)
+	}
+}
+
+// takeIdleSpare takes spare pid off the idle list; false if it is not on it.
+func takeIdleSpare(pid int) (spareAgent, bool) {
 	spares.Lock()
 	defer spares.Unlock()
-	for i, sp := range spares.idle {
-		if sp.pid == pid {
-			unix.Close(sp.claim)
-			spares.idle = slices.Delete(spares.idle, i, i+1)
-			return
-		}
+	i := slices.IndexFunc(spares.idle, func(sp spareAgent) bool { return sp.pid == pid })
+	if i < 0 {
+		return spareAgent{}, false
 	}
+	sp := spares.idle[i]
+	spares.idle = slices.Delete(spares.idle, i, i+1)
+	return sp, true
 }
 
 // onlySparesLeft reports whether every child of the init is an idle spare (the family's sandboxes are gone).

@@ -349,22 +349,17 @@ func startRequest(s runtime.Spec) agent.StartRequest {
 }
 
 // spawn starts the agent of sandbox spec in family f, on layer dir, places it in its cgroup and network,
-// and returns the new sandbox. On error everything it made is undone.
+// and returns the new sandbox: on a placed spare if one is free, else on a new agent. On error everything it
+// made is undone.
 func (r *Runtime) spawn(ctx context.Context, f *family, spec runtime.Spec, dir, replToken string) (_ *sandbox, err error) {
-	return r.spawnOn(ctx, f, spec, dir, replToken, nil)
-}
-
-// spawnOn is spawn, on the spare reserved for it (sparePool.reserve) if reserved is not nil: that spare or none.
-func (r *Runtime) spawnOn(ctx context.Context, f *family, spec runtime.Spec, dir, replToken string, reserved *placedSpare) (_ *sandbox, err error) {
-	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok && reserved == nil {
-		// Where the server places spares, it chooses them too: the init's own choice could be a spare that a fork
-		// running beside this spawn has reserved (and forked an interpreter for).
-		if got := f.pool.reserve(1, reserveMaxAge(r.cfg.SpareIdle)); got != nil {
-			reserved = &got[0]
-		}
+	// Where the server places spares, it chooses them too: the init's own choice could be a spare that a fork
+	// running beside this spawn has reserved (and forked an interpreter for).
+	var reserved []placedSpare
+	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok {
+		reserved = f.pool.reserve(1, reserveMaxAge(r.cfg.SpareIdle))
 	}
 	if reserved != nil {
-		sb, err := r.seat(ctx, f, spec, *reserved)
+		sb, err := r.seat(ctx, f, spec, reserved[0])
 		if err != nil {
 			return nil, err
 		}
@@ -448,7 +443,7 @@ func (r *Runtime) spawnAgent(ctx context.Context, f *family, spec runtime.Spec, 
 	}
 	req := initRequest{Op: "spawn", Config: &agent.Config{Hostname: spec.Hostname, ReplToken: replToken}}
 	if _, ok := r.cfg.Cgroups.(cgroups.Renamer); ok {
-		req.Fresh = true // the server chooses spares here (spawnOn): none was free
+		req.Fresh = true // the server chooses spares here (spawn): none was free
 	}
 	rep, err := f.call(ctx, req, []int{mfd})
 	unix.Close(mfd)
