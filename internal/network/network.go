@@ -231,13 +231,7 @@ func (m *Manager) Attach(ctx context.Context, nsFD int, ip net.IP, hostVeth stri
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			if derr := m.Detach(hostVeth); derr != nil {
-				m.log.Warn("attach cleanup failed", "veth", hostVeth, "err", derr)
-			}
-		}
-	}()
+	defer m.detachOnError("attach", hostVeth, &err)
 
 	if m.afterCreate != nil {
 		if err := m.afterCreate(); err != nil {
@@ -287,6 +281,17 @@ func (m *Manager) addPair(op string, nsFD int, hostVeth string, mac net.Hardware
 		return nil, nil, fmt.Errorf("%s %s: create veth: %w", op, hostVeth, err)
 	}
 	return veth, br, nil
+}
+
+// detachOnError removes the pair hostVeth that op (Attach, Prepare) made, if op is failing (*err is set): on
+// failure nothing of it is left.
+func (m *Manager) detachOnError(op, hostVeth string, err *error) {
+	if *err == nil {
+		return
+	}
+	if derr := m.Detach(hostVeth); derr != nil {
+		m.log.Warn(op+" cleanup failed", "veth", hostVeth, "err", derr)
+	}
 }
 
 // joinBridge marks host (a veth's host side) with the server's alias, puts it on the bridge br and isolates the
@@ -401,13 +406,7 @@ func (m *Manager) Prepare(ctx context.Context, nsFD int, hostVeth string) (err e
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			if derr := m.Detach(hostVeth); derr != nil {
-				m.log.Warn("prepare cleanup failed", "veth", hostVeth, "err", derr)
-			}
-		}
-	}()
+	defer m.detachOnError("prepare", hostVeth, &err)
 	if err := m.joinBridge("prepare", veth, br); err != nil {
 		return err
 	}

@@ -183,13 +183,21 @@ func TestAttachDetach(t *testing.T) {
 // hasEth0 reports whether namespace ns has an eth0.
 func hasEth0(t *testing.T, ns netns.NsHandle) bool {
 	t.Helper()
+	_, _, err := nsEth0(t, ns)
+	return err == nil
+}
+
+// nsEth0 returns a netlink handle working in namespace ns (closed when the test ends) and ns's eth0, or the
+// error of looking it up.
+func nsEth0(t *testing.T, ns netns.NsHandle) (*netlink.Handle, netlink.Link, error) {
+	t.Helper()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
-	_, err = h.LinkByName("eth0")
-	return err == nil
+	t.Cleanup(h.Close)
+	eth, err := h.LinkByName("eth0")
+	return h, eth, err
 }
 
 // checkDetach checks that Detach removes the host veth and eth0 in the namespace, and that a second Detach is fine.
@@ -235,12 +243,7 @@ func TestPrepareAttach(t *testing.T) {
 	if pi, err := netlink.LinkGetProtinfo(host); err != nil || !pi.Isolated {
 		t.Errorf("prepared port is not isolated (%+v, %v)", pi, err)
 	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
+	h, eth, err := nsEth0(t, ns)
 	if err != nil {
 		t.Fatalf("eth0 in netns: %v", err)
 	}
@@ -307,12 +310,7 @@ func checkAttached(t *testing.T, m *Manager, ns netns.NsHandle, veth string, ip 
 	}
 
 	// Inside: eth0 has the address, lo and eth0 are up, default route via the gateway.
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
+	h, eth, err := nsEth0(t, ns)
 	if err != nil {
 		t.Fatalf("eth0 in netns: %v", err)
 	}
