@@ -9,8 +9,14 @@ DATA_DIR  ?= /var/lib/ramify
 
 all: build
 
+# The in-sandbox program (internal/guest: family init and agents) is linked on its own, without the server's
+# libraries, and embedded in the ramify binary; it is removed after each build so that a plain go build never
+# embeds a stale one (cmd/ramify/embedded/README.md).
+GUEST := cmd/ramify/embedded/ramify-guest
+with-guest = CGO_ENABLED=0 $(GO) build -trimpath -o $(GUEST) ./internal/guest && { $(1); s=$$?; rm -f $(GUEST); exit $$s; }
+
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/ramify
+	$(call with-guest,CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/ramify)
 
 setup:
 	@./scripts/setup
@@ -38,10 +44,11 @@ test-go:
 
 # The race detector on the concurrent core: a -race build of the server (sandbox service, API, runtime) runs the
 # integration tests that race forks, merges, pauses and deletes against each other; the family init and the
-# agents run the static binary. Then every test of the sandbox service itself, on the fake runtime (no root).
+# agents run the static in-sandbox program it embeds. Then every test of the sandbox service itself, on the fake
+# runtime (no root).
 test-race: build
-	$(GO) build -race -o bin/ramify-race ./cmd/ramify
-	GORACE=halt_on_error=1 RAMIFY_TEST_BINARY=$(abspath bin/ramify-race) RAMIFY_TEST_RUNTIME_BINARY=$(abspath $(BIN)) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) \
+	$(call with-guest,$(GO) build -race -o bin/ramify-race ./cmd/ramify)
+	GORACE=halt_on_error=1 RAMIFY_TEST_BINARY=$(abspath bin/ramify-race) RAMIFY_TEST_IMAGE_DIR=$(IMAGE_DIR) \
 		$(GO) test -race -count=1 -timeout 15m -run 'Concurrent|Race|Merge|ForkChildren|ForkMany|SpareAgents|SparesAhead|BadInput|Restart' ./tests/integration/
 	GORACE=halt_on_error=1 $(GO) test -race -count=1 -timeout 5m ./internal/sandbox/
 

@@ -106,7 +106,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.s3Access, "s3-access-key", os.Getenv("RAMIFY_S3_ACCESS_KEY"), "S3 access key (env RAMIFY_S3_ACCESS_KEY)")
 	fs.StringVar(&f.s3Secret, "s3-secret-key", os.Getenv("RAMIFY_S3_SECRET_KEY"), "S3 secret key (env RAMIFY_S3_SECRET_KEY)")
 	fs.BoolVar(&f.s3Secure, "s3-tls", os.Getenv("RAMIFY_S3_TLS") == "1", "use HTTPS for S3 (env RAMIFY_S3_TLS=1)")
-	fs.StringVar(&f.runtimeBinary, "runtime-binary", os.Getenv("RAMIFY_RUNTIME_BINARY"), "static ramify binary to run as family init and agent (default: this one; set it when this one is not static, e.g. built with -race)")
+	fs.StringVar(&f.runtimeBinary, "runtime-binary", os.Getenv("RAMIFY_RUNTIME_BINARY"), "static ramify binary to run as family init and agent (default: the in-sandbox program make build embeds in this one, else this one, which must then be static)")
 	f.observe.register(fs)
 	f.ingress.register(fs)
 	f.ssh.register(fs)
@@ -208,8 +208,16 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	defer lock.Close()
-	if err := checkRuntimeBinary(f.runtimeBinary); err != nil {
+	guest, err := guestProgram()
+	if err != nil {
+		return fmt.Errorf("embedded in-sandbox program: %w", err)
+	}
+	if err := checkRuntimeBinary(f.runtimeBinary, guest != nil); err != nil {
 		return err
+	}
+	if f.runtimeBinary == "" && guest == nil {
+		log.Warn("this binary has no in-sandbox program embedded (built without make build): sandboxes run the whole " +
+			"binary as their init and agents, ~1.7 MiB more private memory and ~8 ms more CPU per agent start")
 	}
 	key, keySource, err := loadOrCreateKey(f.dataDir, f.apiKey)
 	if err != nil {
@@ -269,7 +277,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	defer st.Close()
-	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, ImageRootfs: img.Rootfs, Layers: layers,
+	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, Guest: guest, ImageRootfs: img.Rootfs, Layers: layers,
 		Images:  func(name string) ([]string, error) { return image.Lowers(f.imageDir, name) },
 		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle, SpareAhead: f.spareAhead, Owner: owner,
 		PrestartFamilies: f.prestartFamilies})
@@ -447,10 +455,14 @@ func lockDataDir(dataDir string) (*os.File, error) {
 	return f, nil
 }
 
-// checkRuntimeBinary refuses a runtime binary (the one given, or this one) that is dynamically linked: it is
-// re-executed as family init and agent inside a root that has no dynamic loader or libc, so every create would
-// fail with "spawn agent: no such file or directory".
-func checkRuntimeBinary(given string) error {
+// checkRuntimeBinary refuses a runtime binary (the one given, or this one unless it embeds the in-sandbox
+// program, which make build links statically) that is dynamically linked: it is re-executed as family init and
+// agent inside a root that has no dynamic loader or libc, so every create would fail with "spawn agent: no such
+// file or directory".
+func checkRuntimeBinary(given string, embedded bool) error {
+	if given == "" && embedded {
+		return nil
+	}
 	path, flag := given, "--runtime-binary "+given
 	if path == "" {
 		exe, err := os.Executable()

@@ -54,12 +54,12 @@ func TestCheckRuntimeBinaryDynamic(t *testing.T) {
 	if ok, _, _ := dynamicallyLinked(dyn); !ok {
 		t.Skip("the cgo build came out static on this host: nothing to check")
 	}
-	err := checkRuntimeBinary(dyn)
+	err := checkRuntimeBinary(dyn, true) // a binary given is checked even when this one embeds a program
 	if err == nil || !strings.Contains(err.Error(), "dynamically linked") || !strings.Contains(err.Error(), "CGO_ENABLED=0 go build") {
 		t.Fatalf("dynamic binary: %v; want a refusal naming CGO_ENABLED=0 go build", err)
 	}
 	static := build("0", filepath.Join(dir, "static"))
-	if err := checkRuntimeBinary(static); err != nil {
+	if err := checkRuntimeBinary(static, false); err != nil {
 		t.Fatalf("static binary refused: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
@@ -179,5 +180,50 @@ func TestFailedStartUnwindsLayerMount(t *testing.T) {
 	}
 	if len(loops) != 0 {
 		t.Errorf("loop devices left attached to %s after the failed start: %v", img, loops)
+	}
+}
+
+// TestSandboxesRunTheGuestProgram: a server built by make build runs its embedded in-sandbox program, not
+// itself, as family init and agents (a fresh sandbox's, a fork child's and a spare's): each runs from a sealed
+// memfd a fraction of the server binary's size. A binary built with a plain go build has none (see
+// cmd/ramify/embedded/README.md): build the one under test with make build.
+func TestSandboxesRunTheGuestProgram(t *testing.T) {
+	s := testserver.Start(t)
+	server, err := os.Stat(testserver.Binary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := create(t, s, nil)
+	value(t, s, id, "1")
+	kids, err := s.Client.Fork(ctxT(t), id, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value(t, s, kids[0], "1")
+	check := func(what string, pid int) {
+		t.Helper()
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		st, err := os.Stat(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil || !strings.HasPrefix(exe, "/memfd:ramify") {
+			t.Fatalf("%s (pid %d) runs %q (%v), want the sealed memfd", what, pid, exe, err)
+		}
+		if st.Size() > server.Size()/3 {
+			t.Fatalf("%s (pid %d) runs a %d-byte program, the server's own binary is %d bytes: the in-sandbox program "+
+				"is not embedded (build the binary under test with make build)", what, pid, st.Size(), server.Size())
+		}
+	}
+	for _, sb := range []string{id, kids[0]} {
+		pid := testserver.AgentPid(sb)
+		if pid == 0 {
+			t.Fatalf("no agent found for %s", sb)
+		}
+		check("agent of "+sb, pid)
+	}
+	inits := s.Inventory().Inits
+	if len(inits) == 0 {
+		t.Fatal("no family init found")
+	}
+	for _, pid := range inits {
+		check("family init", pid)
 	}
 }

@@ -1,6 +1,7 @@
 package namespaces
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -9,8 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sealedBinary copies the ramify executable run as family init and agent (path, or this process's own) into a
-// sealed memfd with mode 0111, and returns it. Family inits and agents are exec'd from it, never from a path:
+// sealedBinary copies the program run as family init and agent (the executable at path, else program, else this
+// process's own executable) into a sealed memfd with mode 0111, and returns it. Family inits and agents are exec'd from it, never from a path:
 //
 //   - a process exec'd from a file it cannot read is non-dumpable from its first instruction, and its memory
 //     belongs to the host's user namespace (the kernel's would_dump): nothing in a sandbox, not even root of the
@@ -19,15 +20,19 @@ import (
 //     root's CAP_DAC_OVERRIDE does not apply to it either;
 //   - the sandbox's uid need not reach the server's binary (a checkout under /root works), and replacing the
 //     binary on disk does not change what running families execute.
-func sealedBinary(path string) (*os.File, error) {
-	if path == "" {
-		path = "/proc/self/exe"
+func sealedBinary(path string, program []byte) (*os.File, error) {
+	var src io.Reader = bytes.NewReader(program)
+	if path != "" || program == nil {
+		if path == "" {
+			path = "/proc/self/exe"
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("open ramify binary: %w", err)
+		}
+		defer f.Close()
+		src = f
 	}
-	src, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open ramify binary: %w", err)
-	}
-	defer src.Close()
 	fd, err := unix.MemfdCreate("ramify", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
 	if errors.Is(err, unix.EINVAL) { // a kernel before 6.3 has no MFD_EXEC (its memfds are executable)
 		fd, err = unix.MemfdCreate("ramify", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)

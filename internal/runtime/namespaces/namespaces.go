@@ -43,9 +43,13 @@ const (
 // Config configures the runtime.
 type Config struct {
 	DataDir string // the server's data directory (logs go to DataDir/logs)
-	// Binary is the statically linked ramify executable run as family init and agent (default /proc/self/exe).
-	// It must be static: the family init runs it from an empty root file system.
-	Binary      string
+	// Binary is the statically linked ramify executable run as family init and agent; when empty, Guest is,
+	// and when that is nil too, this process's own executable (/proc/self/exe). It must be static: the family
+	// init runs it from an empty root file system.
+	Binary string
+	// Guest is the in-sandbox program (internal/guest: `__init` and `__agent` only), as make build embeds it
+	// in the ramify binary.
+	Guest       []byte
 	ImageRootfs string // the default image: the read-only lower layer of sandboxes without an image of their own
 	// Images returns the overlay lower dirs of a named image, top first (image.Lowers); nil: only the default
 	// image exists.
@@ -108,7 +112,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o700); err != nil {
 		return nil, err
 	}
-	bin, err := sealedBinary(cfg.Binary)
+	bin, err := sealedBinary(cfg.Binary, cfg.Guest)
 	if err != nil {
 		return nil, err
 	}
