@@ -279,6 +279,49 @@ func TestProcTreeKillFindsMarkedProcesses(t *testing.T) {
 	}
 }
 
+// A marked process caught while it shows no environment (an exec chain whose programs start with an empty one
+// and end in one that carries the marker, as a process in the middle of execve shows none) is looked at again,
+// not left alive; one whose environment stays empty is left alone, and the kill still ends.
+func TestProcTreeKillLooksAgainAtEmptyEnvironments(t *testing.T) {
+	token := execToken()
+	start := func(script string) *exec.Cmd {
+		c := exec.Command("/bin/sh", "-c", script)
+		c.Env = []string{}
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go c.Wait() //nolint:errcheck
+		t.Cleanup(func() { c.Process.Kill() })
+		return c
+	}
+	root := exec.Command("sleep", "100")
+	root.Env = []string{ExecIDEnv + "=" + token}
+	root.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := root.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go root.Wait() //nolint:errcheck
+	t.Cleanup(func() { root.Process.Kill() })
+	tree := newProcTree("/proc", root.Process.Pid, token)
+	time.Sleep(20 * time.Millisecond) // a later start time than the root's (clock ticks of 10 ms)
+	late := start("/bin/sleep 0.01; exec /usr/bin/env " + ExecIDEnv + "=" + token + " /bin/sleep 100")
+	bare := start("exec /bin/sleep 100")
+	time.Sleep(2 * time.Millisecond)
+	began := time.Now()
+	tree.kill()
+	took := time.Since(began)
+	if !goneWithin(late.Process.Pid, 10*time.Second) {
+		t.Fatalf("the process that showed its marker late is alive (kill took %v)", took)
+	}
+	if !alive(bare.Process.Pid) {
+		t.Fatal("a process without the marker was killed")
+	}
+	if took > 2*time.Second {
+		t.Fatalf("kill took %v with an empty environment in sight", took)
+	}
+}
+
 // What a job left running writes after its call answered is discarded to the end, by splice or by reads.
 func TestDiscardDrainsToTheEnd(t *testing.T) {
 	r, w, err := os.Pipe()

@@ -230,14 +230,18 @@ func (t *procTree) track() (stop func()) {
 // again, so a pid reused in between is never hit.
 func (t *procTree) kill() {
 	syscall.Kill(-t.root, syscall.SIGKILL)
+	began := time.Now()
 	for round := 0; round < 50; round++ {
 		procs := t.snapshot()
 		live := t.attribute(procs)
-		if marked := t.marked(procs); len(marked) > 0 {
-			live = append(live, marked...)
-		}
+		marked, unsure := t.marked(procs)
+		live = append(live, marked...)
 		if len(live) == 0 {
-			return
+			// A process caught in execve shows an empty environment for a moment: look at it again before
+			// leaving it alive (one whose environment is empty for good is left after unsureFor).
+			if !unsure || time.Since(began) > unsureFor {
+				return
+			}
 		}
 		for _, p := range live {
 			t.killOne(p)
@@ -247,23 +251,28 @@ func (t *procTree) kill() {
 	}
 }
 
+// unsureFor is how long a kill keeps looking at processes whose environment reads empty.
+const unsureFor = 100 * time.Millisecond
+
 // marked returns the live processes of procs not yet attributed, started no earlier than the command, whose
-// environment holds the command's marker, and records them as the command's.
-func (t *procTree) marked(procs []procStat) []procStat {
+// environment holds the command's marker, and records them as the command's. unsure reports a candidate whose
+// environment read empty: between execve's switch to the new program's memory and the kernel's recording of its
+// environment there, /proc/<pid>/environ shows nothing, so a process of the command caught in that moment (a
+// setsid'd child exec'ing its program as the kill comes) would be left alive if taken at its word.
+func (t *procTree) marked(procs []procStat) (out []procStat, unsure bool) {
 	if t.marker == nil {
-		return nil
+		return nil, false
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	since, ok := t.known[t.root]
 	if !ok {
-		return nil
+		return nil, false
 	}
 	self := os.Getpid()
 	// Only this sandbox's processes (the agent's cgroup): the family's PID namespace shows its siblings' too,
 	// whose environments are none of this agent's business.
 	own := t.readFile(self, "cgroup", 64<<10)
-	var out []procStat
 	for _, p := range procs {
 		if s, ok := t.known[p.pid]; (ok && s == p.start) || p.pid == self || p.start < since || p.state == 'Z' || p.state == 'X' {
 			continue
@@ -271,21 +280,20 @@ func (t *procTree) marked(procs []procStat) []procStat {
 		if own == nil || !bytes.Equal(t.readFile(p.pid, "cgroup", 64<<10), own) {
 			continue
 		}
-		if t.hasMarker(p.pid) {
+		switch env := t.readFile(p.pid, "environ", 4<<20); {
+		case len(env) == 0:
+			unsure = unsure || env != nil
+		case hasMarker(env, t.marker):
 			t.known[p.pid] = p.start
 			out = append(out, p)
 		}
 	}
-	return out
+	return out, unsure
 }
 
-// hasMarker reports whether process pid's environment (as it was at its execve) holds the marker.
-func (t *procTree) hasMarker(pid int) bool {
-	env := t.readFile(pid, "environ", 4<<20)
-	if env == nil {
-		return false
-	}
-	return bytes.Contains(append(append([]byte{0}, env...), 0), t.marker)
+// hasMarker reports whether a process's environment (as /proc/<pid>/environ shows it) holds the marker.
+func hasMarker(env, marker []byte) bool {
+	return bytes.Contains(append(append([]byte{0}, env...), 0), marker)
 }
 
 // readFile reads up to limit bytes of /proc/<pid>/<name> (nil if it cannot).
