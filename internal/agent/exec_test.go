@@ -249,17 +249,7 @@ func BenchmarkProcTreeScan(b *testing.B) {
 // left alone.
 func TestProcTreeKillFindsMarkedProcesses(t *testing.T) {
 	token := execToken()
-	start := func(env string) *exec.Cmd {
-		c := exec.Command("sleep", "100")
-		c.Env = []string{"PATH=/usr/bin:/bin", env}
-		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go c.Wait() //nolint:errcheck
-		t.Cleanup(func() { c.Process.Kill() })
-		return c
-	}
+	start := func(env string) *exec.Cmd { return startSetsid(t, []string{"PATH=/usr/bin:/bin", env}, "sleep", "100") }
 	for _, scanned := range []bool{true, false} { // false: the kill comes before the tracker's first scan
 		root := start(ExecIDEnv + "=" + token)
 		tree := newProcTree("/proc", root.Process.Pid, token)
@@ -284,25 +274,8 @@ func TestProcTreeKillFindsMarkedProcesses(t *testing.T) {
 // not left alive; one whose environment stays empty is left alone, and the kill still ends.
 func TestProcTreeKillLooksAgainAtEmptyEnvironments(t *testing.T) {
 	token := execToken()
-	start := func(script string) *exec.Cmd {
-		c := exec.Command("/bin/sh", "-c", script)
-		c.Env = []string{}
-		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go c.Wait() //nolint:errcheck
-		t.Cleanup(func() { c.Process.Kill() })
-		return c
-	}
-	root := exec.Command("sleep", "100")
-	root.Env = []string{ExecIDEnv + "=" + token}
-	root.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := root.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go root.Wait() //nolint:errcheck
-	t.Cleanup(func() { root.Process.Kill() })
+	start := func(script string) *exec.Cmd { return startSetsid(t, []string{}, "/bin/sh", "-c", script) }
+	root := startSetsid(t, []string{ExecIDEnv + "=" + token}, "/bin/sleep", "100")
 	tree := newProcTree("/proc", root.Process.Pid, token)
 	time.Sleep(20 * time.Millisecond) // a later start time than the root's (clock ticks of 10 ms)
 	late := start("/bin/sleep 0.01; exec /usr/bin/env " + ExecIDEnv + "=" + token + " /bin/sleep 100")
@@ -320,6 +293,20 @@ func TestProcTreeKillLooksAgainAtEmptyEnvironments(t *testing.T) {
 	if took > 2*time.Second {
 		t.Fatalf("kill took %v with an empty environment in sight", took)
 	}
+}
+
+// startSetsid starts argv in a session of its own with environment env, killed when the test ends.
+func startSetsid(t *testing.T, env []string, argv ...string) *exec.Cmd {
+	t.Helper()
+	c := exec.Command(argv[0], argv[1:]...)
+	c.Env = env
+	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go c.Wait() //nolint:errcheck
+	t.Cleanup(func() { c.Process.Kill() })
+	return c
 }
 
 // What a job left running writes after its call answered is discarded to the end, by splice or by reads.
