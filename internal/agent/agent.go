@@ -562,17 +562,25 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			// too a fresh interpreter forked from a family's zygote. An interpreter forked from a parent sandbox
 			// is not told: it keeps its parent's environment and took the child's cwd when it moved in (whether
 			// it attached before this call or after, the same). An env that Python reads only as it starts
-			// (PYTHONPATH, a locale, HOME for the user site) needs an interpreter started with it instead.
-			if startupEnvDiffers(req.Env) {
+			// (PYTHONPATH, a locale, HOME for the user site) needs an interpreter started with it instead, and
+			// so does a zygote's that imported packages ahead (Client.Preload) which an import in this sandbox
+			// would not find the same (its env, cwd or files differ: the interpreter tells).
+			fresh := startupEnvDiffers(req.Env)
+			if !fresh {
+				holds, err := a.repl.configure(withDefaults(ThreadEnv(req.CPUs), req.Env), req.Cwd)
+				if err != nil {
+					w.emit(Event{Type: "error", Message: "configure interpreter: " + err.Error()})
+					return
+				}
+				fresh = !holds
+			}
+			if fresh {
 				a.repl.drop()
 				pid, err = a.repl.spawn()
 				if err != nil {
 					w.emit(Event{Type: "error", Message: "start interpreter: " + err.Error()})
 					return
 				}
-			} else if err := a.repl.configure(withDefaults(ThreadEnv(req.CPUs), req.Env), req.Cwd); err != nil {
-				w.emit(Event{Type: "error", Message: "configure interpreter: " + err.Error()})
-				return
 			}
 			if req.Fresh {
 				// From now on its interpreter is this sandbox's own, as a fresh one: a later start (the claim of
@@ -610,23 +618,29 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: "snapshot_repl needs a stream"})
 			return
 		}
-		skipped, err := a.repl.session("snapshot", req)
+		m, err := a.repl.session("snapshot", req)
 		if err != nil {
 			w.emit(Event{Type: "error", Message: "save interpreter: " + err.Error()})
 			return
 		}
-		w.emit(Event{Type: "ok", Skipped: append(skipped, a.otherProcesses()...)})
+		w.emit(Event{Type: "ok", Skipped: append(m.Skipped, a.otherProcesses()...), Preload: m.Preload})
 	case OpRestore:
 		if req.Stream && req.file == nil {
 			w.emit(Event{Type: "error", Message: "restore_repl: the stream did not arrive"})
 			return
 		}
-		skipped, err := a.repl.session("restore", req)
+		m, err := a.repl.session("restore", req)
 		if err != nil {
 			w.emit(Event{Type: "error", Message: "restore interpreter: " + err.Error()})
 			return
 		}
-		w.emit(Event{Type: "ok", Skipped: skipped})
+		w.emit(Event{Type: "ok", Skipped: m.Skipped})
+	case OpPreload:
+		if err := a.repl.preload(req.Modules); err != nil {
+			w.emit(Event{Type: "error", Message: "preload: " + err.Error()})
+			return
+		}
+		w.emit(Event{Type: "ok"})
 	case OpFork:
 		pids, err := a.repl.fork(req.Targets, req.files)
 		if err != nil {

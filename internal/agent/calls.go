@@ -17,6 +17,7 @@ const (
 	OpSnapshot  = "snapshot_repl"
 	OpRestore   = "restore_repl"
 	OpFork      = "fork_repl"
+	OpPreload   = "preload_repl"
 	OpAttach    = "attach_repl" // sent by a forked interpreter (repl.py), never by the server
 	OpSession   = "session"     // an interactive session (session.go): the connection is then the session's
 )
@@ -115,10 +116,18 @@ func (c *Client) Interrupt(ctx context.Context, r InterruptRequest) (Interrupted
 }
 
 // SnapshotSession has the interpreter write its session (variables, imports) as a session stream to w, which it
-// takes (and closes once sent). The answer lists what could not be saved.
-func (c *Client) SnapshotSession(ctx context.Context, w *os.File) ([]Skipped, error) {
+// takes (and closes once sent). The answer lists what could not be saved, and the packages loading the stream
+// will import (see Preload).
+func (c *Client) SnapshotSession(ctx context.Context, w *os.File) (skipped []Skipped, preload []string, err error) {
 	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpSnapshot, Stream: true}, []*os.File{w}, nil)
-	return ev.Skipped, err
+	return ev.Skipped, ev.Preload, err
+}
+
+// Preload has the interpreter import modules ahead of a session that will need them (a zygote kept for resumes
+// of such sessions); nothing of its session changes.
+func (c *Client) Preload(ctx context.Context, modules []string) error {
+	_, err := c.roundTrip(ctx, Request{Op: OpPreload, Modules: modules}, nil)
+	return err
 }
 
 // RestoreSession has the interpreter load a session stream from r, which it takes. The answer lists what could

@@ -51,6 +51,9 @@ type Request struct {
 	// (snapshots made before session streams).
 	Stream bool   `json:"stream,omitempty"`
 	Dir    string `json:"dir,omitempty"`
+
+	// preload_repl: packages the interpreter imports ahead of a session that needs them
+	Modules []string `json:"modules,omitempty"`
 	// files are the descriptors that came with the request (SCM_RIGHTS); file is the first, if any.
 	files []*os.File
 	file  *os.File
@@ -137,6 +140,8 @@ type Event struct {
 
 	// snapshot_repl and restore_repl: what could not be saved or loaded, by name
 	Skipped []Skipped `json:"skipped,omitempty"`
+	// snapshot_repl: the packages loading the session will import (only numpy is looked for)
+	Preload []string `json:"preload,omitempty"`
 }
 
 // Skipped names something a pause could not save (a variable, a process) and why.
@@ -165,6 +170,8 @@ type replMsg struct {
 	Pid            int                        `json:"pid,omitempty"`
 	Pids           []int                      `json:"pids,omitempty"`
 	Skipped        []Skipped                  `json:"skipped,omitempty"`
+	Preload        []string                   `json:"preload,omitempty"`
+	PreloadHolds   *bool                      `json:"preload_holds,omitempty"`
 	Bundle         map[string]json.RawMessage `json:"bundle,omitempty"` // display_data and execute_result
 	Op             string                     `json:"op,omitempty"`
 	Token          string                     `json:"token,omitempty"`

@@ -639,10 +639,11 @@ func (p *repl) callFile(req map[string]any, fds ...int) (replMsg, error) {
 	}
 }
 
-// configure sets the interpreter's environment and working directory.
-func (p *repl) configure(env map[string]string, cwd string) error {
-	_, err := p.call(map[string]any{"op": "configure", "env": env, "cwd": cwd})
-	return err
+// configure sets the interpreter's environment and working directory. holds is false when the interpreter
+// imported packages ahead (preload) that an import would not find the same with them.
+func (p *repl) configure(env map[string]string, cwd string) (holds bool, err error) {
+	m, err := p.call(map[string]any{"op": "configure", "env": env, "cwd": cwd})
+	return m.PreloadHolds == nil || *m.PreloadHolds, err
 }
 
 // fork asks the interpreter to fork once per target; it returns the children's pids (family PID namespace).
@@ -656,12 +657,16 @@ func (p *repl) fork(targets []ForkTarget, files []*os.File) ([]int, error) {
 }
 
 // session runs the interpreter's snapshot or restore op, on the session stream sent with req or (restore of an
-// older snapshot) on req.Dir, and returns what it could not handle.
-func (p *repl) session(op string, req Request) ([]Skipped, error) {
+// older snapshot) on req.Dir; its answer lists what it could not handle (and, for a snapshot, Preload).
+func (p *repl) session(op string, req Request) (replMsg, error) {
 	if req.Stream {
-		m, err := p.callFile(map[string]any{"op": op, "stream": true}, int(req.file.Fd()))
-		return m.Skipped, err
+		return p.callFile(map[string]any{"op": op, "stream": true}, int(req.file.Fd()))
 	}
-	m, err := p.call(map[string]any{"op": op, "dir": req.Dir})
-	return m.Skipped, err
+	return p.call(map[string]any{"op": op, "dir": req.Dir})
+}
+
+// preload imports modules in the interpreter (see Client.Preload).
+func (p *repl) preload(modules []string) error {
+	_, err := p.call(map[string]any{"op": "preload", "modules": modules})
+	return err
 }

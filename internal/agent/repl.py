@@ -851,6 +851,10 @@ def _session_pickler():
     is_installed = getattr(dill._dill, "_is_builtin_module", None)
 
     class Pickler(dill.Pickler):
+        # The packages the stream needs imported to load (only numpy is looked for): a resume may then be given
+        # an interpreter that imported them ahead (see _preload).
+        needs = set()
+
         # Three kinds of object are saved otherwise than dill saves them, each so that it loads as dill's save
         # would and its pickle needs no dill to load (a resume then need not import dill, ~30 ms):
         # - numpy arrays: dill uses its own _create_array and ndarray.__reduce__, which copies the data into the
@@ -864,6 +868,10 @@ def _session_pickler():
         def save(self, obj, save_persistent_id=True):
             t = type(obj)
             np = sys.modules.get("numpy")
+            if np is not None and "numpy" not in Pickler.needs and (
+                    (getattr(t, "__module__", None) or "").partition(".")[0] == "numpy"
+                    or t is _types.ModuleType and obj.__name__.partition(".")[0] == "numpy"):
+                Pickler.needs.add("numpy")
             if np is not None and t is np.ndarray:
                 save = lambda: self.save_reduce(*obj.__reduce_ex__(5), obj=obj)
             elif (t is _types.ModuleType and is_installed is not None
@@ -885,7 +893,8 @@ def _session_pickler():
 
 
 def _snapshot_stream(fd):
-    """Write the session's variables to fd as a session stream; return what could not be saved."""
+    """Write the session's variables to fd as a session stream; return what could not be saved and the packages
+    its loading will import (see Pickler.needs)."""
     Pickler = _session_pickler()
     out = _StreamOut(fd)
     skipped = []
@@ -919,7 +928,59 @@ def _snapshot_stream(fd):
         out.flush()
     finally:
         os.close(fd)
-    return skipped
+    return skipped, sorted(Pickler.needs)
+
+
+# Variables that numpy, its BLAS or OpenMP read as they are imported (the thread counts among them).
+_IMPORT_ENV = ("OPENBLAS_", "GOTO", "OMP_", "MKL_", "BLIS_", "VECLIB_", "NUMPY_", "NPY_", "NUMEXPR_")
+
+# What _preload imported, to tell later whether an import now would find the same: the import-time variables,
+# where each package's top module was found, and the size and mtime of every file its modules came from.
+_preloaded = None
+
+
+def _preload(modules):
+    """Import modules ahead of a session that will need them (a zygote kept for resumes): nothing of the session
+    (its variables, execution count, cells) changes."""
+    global _preloaded
+    import importlib
+    for m in modules:
+        importlib.import_module(m)
+    files = {}
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if path and name.partition(".")[0] in modules:
+            st = os.stat(path)
+            files[path] = (st.st_size, st.st_mtime_ns)
+    _preloaded = {"env": _import_env(), "files": files,
+                  "top": {m: sys.modules[m].__spec__.origin for m in modules}}
+
+
+def _import_env():
+    return {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_ENV)}
+
+
+def _preload_holds():
+    """Whether what _preload imported is what the session would import now, with its env, cwd and files (the
+    sandbox it was forked into): the same import-time variables, each package found where it was, every file of
+    it unchanged. If not, the agent starts a fresh interpreter instead."""
+    if _preloaded is None:
+        return True
+    if _import_env() != _preloaded["env"]:
+        return False
+    import importlib.machinery
+    for name, origin in _preloaded["top"].items():
+        spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
+        if spec is None or spec.origin != origin:
+            return False
+    for path, sig in _preloaded["files"].items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if (st.st_size, st.st_mtime_ns) != sig:
+            return False
+    return True
 
 
 def _restore_stream(fd):
@@ -1039,9 +1100,13 @@ def _serve():
                     os.chdir(req.get("cwd") or "/root")
                 except OSError:
                     pass
-                resp = {"type": "result"}
+                resp = {"type": "result", "preload_holds": _preload_holds()}
             elif op == "snapshot":
-                resp = {"type": "result", "skipped": _snapshot_stream(_rfile.take_fd())}
+                skipped, needs = _snapshot_stream(_rfile.take_fd())
+                resp = {"type": "result", "skipped": skipped, "preload": needs}
+            elif op == "preload":
+                _preload(req.get("modules") or [])
+                resp = {"type": "result"}
             elif op == "restore" and req.get("stream"):
                 resp = {"type": "result", "skipped": _restore_stream(_rfile.take_fd())}
             elif op == "restore":  # a snapshot made before session streams: one pickle file per variable

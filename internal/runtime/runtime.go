@@ -32,6 +32,10 @@ type Spec struct {
 	// Populate, when set, fills the new sandbox's writable layer (its overlay upper directory, on the host)
 	// before anything runs in it: a resume from a snapshot.
 	Populate func(upperDir string) error
+	// Preload lists packages the sandbox's interpreter imports as soon as it runs (a resume's session, whose
+	// loading needs them): the runtime may give it an interpreter that imported them ahead, when that makes no
+	// difference to what the sandbox sees.
+	Preload []string
 }
 
 // Handle is the durable description of a running sandbox, saved by the service so that a restarted server can

@@ -153,7 +153,7 @@ func (s *Service) writeSnapshot(ctx context.Context, fk runtime.Forker, h runtim
 	if err != nil {
 		return Manifest{}, err
 	}
-	session, notSaved, err := s.saveSession(ctx, c, prefix+"session.bin")
+	session, err := s.saveSession(ctx, c, prefix+"session.bin")
 	if err != nil {
 		return Manifest{}, fmt.Errorf("save the interpreter: %w", err)
 	}
@@ -163,7 +163,7 @@ func (s *Service) writeSnapshot(ctx context.Context, fk runtime.Forker, h runtim
 		return Manifest{}, fmt.Errorf("freeze: %w", err)
 	}
 	m := Manifest{Version: 1, Sandbox: id, CreatedAt: time.Now().UTC(), Spec: specJSON,
-		Parts: map[string]Part{"session.bin": session}, NotSaved: notSaved}
+		Parts: map[string]Part{"session.bin": session.part}, NotSaved: session.notSaved, Preload: session.preload}
 	layerPart, err := s.putTar(ctx, prefix+"layer.tar", fk.UpperDir(h), nil)
 	if err != nil {
 		return Manifest{}, fmt.Errorf("write layer.tar: %w", err)

@@ -67,7 +67,7 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
 		ID: id, Hostname: hostname, IP: parseIP(ipStr), VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
 		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
-		Egress: spec.Egress, Image: spec.Image,
+		Egress: spec.Egress, Image: spec.Image, Preload: m.Preload,
 		Populate: func(upper string) error {
 			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
 				return err

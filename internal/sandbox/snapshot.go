@@ -45,13 +45,16 @@ type Part struct {
 
 // Manifest describes a snapshot.
 type Manifest struct {
-	Version   int                `json:"version"`
-	Sandbox   string             `json:"sandbox"`
-	CreatedAt time.Time          `json:"created_at"`
-	Spec      json.RawMessage    `json:"spec"`
-	Parts     map[string]Part    `json:"parts"`
-	NotSaved  []agent.Skipped    `json:"not_saved"`
-	Extra     map[string]float64 `json:"extra,omitempty"`
+	Version   int             `json:"version"`
+	Sandbox   string          `json:"sandbox"`
+	CreatedAt time.Time       `json:"created_at"`
+	Spec      json.RawMessage `json:"spec"`
+	Parts     map[string]Part `json:"parts"`
+	NotSaved  []agent.Skipped `json:"not_saved"`
+	// Preload lists the packages loading session.bin will import (numpy, when its arrays are in it): a resume
+	// may be given an interpreter that imported them ahead (runtime.Spec.Preload).
+	Preload []string           `json:"preload,omitempty"`
+	Extra   map[string]float64 `json:"extra,omitempty"`
 }
 
 // snapshotBytes is the size of a snapshot's parts.
@@ -88,12 +91,19 @@ func newPipe() (r, w *os.File, err error) {
 	return r, w, err
 }
 
+// savedSession is what saveSession stored and learnt.
+type savedSession struct {
+	part     Part
+	notSaved []agent.Skipped // what could not be saved
+	preload  []string        // the packages loading it will import (Manifest.Preload)
+}
+
 // saveSession has the interpreter write its session as a session stream into a pipe whose other end goes
-// straight into the snapshot store under key. It returns the stored part and what could not be saved.
-func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) (Part, []agent.Skipped, error) {
+// straight into the snapshot store under key.
+func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) (savedSession, error) {
 	pr, pw, err := newPipe()
 	if err != nil {
-		return Part{}, nil, err
+		return savedSession{}, err
 	}
 	type put struct {
 		obj snapstore.Object
@@ -105,15 +115,15 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 		pr.Close() // a failed store stops the interpreter's writes (EPIPE)
 		done <- put{obj, err}
 	}()
-	skipped, err := c.SnapshotSession(ctx, pw)
+	skipped, preload, err := c.SnapshotSession(ctx, pw)
 	p := <-done
 	if err != nil {
-		return Part{}, nil, err
+		return savedSession{}, err
 	}
 	if p.err != nil {
-		return Part{}, nil, fmt.Errorf("write session.bin: %w", p.err)
+		return savedSession{}, fmt.Errorf("write session.bin: %w", p.err)
 	}
-	return Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, skipped, nil
+	return savedSession{part: Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, notSaved: skipped, preload: preload}, nil
 }
 
 // fileOpener is a snapshot store that can hand out an object's file (the local store).

@@ -1,7 +1,10 @@
 package integration
 
 import (
+	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +182,121 @@ func TestWarmSandboxFromAZygoteTakesTheCreatesEnv(t *testing.T) {
 	}
 	if !strings.Contains(s.Log(), "warm=true") || fromZygote == 0 {
 		t.Fatalf("no create was served by a warm sandbox made from a zygote (%d)\n%s", fromZygote, s.Log())
+	}
+}
+
+// TestResumeFromAZygoteThatImportedNumpy: a resume whose session holds numpy arrays makes the server keep a
+// family whose zygote imported numpy ahead (fam_n...); a later such resume takes it and its interpreter is that
+// zygote's fork, with the session's state and numpy as a fresh import would give it. A resume that would import
+// numpy otherwise gets a fresh interpreter: a sandbox of 2 vCPUs (other thread counts) is not given that family,
+// and one whose cwd holds its own numpy package (which a fresh import finds first) is, but starts afresh.
+func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1")
+	ctx := ctxT(t)
+	// forkedInterpreter reports whether sandbox id's interpreter was forked (from a zygote) rather than started
+	// by its agent: its parent is not the agent.
+	forkedInterpreter := func(id string) bool {
+		t.Helper()
+		agentPid := testserver.AgentPid(id)
+		for _, pid := range testserver.SandboxPids(id) {
+			if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.HasPrefix(string(cmd), "python3") {
+				st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				if err != nil {
+					t.Fatal(err)
+				}
+				f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+2:]))
+				return f[1] != strconv.Itoa(agentPid)
+			}
+		}
+		t.Fatalf("%s: no interpreter", id)
+		return false
+	}
+	// resumeUntil pauses and resumes id until it lands in a family whose id starts with prefix.
+	resumeUntil := func(id, prefix string) *client.Sandbox {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+			pauseAndWait(t, s, id)
+			resumeAndWait(t, s, id)
+			info, err := s.Client.Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.HasPrefix(info.FamilyID, prefix) {
+				return info
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never resumed into a %s family (last %s)\n%s", id, prefix, info.FamilyID, s.Log())
+			}
+		}
+	}
+	id := create(t, s, &client.CreateRequest{MemMiB: 1024})
+	value(t, s, id, "import numpy as np\na = np.arange(10)\nn = 0")
+	resumeUntil(id, "fam_n")
+	if !forkedInterpreter(id) {
+		t.Fatalf("resumed into a family with numpy imported ahead, but its interpreter was started afresh\n%s", s.Log())
+	}
+	if v := value(t, s, id, "import os; n += 1; (int(a.sum()), np.__file__, os.environ.get('OPENBLAS_NUM_THREADS'), 0 <= np.random.rand() < 1, float(np.ones(3) @ np.ones(3)), n)"); v != "(45, '/usr/lib/python3/dist-packages/numpy/__init__.py', '1', True, 3.0, 1)" {
+		t.Fatalf("after a resume from the zygote: %s", v)
+	}
+	// A session without numpy takes a plain family started ahead.
+	plain := create(t, s, nil)
+	value(t, s, plain, "x = 41")
+	if info := resumeUntil(plain, "fam_p"); value(t, s, plain, "x") != "41" {
+		t.Fatalf("plain session after resume into %s: x is not 41", info.FamilyID)
+	}
+
+	// 2 vCPUs: the zygote's thread counts are a 1-vCPU sandbox's.
+	two := create(t, s, &client.CreateRequest{MemMiB: 1024, VCPU: 2})
+	value(t, s, two, "import numpy as np\na = np.arange(4)\n1")
+	pauseAndWait(t, s, two)
+	resumeAndWait(t, s, two)
+	info, err := s.Client.Get(ctx, two)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(info.FamilyID, "fam_n") {
+		t.Fatalf("a 2-vCPU sandbox resumed into %s, a family whose numpy was imported for 1 vCPU", info.FamilyID)
+	}
+	if v := value(t, s, two, "import os; (int(a.sum()), os.environ.get('OPENBLAS_NUM_THREADS'))"); v != "(6, '2')" {
+		t.Fatalf("2-vCPU sandbox after resume: %s", v)
+	}
+
+	// A numpy package of the sandbox's own in its cwd: a fresh import finds it first, so the resume must too.
+	own := create(t, s, &client.CreateRequest{MemMiB: 1024})
+	value(t, s, own, "import numpy as np\na = np.arange(3)\n1")
+	sh(t, s, own, "mkdir -p /root/numpy && echo 'OWN = True' > /root/numpy/__init__.py")
+	resumeUntil(own, "fam_n")
+	if forkedInterpreter(own) {
+		t.Fatal("a sandbox with its own numpy in its cwd kept the zygote's interpreter, which imported another numpy")
+	}
+	if v := value(t, s, own, "import numpy; (numpy.__file__, getattr(numpy, 'OWN', False))"); v != "('/root/numpy/__init__.py', True)" {
+		t.Fatalf("with its own numpy: %s", v)
+	}
+	for _, sb := range []string{id, plain, two, own} {
+		if err := s.Client.Delete(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Stop()
+	if inv := s.Inventory(); len(inv.Inits) != 0 || len(inv.Cgroups) != 0 || len(inv.Layers) != 0 {
+		t.Fatalf("left after the server stopped: %+v", inv)
+	}
+}
+
+// TestResumeRunsTheSandboxsStartupFiles: a sandbox whose own files change an interpreter's start (a .pth file
+// that adds a directory to sys.path, as editable installs and namespace packages have) resumes into an
+// interpreter started with them, not a zygote's, which started without them.
+func TestResumeRunsTheSandboxsStartupFiles(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1")
+	id := create(t, s, nil)
+	sh(t, s, id, "d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))') && mkdir -p $d /opt/extra && "+
+		"echo /opt/extra > $d/extra.pth && echo 'X = 5' > /opt/extra/extramod.py")
+	if v := value(t, s, id, "import sys; '/opt/extra' in sys.path"); v != "False" {
+		t.Fatalf("before the resume (an interpreter started before the .pth): %s", v)
+	}
+	pauseAndWait(t, s, id)
+	resumeAndWait(t, s, id)
+	if v := value(t, s, id, "import sys, extramod; ('/opt/extra' in sys.path, extramod.X)"); v != "(True, 5)" {
+		t.Fatalf("after the resume: %s", v)
 	}
 }

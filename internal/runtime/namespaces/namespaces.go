@@ -633,7 +633,14 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		return runtime.Handle{}, err
 	}
 	phase("populated")
-	f, zyg := r.takePrestarted()
+	// A zygote's interpreter is given only to a sandbox whose files do not change an interpreter's start (nor,
+	// for one that imported a package ahead, what importing it loads): startup.go.
+	upper := filepath.Join(dir, "upper")
+	noZygote := spec.Populate != nil && layerChanges(upper, startupPatterns)
+	if pkg := preloadFor(spec); pkg != "" && (noZygote || layerChanges(upper, preloadPatterns[pkg])) {
+		spec.Preload = nil
+	}
+	f, zyg := r.takePrestarted(spec)
 	if f == nil {
 		if f, err = r.startFamily(ctx, r.newFamilyID(spec.ID)); err != nil {
 			return runtime.Handle{}, err
@@ -642,13 +649,13 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	undo.add(f.kill)
 	var sb *sandbox
 	switch {
-	case zyg != nil && spec.Image == "":
+	case zyg != nil && spec.Image == "" && !noZygote:
 		sb, err = r.launchFromZygote(ctx, f, zyg, spec, dir, func() { phase("spawned") })
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("fork a zygote failed; starting the interpreter afresh", "sandbox", spec.ID, "err", err)
 			sb, err = r.launch(ctx, f, spec, dir, nil)
 		}
-	case zyg != nil: // another image: the zygote's files are the default image's
+	case zyg != nil: // another image (the zygote's files are the default image's), or startup files of its own
 		r.bgEnd(zyg)
 		fallthrough
 	default:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/ramify-dev/ramify/internal/runtime"
 )
 
 // Families started ahead (Config.PrestartFamilies): a sandbox created without a fork parent (a cold create, a
@@ -18,6 +20,16 @@ import (
 // that age, so that Create never takes one about to end, and a server that dies leaves nothing for long (the
 // next start's reclaim scan removes them at once).
 
+// A resume whose session needs numpy (runtime.Spec.Preload) spends ~115 ms of CPU, most of its time, importing
+// it. Once one was asked for, the pool also keeps, for prestartHold, one family whose zygote imported numpy
+// ahead, started with a 1-vCPU sandbox's thread counts (the default shape; Create gives it only to such
+// sandboxes on the default image). The sandbox's agent still starts a fresh interpreter if an import in the
+// sandbox would not find numpy the same (its env, its cwd, its files: the interpreter checks, see
+// agent.Client.Preload).
+
+// preloadable lists the packages a zygote may import ahead, with their fam_ prefix letter.
+var preloadable = map[string]string{"numpy": "n"}
+
 // prestartHold is how long a family started ahead waits for its first sandbox.
 const prestartHold = 10 * time.Minute
 
@@ -28,18 +40,22 @@ const prestartHold = 10 * time.Minute
 const prestartRefillDelay = 50 * time.Millisecond
 
 type prestartPool struct {
-	once    sync.Once // starts the upkeep
-	mu      sync.Mutex
-	idle    []prestarted
-	filling bool
-	closed  bool
-	stop    chan struct{} // closed by Close: ends the pool's upkeep
+	once sync.Once // starts the upkeep
+	mu   sync.Mutex
+	idle []prestarted
+	// wantPreload: when a create last asked for each preloadable package (Spec.Preload); the pool keeps a
+	// family with it imported ahead for prestartHold after that.
+	wantPreload map[string]time.Time
+	filling     bool
+	closed      bool
+	stop        chan struct{} // closed by Close: ends the pool's upkeep
 }
 
 type prestarted struct {
-	f   *family
-	zyg *sandbox // the family's zygote; nil if it could not be made
-	at  time.Time
+	f       *family
+	zyg     *sandbox // the family's zygote; nil if it could not be made
+	at      time.Time
+	preload string // the package its zygote imported ahead ("": none)
 }
 
 // end kills a family started ahead that no sandbox took, and its zygote.
@@ -89,22 +105,47 @@ func (r *Runtime) runPrestartUpkeep() {
 	}()
 }
 
-// takePrestarted returns a family started ahead whose init still runs, with its zygote if it has one (nil if
-// there is none), and has the pool refilled in the background.
-func (r *Runtime) takePrestarted() (*family, *sandbox) {
+// preloadFor returns the package a family started ahead could have imported for spec ("": none): the one
+// package spec's session needs, if preloadable, for a 1-vCPU sandbox on the default image.
+func preloadFor(spec runtime.Spec) string {
+	if len(spec.Preload) != 1 || preloadable[spec.Preload[0]] == "" || spec.Image != "" || startRequest(spec).CPUs != 1 {
+		return ""
+	}
+	return spec.Preload[0]
+}
+
+// takePrestarted returns a family started ahead for spec whose init still runs, with its zygote if it has one
+// (nil if there is none), and has the pool refilled in the background. A family whose zygote imported the
+// package spec's session needs is taken first, else a plain one; a spec that needs none gets a plain one.
+func (r *Runtime) takePrestarted(spec runtime.Spec) (*family, *sandbox) {
 	if r.cfg.PrestartFamilies <= 0 {
 		return nil, nil
 	}
+	want := preloadFor(spec)
 	var got *prestarted
 	var stale []prestarted
 	r.pre.mu.Lock()
-	for len(r.pre.idle) > 0 && got == nil {
-		p := r.pre.idle[0]
-		r.pre.idle = r.pre.idle[1:]
-		if p.usable() {
-			got = &p
-		} else {
-			stale = append(stale, p)
+	if len(spec.Preload) == 1 && preloadable[spec.Preload[0]] != "" {
+		if r.pre.wantPreload == nil {
+			r.pre.wantPreload = map[string]time.Time{}
+		}
+		r.pre.wantPreload[spec.Preload[0]] = time.Now()
+	}
+	for _, kind := range []string{want, ""} {
+		kept := r.pre.idle[:0]
+		for _, p := range r.pre.idle {
+			switch {
+			case !p.usable():
+				stale = append(stale, p)
+			case got == nil && p.preload == kind:
+				got = &p
+			default:
+				kept = append(kept, p)
+			}
+		}
+		r.pre.idle = kept
+		if got != nil || want == "" {
+			break
 		}
 	}
 	r.pre.mu.Unlock()
@@ -146,7 +187,29 @@ func (r *Runtime) refreshPrestarted() {
 	}
 }
 
-// fillPrestarted starts families until the pool holds Config.PrestartFamilies (one filler at a time).
+// missingPrestarted returns the kind of family the pool lacks ("" plain, else the package its zygote imports
+// ahead) and whether it lacks one. Called with r.pre.mu held.
+func (r *Runtime) missingPrestarted() (string, bool) {
+	if r.pre.closed {
+		return "", false
+	}
+	count := map[string]int{}
+	for _, p := range r.pre.idle {
+		count[p.preload]++
+	}
+	if count[""] < r.cfg.PrestartFamilies {
+		return "", true
+	}
+	for pkg, at := range r.pre.wantPreload {
+		if time.Since(at) < prestartHold && count[pkg] < 1 {
+			return pkg, true
+		}
+	}
+	return "", false
+}
+
+// fillPrestarted starts families until the pool holds Config.PrestartFamilies plain ones, and one with each
+// package asked for lately imported ahead (one filler at a time).
 func (r *Runtime) fillPrestarted() {
 	r.pre.mu.Lock()
 	if r.pre.filling || r.pre.closed {
@@ -162,12 +225,12 @@ func (r *Runtime) fillPrestarted() {
 	}()
 	for {
 		r.pre.mu.Lock()
-		need := !r.pre.closed && len(r.pre.idle) < r.cfg.PrestartFamilies
+		kind, need := r.missingPrestarted()
 		r.pre.mu.Unlock()
 		if !need {
 			return
 		}
-		p, err := r.prestartFamily()
+		p, err := r.prestartFamily(kind)
 		if err != nil {
 			r.log.Warn("start a family ahead of need", "err", err)
 			return
@@ -183,11 +246,16 @@ func (r *Runtime) fillPrestarted() {
 	}
 }
 
-// prestartFamily starts a family, held for prestartHold, with its zygote and one spare agent.
-func (r *Runtime) prestartFamily() (prestarted, error) {
+// prestartFamily starts a family, held for prestartHold, with its zygote (which imports preload ahead, if
+// set) and one spare agent.
+func (r *Runtime) prestartFamily(preload string) (prestarted, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f, err := r.startFamily(ctx, "fam_p"+newToken()[:24])
+	letter := "p"
+	if preload != "" {
+		letter = preloadable[preload]
+	}
+	f, err := r.startFamily(ctx, "fam_"+letter+newToken()[:24])
 	if err != nil {
 		return prestarted{}, err
 	}
@@ -195,8 +263,8 @@ func (r *Runtime) prestartFamily() (prestarted, error) {
 		f.kill()
 		return prestarted{}, err
 	}
-	p := prestarted{f: f}
-	if p.zyg, err = r.startZygote(ctx, f); err != nil {
+	p := prestarted{f: f, preload: preload}
+	if p.zyg, err = r.startZygote(ctx, f, preload); err != nil {
 		// The family still saves a create its process starts; its interpreter starts as usual.
 		r.log.Warn("start a zygote", "family", f.id, "err", err)
 	}

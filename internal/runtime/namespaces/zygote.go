@@ -24,8 +24,9 @@ const (
 	zygoteMaxProcs = 16
 )
 
-// startZygote makes family f's zygote: a layer, an agent (the family's spare, or a new one) and its interpreter.
-func (r *Runtime) startZygote(ctx context.Context, f *family) (_ *sandbox, err error) {
+// startZygote makes family f's zygote: a layer, an agent (the family's spare, or a new one) and its interpreter,
+// which imports package preload ahead if it is set, with a 1-vCPU sandbox's thread counts.
+func (r *Runtime) startZygote(ctx context.Context, f *family, preload string) (_ *sandbox, err error) {
 	id := "zyg_" + strings.TrimPrefix(f.id, "fam_")
 	dir, err := r.cfg.Layers.Create(ctx, id)
 	if err != nil {
@@ -44,9 +45,19 @@ func (r *Runtime) startZygote(ctx context.Context, f *family) (_ *sandbox, err e
 	if err != nil {
 		return nil, fmt.Errorf("zygote agent: %w", err)
 	}
-	if err := sb.client.Start(ctx, agent.StartRequest{}); err != nil {
+	var start agent.StartRequest
+	if preload != "" {
+		start.CPUs = 1
+	}
+	if err := sb.client.Start(ctx, start); err != nil {
 		r.teardown(sb)
 		return nil, fmt.Errorf("zygote interpreter: %w", err)
+	}
+	if preload != "" {
+		if err := sb.client.Preload(ctx, []string{preload}); err != nil {
+			r.teardown(sb)
+			return nil, fmt.Errorf("zygote interpreter: import %s: %w", preload, err)
+		}
 	}
 	return sb, nil
 }
