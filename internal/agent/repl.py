@@ -968,7 +968,8 @@ def _preload_holds():
         return True
     if _import_env() != _preloaded["env"]:
         return False
-    import importlib.machinery
+    import importlib, importlib.machinery
+    importlib.invalidate_caches()  # the path finders' listings are of the zygote's directories (its cwd among them)
     for name, origin in _preloaded["top"].items():
         spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
         if spec is None or spec.origin != origin:
