@@ -297,9 +297,8 @@ func TestConsole(t *testing.T) {
 	tab, closeTab := chromedp.NewContext(ctx)
 	defer closeTab()
 	listen(t, tab, console)
-	step(t, tab, "sign in by link",
-		chromedp.Navigate(srv.URL+"/ui/#key="+srv.Key),
-		chromedp.WaitVisible(fmt.Sprintf(`tr[data-id=%q]`, parent.ID)),
+	load(t, tab, srv.URL+"/ui/#key="+srv.Key, fmt.Sprintf(`tr[data-id=%q]`, parent.ID)) // signed in by the link
+	step(t, tab, "open the tree in the tab signed in by link",
 		chromedp.Navigate(srv.URL+"/ui/#/tree/"+parent.FamilyID),
 		chromedp.WaitVisible(node(kids[0])),
 		chromedp.WaitVisible(`#live.on`))
