@@ -284,19 +284,24 @@ func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
 }
 
 // TestResumeRunsTheSandboxsStartupFiles: a sandbox whose own files change an interpreter's start (a .pth file
-// that adds a directory to sys.path, as editable installs and namespace packages have) resumes into an
-// interpreter started with them, not a zygote's, which started without them.
+// that adds a directory to sys.path, as editable installs and namespace packages have; a user site directory,
+// on sys.path only if it exists as Python starts) resumes into an interpreter started with them, not a
+// zygote's, which started without them.
 func TestResumeRunsTheSandboxsStartupFiles(t *testing.T) {
 	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1")
-	id := create(t, s, nil)
-	sh(t, s, id, "d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))') && mkdir -p $d /opt/extra && "+
-		"echo /opt/extra > $d/extra.pth && echo 'X = 5' > /opt/extra/extramod.py")
-	if v := value(t, s, id, "import sys; '/opt/extra' in sys.path"); v != "False" {
-		t.Fatalf("before the resume (an interpreter started before the .pth): %s", v)
-	}
-	pauseAndWait(t, s, id)
-	resumeAndWait(t, s, id)
-	if v := value(t, s, id, "import sys, extramod; ('/opt/extra' in sys.path, extramod.X)"); v != "(True, 5)" {
-		t.Fatalf("after the resume: %s", v)
+	for _, c := range []struct{ name, setup, check, want string }{
+		{".pth", "d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))') && mkdir -p $d /opt/extra && " +
+			"echo /opt/extra > $d/extra.pth && echo 'X = 5' > /opt/extra/extramod.py",
+			"import sys, extramod; ('/opt/extra' in sys.path, extramod.X)", "(True, 5)"},
+		{"user site", "u=$(python3 -m site --user-site) && mkdir -p $u && echo 'Y = 6' > $u/usermod.py",
+			"import site, sys, usermod; (site.getusersitepackages() in sys.path, usermod.Y)", "(True, 6)"},
+	} {
+		id := create(t, s, nil)
+		sh(t, s, id, c.setup)
+		pauseAndWait(t, s, id)
+		resumeAndWait(t, s, id)
+		if v := value(t, s, id, c.check); v != c.want {
+			t.Fatalf("%s: after the resume: %s, want %s", c.name, v, c.want)
+		}
 	}
 }

@@ -9,13 +9,14 @@ import "path/filepath"
 
 // startupPatterns match files in a layer's upper directory that an interpreter reads as it starts: .pth files
 // and sitecustomize/usercustomize modules in the site directories (editable installs and namespace packages
-// add .pth files), the standard library's own modules (site.py among them) or Debian's /etc/python3.x, and
-// the dynamic loader's preload list.
+// add .pth files), the user site directory (`pip install --user`: on sys.path only if it exists at the start;
+// the image has none), the standard library's own modules (site.py among them) or Debian's /etc/python3.x,
+// and the dynamic loader's preload list.
 var startupPatterns = []string{
 	"usr/lib/python3.*/*.py", "etc/python3*/*", "etc/ld.so.preload",
 	"usr/lib/python3*/*-packages/*.pth", "usr/lib/python3*/*-packages/*customize.py",
 	"usr/local/lib/python3*/*-packages/*.pth", "usr/local/lib/python3*/*-packages/*customize.py",
-	"root/.local/lib/python3*/site-packages/*.pth", "root/.local/lib/python3*/site-packages/*customize.py",
+	"root/.local/lib/python3*/site-packages",
 }
 
 // preloadPatterns match, per package a zygote imports ahead, files of a layer's upper directory that may change
