@@ -1097,6 +1097,10 @@ def _serve():
                 resp = _fork(req)
             elif op == "configure":
                 os.environ.update(req.get("env") or {})
+                # The C library read the time zone (TZ, else /etc/localtime) once, as this interpreter (a warm
+                # sandbox's, a zygote's) started: read it again with the sandbox's env, as a fresh start would.
+                import time
+                time.tzset()
                 try:
                     os.chdir(req.get("cwd") or "/root")
                 except OSError:

@@ -144,7 +144,8 @@ func TestPrestartedFamilies(t *testing.T) {
 }
 
 // A warm sandbox made in a family started ahead has its zygote's interpreter; claimed by a create, it takes the
-// create's env and cwd as any warm sandbox does (and an env Python reads at start gets a fresh interpreter).
+// create's env and cwd as any warm sandbox does, its time zone (TZ) included (and an env Python reads at start
+// gets a fresh interpreter).
 func TestWarmSandboxFromAZygoteTakesTheCreatesEnv(t *testing.T) {
 	s := testserver.Start(t, "--warm-pool", "1", "--prestart-families", "1")
 	ctx := ctxT(t)
@@ -159,17 +160,17 @@ func TestWarmSandboxFromAZygoteTakesTheCreatesEnv(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	fromZygote := 0
-	for i, env := range []map[string]string{{"WHO": "claimed"}, {"WHO": "claimed", "PYTHONPATH": "/opt/extra"}} {
+	for i, env := range []map[string]string{{"WHO": "claimed", "TZ": "Asia/Tokyo"}, {"WHO": "claimed", "PYTHONPATH": "/opt/extra"}} {
 		id := create(t, s, &client.CreateRequest{Env: env, Cwd: "/tmp"})
 		info, err := s.Client.Get(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := "('claimed', '/tmp', False)"
+		want := "('claimed', '/tmp', False, 'JST')" // the time zone as a fresh interpreter reads it from TZ
 		if i == 1 {
-			want = "('claimed', '/tmp', True)"
+			want = "('claimed', '/tmp', True, 'UTC')"
 		}
-		if v := value(t, s, id, "import os, sys; (os.environ.get('WHO'), os.getcwd(), '/opt/extra' in sys.path)"); v != want {
+		if v := value(t, s, id, "import os, sys, time; (os.environ.get('WHO'), os.getcwd(), '/opt/extra' in sys.path, time.strftime('%Z'))"); v != want {
 			t.Fatalf("create %d (family %s): %s, want %s\n%s", i, info.FamilyID, v, want, s.Log())
 		}
 		if strings.HasPrefix(info.FamilyID, "fam_p") {

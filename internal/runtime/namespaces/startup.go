@@ -11,9 +11,9 @@ import "path/filepath"
 // and sitecustomize/usercustomize modules in the site directories (editable installs and namespace packages
 // add .pth files), the user site directory (`pip install --user`: on sys.path only if it exists at the start;
 // the image has none), the standard library's own modules (site.py among them) or Debian's /etc/python3.x,
-// and the dynamic loader's preload list.
+// the dynamic loader's preload list, and the time zone (read once, when TZ is not set).
 var startupPatterns = []string{
-	"usr/lib/python3.*/*.py", "etc/python3*/*", "etc/ld.so.preload",
+	"usr/lib/python3.*/*.py", "etc/python3*/*", "etc/ld.so.preload", "etc/localtime",
 	"usr/lib/python3*/*-packages/*.pth", "usr/lib/python3*/*-packages/*customize.py",
 	"usr/local/lib/python3*/*-packages/*.pth", "usr/local/lib/python3*/*-packages/*customize.py",
 	"root/.local/lib/python3*/site-packages",
