@@ -160,6 +160,14 @@ type ForkPreparer interface {
 	PrepareFork(h Handle, limits Spec)
 }
 
+// ResumePreparer is implemented by runtimes that can make a resume (or a create from a template) cheaper ahead
+// of it.
+type ResumePreparer interface {
+	// PrepareResume readies, in the background, for sandboxes whose session's loading imports preload
+	// (Spec.Preload); cheap and idempotent, called as such a session is saved.
+	PrepareResume(preload []string)
+}
+
 // Lost is a sandbox whose own machinery (its agent, or its family's init) died: it cannot answer.
 type Lost struct {
 	Handle Handle

@@ -157,6 +157,9 @@ func (s *Service) writeSnapshot(ctx context.Context, fk runtime.Forker, h runtim
 	if err != nil {
 		return Manifest{}, fmt.Errorf("save the interpreter: %w", err)
 	}
+	if rp, ok := s.cfg.Runtime.(runtime.ResumePreparer); ok && len(session.preload) > 0 {
+		rp.PrepareResume(session.preload) // its resume will need them: the runtime may import them ahead
+	}
 	s.log.Debug("pause phase", "sandbox", id, "phase", "session saved", "ms", ms(time.Since(start)))
 	crashpoint.Hit(crashpoint.PauseAfterSession)
 	if err := fk.Freeze(ctx, h); err != nil {

@@ -186,8 +186,8 @@ func TestWarmSandboxFromAZygoteTakesTheCreatesEnv(t *testing.T) {
 	}
 }
 
-// TestResumeFromAZygoteThatImportedNumpy: a resume whose session holds numpy arrays makes the server keep a
-// family whose zygote imported numpy ahead (fam_n...); a later such resume takes it and its interpreter is that
+// TestResumeFromAZygoteThatImportedNumpy: a pause whose session holds numpy arrays makes the server keep a
+// family whose zygote imported numpy ahead (fam_n...); the resume takes it and its interpreter is that
 // zygote's fork, with the session's state and numpy as a fresh import would give it. A resume that would import
 // numpy otherwise gets a fresh interpreter: a sandbox of 2 vCPUs (other thread counts) is not given that family,
 // and one whose cwd holds its own numpy package (which a fresh import finds first) is, but starts afresh.
@@ -232,7 +232,20 @@ func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
 	}
 	id := create(t, s, &client.CreateRequest{MemMiB: 1024})
 	value(t, s, id, "import numpy as np\na = np.arange(10)\nn = 0")
-	resumeUntil(id, "fam_n")
+	// The pause saved a session that needs numpy: the server starts such a family at once, so the first resume
+	// finds it once it is ready (its spare placed, the last step).
+	pauseAndWait(t, s, id)
+	for deadline := time.Now().Add(20 * time.Second); !slices.ContainsFunc(s.Inventory().Cgroups, func(c string) bool {
+		return strings.HasPrefix(c, "fam_n") && strings.Contains(c, ".s")
+	}); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no family with numpy imported ahead after the pause: %+v\n%s", s.Inventory(), s.Log())
+		}
+	}
+	resumeAndWait(t, s, id)
+	if info, err := s.Client.Get(ctx, id); err != nil || !strings.HasPrefix(info.FamilyID, "fam_n") {
+		t.Fatalf("the first resume went to %+v (%v), want the family with numpy imported ahead", info, err)
+	}
 	if !forkedInterpreter(id) {
 		t.Fatalf("resumed into a family with numpy imported ahead, but its interpreter was started afresh\n%s", s.Log())
 	}

@@ -21,11 +21,11 @@ import (
 // next start's reclaim scan removes them at once).
 
 // A resume whose session needs numpy (runtime.Spec.Preload) spends ~115 ms of CPU, most of its time, importing
-// it. Once one was asked for, the pool also keeps, for prestartHold, one family whose zygote imported numpy
-// ahead, started with a 1-vCPU sandbox's thread counts (the default shape; Create gives it only to such
-// sandboxes on the default image). The sandbox's agent still starts a fresh interpreter if an import in the
-// sandbox would not find numpy the same (its env, its cwd, its files: the interpreter checks, see
-// agent.Client.Preload).
+// it. Once such a session was saved (a pause, a template: PrepareResume) or resumed, the pool also keeps, for
+// prestartHold, one family whose zygote imported numpy ahead, started with a 1-vCPU sandbox's thread counts
+// (the default shape; Create gives it only to such sandboxes on the default image). The sandbox's agent still
+// starts a fresh interpreter if an import in the sandbox would not find numpy the same (its env, its cwd, its
+// files: the interpreter checks, see agent.Client.Preload).
 
 // preloadable lists the packages a zygote may import ahead, with their fam_ prefix letter.
 var preloadable = map[string]string{"numpy": "n"}
@@ -105,6 +105,31 @@ func (r *Runtime) runPrestartUpkeep() {
 	}()
 }
 
+// PrepareResume implements runtime.ResumePreparer: a session whose loading imports a preloadable package was
+// saved, so the pool keeps a family with it imported ahead from now on (for prestartHold), and starts making it.
+func (r *Runtime) PrepareResume(preload []string) {
+	if r.cfg.PrestartFamilies <= 0 || len(preload) != 1 || preloadable[preload[0]] == "" {
+		return
+	}
+	r.pre.mu.Lock()
+	r.notePreload(preload[0])
+	r.pre.mu.Unlock()
+	r.startPrestartUpkeep()
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		r.fillPrestarted()
+	}()
+}
+
+// notePreload records that a sandbox needs pkg imported ahead now. Called with r.pre.mu held.
+func (r *Runtime) notePreload(pkg string) {
+	if r.pre.wantPreload == nil {
+		r.pre.wantPreload = map[string]time.Time{}
+	}
+	r.pre.wantPreload[pkg] = time.Now()
+}
+
 // preloadFor returns the package a family started ahead could have imported for spec ("": none): the one
 // package spec's session needs, if preloadable, for a 1-vCPU sandbox on the default image.
 func preloadFor(spec runtime.Spec) string {
@@ -126,10 +151,7 @@ func (r *Runtime) takePrestarted(spec runtime.Spec) (*family, *sandbox) {
 	var stale []prestarted
 	r.pre.mu.Lock()
 	if len(spec.Preload) == 1 && preloadable[spec.Preload[0]] != "" {
-		if r.pre.wantPreload == nil {
-			r.pre.wantPreload = map[string]time.Time{}
-		}
-		r.pre.wantPreload[spec.Preload[0]] = time.Now()
+		r.notePreload(spec.Preload[0])
 	}
 	for _, kind := range []string{want, ""} {
 		kept := r.pre.idle[:0]
