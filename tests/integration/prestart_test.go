@@ -242,6 +242,7 @@ func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
 			t.Fatalf("no family with numpy imported ahead after the pause: %+v\n%s", s.Inventory(), s.Log())
 		}
 	}
+	time.Sleep(400 * time.Millisecond) // placed, then added to the pool (as waitReady in TestPrestartedFamilies)
 	resumeAndWait(t, s, id)
 	if info, err := s.Client.Get(ctx, id); err != nil || !strings.HasPrefix(info.FamilyID, "fam_n") {
 		t.Fatalf("the first resume went to %+v (%v), want the family with numpy imported ahead", info, err)
