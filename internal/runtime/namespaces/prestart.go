@@ -43,8 +43,8 @@ type prestartPool struct {
 	once sync.Once // starts the upkeep
 	mu   sync.Mutex
 	idle []prestarted
-	// wantPreload: when a create last asked for each preloadable package (Spec.Preload); the pool keeps a
-	// family with it imported ahead for prestartHold after that.
+	// wantPreload: when a session needing each preloadable package was last saved or resumed
+	// (PrepareResume, Spec.Preload); the pool keeps a family with it imported ahead for prestartHold after that.
 	wantPreload map[string]time.Time
 	filling     bool
 	closed      bool
@@ -108,11 +108,12 @@ func (r *Runtime) runPrestartUpkeep() {
 // PrepareResume implements runtime.ResumePreparer: a session whose loading imports a preloadable package was
 // saved, so the pool keeps a family with it imported ahead from now on (for prestartHold), and starts making it.
 func (r *Runtime) PrepareResume(preload []string) {
-	if r.cfg.PrestartFamilies <= 0 || len(preload) != 1 || preloadable[preload[0]] == "" {
+	pkg := preloadPackage(preload)
+	if r.cfg.PrestartFamilies <= 0 || pkg == "" {
 		return
 	}
 	r.pre.mu.Lock()
-	r.notePreload(preload[0])
+	r.notePreload(pkg)
 	r.pre.mu.Unlock()
 	r.startPrestartUpkeep()
 	r.bg.Add(1)
@@ -130,13 +131,21 @@ func (r *Runtime) notePreload(pkg string) {
 	r.pre.wantPreload[pkg] = time.Now()
 }
 
+// preloadPackage returns the one package of preload if a zygote may import it ahead ("": none).
+func preloadPackage(preload []string) string {
+	if len(preload) != 1 || preloadable[preload[0]] == "" {
+		return ""
+	}
+	return preload[0]
+}
+
 // preloadFor returns the package a family started ahead could have imported for spec ("": none): the one
 // package spec's session needs, if preloadable, for a 1-vCPU sandbox on the default image.
 func preloadFor(spec runtime.Spec) string {
-	if len(spec.Preload) != 1 || preloadable[spec.Preload[0]] == "" || spec.Image != "" || startRequest(spec).CPUs != 1 {
+	if spec.Image != "" || startRequest(spec).CPUs != 1 {
 		return ""
 	}
-	return spec.Preload[0]
+	return preloadPackage(spec.Preload)
 }
 
 // takePrestarted returns a family started ahead for spec whose init still runs, with its zygote if it has one
@@ -150,8 +159,8 @@ func (r *Runtime) takePrestarted(spec runtime.Spec) (*family, *sandbox) {
 	var got *prestarted
 	var stale []prestarted
 	r.pre.mu.Lock()
-	if len(spec.Preload) == 1 && preloadable[spec.Preload[0]] != "" {
-		r.notePreload(spec.Preload[0])
+	if pkg := preloadPackage(spec.Preload); pkg != "" {
+		r.notePreload(pkg)
 	}
 	for _, kind := range []string{want, ""} {
 		kept := r.pre.idle[:0]
