@@ -253,6 +253,39 @@ func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
 	if v := value(t, s, id, "import os; n += 1; (int(a.sum()), np.__file__, os.environ.get('OPENBLAS_NUM_THREADS'), 0 <= np.random.rand() < 1, float(np.ones(3) @ np.ones(3)), n)"); v != "(45, '/usr/lib/python3/dist-packages/numpy/__init__.py', '1', True, 3.0, 1)" {
 		t.Fatalf("after a resume from the zygote: %s", v)
 	}
+	// A resume right after another finds the taken family's replacement not made yet (it imports numpy, ~0.5 s)
+	// and imports numpy itself: the server then keeps two such families, so two resumes in a row both find one.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		pauseAndWait(t, s, id)
+		resumeAndWait(t, s, id)
+		info, err := s.Client.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(info.FamilyID, "fam_n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("every resume in a row found a family with numpy imported ahead: none was missed\n%s", s.Log())
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); numpyFamiliesReady(s) < 2; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a resume found none ready, the server does not keep two families with numpy imported ahead: %+v\n%s", s.Inventory(), s.Log())
+		}
+	}
+	time.Sleep(400 * time.Millisecond)
+	for i := range 2 {
+		pauseAndWait(t, s, id)
+		resumeAndWait(t, s, id)
+		if info, err := s.Client.Get(ctx, id); err != nil || !strings.HasPrefix(info.FamilyID, "fam_n") {
+			t.Fatalf("resume %d of two in a row went to %+v (%v), want a family with numpy imported ahead", i+1, info, err)
+		}
+	}
+	if v := value(t, s, id, "n += 1; (int(a.sum()), n)"); v != "(45, 2)" {
+		t.Fatalf("after resumes in a row: %s", v)
+	}
+
 	// A session without numpy takes a plain family started ahead.
 	plain := create(t, s, nil)
 	value(t, s, plain, "x = 41")
@@ -319,4 +352,16 @@ func TestResumeRunsTheSandboxsStartupFiles(t *testing.T) {
 			t.Fatalf("%s: after the resume: %s, want %s", c.name, v, c.want)
 		}
 	}
+}
+
+// numpyFamiliesReady counts the families started ahead with numpy imported whose spare agent is placed (a
+// cgroup fam_n<id>.s...): each serves one resume.
+func numpyFamiliesReady(s *testserver.Server) int {
+	fams := map[string]bool{}
+	for _, c := range s.Inventory().Cgroups {
+		if fam, _, ok := strings.Cut(c, ".s"); ok && strings.HasPrefix(c, "fam_n") {
+			fams[fam] = true
+		}
+	}
+	return len(fams)
 }

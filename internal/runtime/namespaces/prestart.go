@@ -27,11 +27,33 @@ import (
 // starts a fresh interpreter if an import in the sandbox would not find numpy the same (its env, its cwd, its
 // files: the interpreter checks, see agent.Client.Preload).
 
+// One such family serves one resume: a second resume soon after (a pause and resume in a loop, several paused
+// sandboxes resumed together) finds its replacement still importing numpy (~0.5 s here) and loads the session
+// cold. Each resume that found no family ready for its package (a miss) makes the pool keep one more such
+// family for prestartHold, up to maxPreloadFamilies (~28 MiB each): a pattern of resumes that came too close
+// together once finds enough families ready the next time.
+
 // preloadable lists the packages a zygote may import ahead, with their fam_ prefix letter.
 var preloadable = map[string]string{"numpy": "n"}
 
 // prestartHold is how long a family started ahead waits for its first sandbox.
 const prestartHold = 10 * time.Minute
+
+// maxPreloadFamilies is the most families the pool keeps with one package imported ahead (preloadWanted).
+const maxPreloadFamilies = 3
+
+// preloadWanted is how many families with a package imported ahead the pool keeps, given when resumes (or
+// creates) needing it last found none ready (misses): one, and one more per miss within prestartHold of now,
+// at most maxPreloadFamilies.
+func preloadWanted(misses []time.Time, now time.Time) int {
+	n := 1
+	for _, at := range misses {
+		if now.Sub(at) < prestartHold {
+			n++
+		}
+	}
+	return min(n, maxPreloadFamilies)
+}
 
 // prestartRefillDelay is how long after a family started ahead is taken its replacement starts: soon, so that
 // creates or resumes a few hundred milliseconds apart each find one (with 250 ms, half of creates 0.3 s apart
@@ -46,9 +68,12 @@ type prestartPool struct {
 	// wantPreload: when a session needing each preloadable package was last saved or resumed
 	// (PrepareResume, Spec.Preload); the pool keeps a family with it imported ahead for prestartHold after that.
 	wantPreload map[string]time.Time
-	filling     bool
-	closed      bool
-	stop        chan struct{} // closed by Close: ends the pool's upkeep
+	// missedPreload: when a sandbox needing each preloadable package found no family ready with it imported
+	// (the most recent maxPreloadFamilies of them; see preloadWanted).
+	missedPreload map[string][]time.Time
+	filling       bool
+	closed        bool
+	stop          chan struct{} // closed by Close: ends the pool's upkeep
 }
 
 type prestarted struct {
@@ -131,6 +156,16 @@ func (r *Runtime) notePreload(pkg string) {
 	r.pre.wantPreload[pkg] = time.Now()
 }
 
+// notePreloadMiss records that a sandbox needing pkg found no family ready with it imported. Called with
+// r.pre.mu held.
+func (r *Runtime) notePreloadMiss(pkg string) {
+	if r.pre.missedPreload == nil {
+		r.pre.missedPreload = map[string][]time.Time{}
+	}
+	m := append(r.pre.missedPreload[pkg], time.Now())
+	r.pre.missedPreload[pkg] = m[max(0, len(m)-maxPreloadFamilies):]
+}
+
 // preloadPackage returns the one package of preload if a zygote may import it ahead ("": none).
 func preloadPackage(preload []string) string {
 	if len(preload) != 1 || preloadable[preload[0]] == "" {
@@ -178,6 +213,9 @@ func (r *Runtime) takePrestarted(spec runtime.Spec) (*family, *sandbox) {
 		if got != nil || want == "" {
 			break
 		}
+	}
+	if want != "" && (got == nil || got.preload != want) {
+		r.notePreloadMiss(want)
 	}
 	r.pre.mu.Unlock()
 	for _, p := range stale {
@@ -232,15 +270,15 @@ func (r *Runtime) missingPrestarted() (string, bool) {
 		return "", true
 	}
 	for pkg, at := range r.pre.wantPreload {
-		if time.Since(at) < prestartHold && count[pkg] < 1 {
+		if time.Since(at) < prestartHold && count[pkg] < preloadWanted(r.pre.missedPreload[pkg], time.Now()) {
 			return pkg, true
 		}
 	}
 	return "", false
 }
 
-// fillPrestarted starts families until the pool holds Config.PrestartFamilies plain ones, and one with each
-// package asked for lately imported ahead (one filler at a time).
+// fillPrestarted starts families until the pool holds Config.PrestartFamilies plain ones, and for each package
+// asked for lately as many with it imported ahead as preloadWanted says (one filler at a time).
 func (r *Runtime) fillPrestarted() {
 	r.pre.mu.Lock()
 	if r.pre.filling || r.pre.closed {
