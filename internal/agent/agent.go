@@ -169,6 +169,7 @@ func (a *Agent) prepare() error {
 			return fmt.Errorf("agent: %w", err)
 		}
 	}
+	warmJSON()
 	var err error
 	if a.bpf, err = seccomp.ProgramBytes(); err != nil {
 		return fmt.Errorf("agent: seccomp program: %w", err)
@@ -178,6 +179,23 @@ func (a *Agent) prepare() error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
+}
+
+// warmJSON builds encoding/json's per-type caches (field lists, encoders, decoders) for the messages of a
+// sandbox's first calls, by one round trip of each: built by reflection on first use, ~0.4 ms of CPU per agent
+// that would otherwise fall on the fork or create that claims it (a spare runs this ahead of its claim).
+func warmJSON() {
+	value := ""
+	for _, m := range []any{
+		&Config{},
+		&Request{Env: map[string]string{"": ""}, Argv: []string{""}, Targets: []ForkTarget{{}}, Modules: []string{""}},
+		&Event{Value: &value, Error: &ExecError{}, Results: []Result{{Data: map[string]json.RawMessage{"": json.RawMessage("0")}}},
+			Pids: []int{0}, Interrupted: &Interrupted{}, Skipped: []Skipped{{}}},
+	} {
+		if b, err := json.Marshal(m); err == nil {
+			json.Unmarshal(b, m) //nolint:errcheck // only the caches matter
+		}
+	}
 }
 
 // SpareArg is the argument that starts a spare agent.

@@ -334,7 +334,7 @@ func (m *Manager) attachArgs(hostVeth string, nsFD int, ip net.IP, egress []stri
 // configureInside sets up eth0 (its MAC first, when mac is not nil) and, unless loUp is false, lo inside the
 // namespace open at nsFD.
 func configureInside(nsFD int, ip net.IP, prefix int, gw net.IP, mac net.HardwareAddr, loUp bool) error {
-	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD))
+	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD), unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("netlink handle in namespace: %w", err)
 	}
@@ -410,7 +410,7 @@ func (m *Manager) Prepare(ctx context.Context, nsFD int, hostVeth string) (err e
 	if err := m.joinBridge("prepare", veth, br); err != nil {
 		return err
 	}
-	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD))
+	h, err := netlink.NewHandleAt(netns.NsHandle(nsFD), unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("prepare %s: netlink handle in namespace: %w", hostVeth, err)
 	}
