@@ -31,19 +31,8 @@ func TestPrestartedFamilies(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	// A family started ahead is ready once its spare sits in a cgroup of its own (<family>.s<pid>), the last
-	// step of starting it; a taken one is replaced 250 ms after it was taken.
-	waitReady := func(why string) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !slices.ContainsFunc(s.Inventory().Cgroups, func(c string) bool { return strings.HasPrefix(c, "fam_p") && strings.Contains(c, ".s") }) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no family started ahead: %+v\n%s", why, s.Inventory(), s.Log())
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		time.Sleep(400 * time.Millisecond)
-	}
+	// A taken family started ahead is replaced 250 ms after it was taken.
+	waitReady := func(why string) { t.Helper(); waitFamiliesReady(t, s, "fam_p", "", 1, 20*time.Second, why) }
 	waitReady("at start")
 	waitInits(1, "a family started ahead")
 
@@ -236,14 +225,7 @@ func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
 	// The pause saved a session that needs numpy: the server starts such a family at once, so the first resume
 	// finds it once it is ready (its spare placed, the last step).
 	pauseAndWait(t, s, id)
-	for deadline := time.Now().Add(20 * time.Second); !slices.ContainsFunc(s.Inventory().Cgroups, func(c string) bool {
-		return strings.HasPrefix(c, "fam_n") && strings.Contains(c, ".s")
-	}); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no family with numpy imported ahead after the pause: %+v\n%s", s.Inventory(), s.Log())
-		}
-	}
-	time.Sleep(400 * time.Millisecond) // placed, then added to the pool (as waitReady in TestPrestartedFamilies)
+	waitFamiliesReady(t, s, "fam_n", "", 1, 20*time.Second, "a family with numpy imported ahead after the pause")
 	resumeAndWait(t, s, id)
 	if info, err := s.Client.Get(ctx, id); err != nil || !strings.HasPrefix(info.FamilyID, "fam_n") {
 		t.Fatalf("the first resume went to %+v (%v), want the family with numpy imported ahead", info, err)
@@ -260,12 +242,7 @@ func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
 	value(t, s, other, "import numpy as np\nb = np.arange(4)\n1")
 	pauseAndWait(t, s, id)
 	pauseAndWait(t, s, other)
-	for deadline := time.Now().Add(30 * time.Second); numpyFamiliesReady(s, "") < 1; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no family with numpy imported ahead after the resume that took one: %+v\n%s", s.Inventory(), s.Log())
-		}
-	}
-	time.Sleep(400 * time.Millisecond)
+	waitFamiliesReady(t, s, "fam_n", "", 1, 30*time.Second, "a family with numpy imported ahead after the resume that took one")
 	both := []string{id, other}
 	errs := make([]error, len(both))
 	var wg sync.WaitGroup
@@ -302,20 +279,15 @@ func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
 	if err := s.Client.Delete(ctx, other); err != nil {
 		t.Fatal(err)
 	}
-	// Two such families ready (each is placed, then added to the pool: the 400 ms as in TestPrestartedFamilies),
-	// two resumes in a row; a resume slowed down enough by a loaded host may find the second not replaced yet,
+	// Two such families ready, two resumes in a row; a resume slowed down enough by a loaded host may find the second not replaced yet,
 	// so the pair gets three tries (with one family kept, none can ever succeed: the wait for two fails).
 	for try := 1; ; try++ {
 		info, err := s.Client.Get(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(30 * time.Second); numpyFamiliesReady(s, info.FamilyID) < 2; time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("after a resume found none ready, the server does not keep two families with numpy imported ahead: %+v\n%s", s.Inventory(), s.Log())
-			}
-		}
-		time.Sleep(400 * time.Millisecond)
+		waitFamiliesReady(t, s, "fam_n", info.FamilyID, 2, 30*time.Second,
+			"after a resume found none ready, the server keeps two families with numpy imported ahead")
 		var went []string
 		for range 2 {
 			pauseAndWait(t, s, id)
@@ -405,15 +377,25 @@ func TestResumeRunsTheSandboxsStartupFiles(t *testing.T) {
 	}
 }
 
-// numpyFamiliesReady counts the families started ahead with numpy imported whose spare agent is placed (a
-// cgroup fam_n<id>.s...), other than family except (a running sandbox's, whose spares are its own): each serves
-// one resume.
-func numpyFamiliesReady(s *testserver.Server, except string) int {
-	fams := map[string]bool{}
-	for _, c := range s.Inventory().Cgroups {
-		if fam, _, ok := strings.Cut(c, ".s"); ok && strings.HasPrefix(c, "fam_n") && fam != except {
-			fams[fam] = true
+// waitFamiliesReady waits (up to within) until n families started ahead whose ids start with prefix, other than
+// family except (a running sandbox's, whose spares are its own), are ready: a family is ready once its spare
+// sits in a cgroup of its own (<family>.s<pid>), the last step of starting it, and is added to the pool just
+// after, hence 400 ms more. Each serves one create or resume.
+func waitFamiliesReady(t *testing.T, s *testserver.Server, prefix, except string, n int, within time.Duration, what string) {
+	t.Helper()
+	ready := func() int {
+		fams := map[string]bool{}
+		for _, c := range s.Inventory().Cgroups {
+			if fam, _, ok := strings.Cut(c, ".s"); ok && strings.HasPrefix(c, prefix) && fam != except {
+				fams[fam] = true
+			}
+		}
+		return len(fams)
+	}
+	for deadline := time.Now().Add(within); ready() < n; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d of %d ready: %+v\n%s", what, ready(), n, s.Inventory(), s.Log())
 		}
 	}
-	return len(fams)
+	time.Sleep(400 * time.Millisecond)
 }
