@@ -60,19 +60,19 @@ func envOr(name, def string) string {
 }
 
 type serveFlags struct {
-	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel  string
-	warmPool, spareAgents, spareAhead, templatePool, prestartFamilies         int
-	observe                                                                   observeFlags
-	ingress                                                                   ingressFlags
-	ssh                                                                       sshFlags
-	spareIdle                                                                 time.Duration
-	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret string
-	s3Secure                                                                  bool
-	runtimeBinary                                                             string
-	egressAllow                                                               string
-	diskMiB                                                                   int    // default disk quota
-	layerQuota                                                                string // btrfs quota mode
-	memOvercommit, cpuOvercommit                                              float64
+	listen, dataDir, apiKey, imageDir, bridge, subnet, layerDriver, logLevel     string
+	warmPool, spareAgents, spareAhead, templatePool, prestartFamilies, forkAhead int
+	observe                                                                      observeFlags
+	ingress                                                                      ingressFlags
+	ssh                                                                          sshFlags
+	spareIdle                                                                    time.Duration
+	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret    string
+	s3Secure                                                                     bool
+	runtimeBinary                                                                string
+	egressAllow                                                                  string
+	diskMiB                                                                      int    // default disk quota
+	layerQuota                                                                   string // btrfs quota mode
+	memOvercommit, cpuOvercommit                                                 float64
 }
 
 func parseServeFlags(name string, args []string) (*serveFlags, error) {
@@ -93,6 +93,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.Float64Var(&f.memOvercommit, "mem-overcommit", envFloat("RAMIFY_MEM_OVERCOMMIT", sandbox.DefaultMemOvercommit), "live sandboxes' mem_mib may total this many times the host's memory; past it create, fork and resume answer 503 (env RAMIFY_MEM_OVERCOMMIT)")
 	fs.Float64Var(&f.cpuOvercommit, "cpu-overcommit", envFloat("RAMIFY_CPU_OVERCOMMIT", sandbox.DefaultCPUOvercommit), "live sandboxes' vcpu may total this many times the host's CPUs; past it create, fork and resume answer 503 (env RAMIFY_CPU_OVERCOMMIT)")
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
+	fs.IntVar(&f.forkAhead, "fork-ahead", envInt("RAMIFY_FORK_AHEAD", 8), "most children made ahead of forks at once, across all sandboxes: a sandbox that forked n children (n up to this) and then sits idle is forked again in the background, and its next fork of up to n children, if it did not change meanwhile, takes their place in milliseconds; 0 for none (env RAMIFY_FORK_AHEAD)")
 	fs.IntVar(&f.templatePool, "template-pool", envInt("RAMIFY_TEMPLATE_POOL", 0), "sandboxes kept restored ahead of time per template, so that a create from a template takes milliseconds; each holds the template's session in memory (env RAMIFY_TEMPLATE_POOL)")
 	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
 	fs.IntVar(&f.prestartFamilies, "prestart-families", envInt("RAMIFY_PRESTART_FAMILIES", 1), "families kept started ahead, each with a spare agent and a fresh interpreter to fork (~25 MiB each), so that a create the warm pool cannot serve (a resume, a template, a named image, an empty pool) skips starting processes; 0 for none (env RAMIFY_PRESTART_FAMILIES)")
@@ -311,7 +312,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	svc, err := sandbox.New(ctx, sandbox.Config{ImageDir: f.imageDir, IngressHost: ingressHost, SSHAddr: sshAddr, SSHHostKey: sshHostKey, Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
-		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool, TemplatePool: f.templatePool,
+		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool, TemplatePool: f.templatePool, ForkAhead: f.forkAhead,
 		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit, Events: hub})
 	if err != nil {
 		return err

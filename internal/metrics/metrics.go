@@ -145,6 +145,9 @@ var (
 	descSandboxes  = prometheus.NewDesc("ramify_sandboxes", "Sandboxes by status (the warm pool not counted).", []string{"status"}, nil)
 	descWarm       = prometheus.NewDesc("ramify_warm_pool_ready", "Pre-started sandboxes ready for create.", nil, nil)
 	descWarmTarget = prometheus.NewDesc("ramify_warm_pool_target", "Pre-started sandboxes the warm pool keeps (--warm-pool).", nil, nil)
+	descAhead      = prometheus.NewDesc("ramify_fork_ahead_ready", "Children made ahead of forks, ready for the next fork of their parent.", nil, nil)
+	descAheadLimit = prometheus.NewDesc("ramify_fork_ahead_limit", "The most children made ahead of forks at once (--fork-ahead).", nil, nil)
+	descAheadTotal = prometheus.NewDesc("ramify_fork_ahead_children_total", "Children made ahead of forks, by what became of them: made, used by a fork, dropped unused.", []string{"outcome"}, nil)
 	sbLabels       = []string{"sandbox", "family"}
 	descMem        = prometheus.NewDesc("ramify_sandbox_memory_bytes", "A running sandbox's memory use (its cgroup).", sbLabels, nil)
 	descCPU        = prometheus.NewDesc("ramify_sandbox_cpu_seconds_total", "A running sandbox's CPU time (a fork child: since the fork).", sbLabels, nil)
@@ -158,7 +161,7 @@ var statuses = []sandbox.Status{sandbox.StatusCreating, sandbox.StatusRunning, s
 	sandbox.StatusResuming, sandbox.StatusError}
 
 func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSandboxes, descWarm, descWarmTarget, descMem, descCPU, descPids, descDisk, descShown} {
+	for _, d := range []*prometheus.Desc{descSandboxes, descWarm, descWarmTarget, descAhead, descAheadLimit, descAheadTotal, descMem, descCPU, descPids, descDisk, descShown} {
 		ch <- d
 	}
 }
@@ -170,6 +173,11 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descWarm, prometheus.GaugeValue, float64(st.Warm))
 	ch <- prometheus.MustNewConstMetric(descWarmTarget, prometheus.GaugeValue, float64(st.WarmTarget))
+	ch <- prometheus.MustNewConstMetric(descAhead, prometheus.GaugeValue, float64(st.Ahead))
+	ch <- prometheus.MustNewConstMetric(descAheadLimit, prometheus.GaugeValue, float64(st.AheadLimit))
+	for outcome, n := range map[string]int64{"made": st.AheadMade, "used": st.AheadUsed, "dropped": st.AheadDropped} {
+		ch <- prometheus.MustNewConstMetric(descAheadTotal, prometheus.CounterValue, float64(n), outcome)
+	}
 	ch <- prometheus.MustNewConstMetric(descShown, prometheus.GaugeValue, float64(c.perSandbox))
 	for _, u := range c.src.Usages(c.perSandbox) {
 		ch <- prometheus.MustNewConstMetric(descMem, prometheus.GaugeValue, float64(u.Usage.MemBytes), u.ID, u.Family)

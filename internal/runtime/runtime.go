@@ -153,6 +153,23 @@ type Forker interface {
 	LowerDirs(h Handle) ([]string, error)
 }
 
+// Stiller is implemented by runtimes that can tell whether a running sandbox did anything of its own accord
+// between two moments: what lets the service make a fork's children ahead of the call and know, when it comes,
+// that they still start from the parent's state (ahead.go in the sandbox service).
+type Stiller interface {
+	// Stillness fingerprints what could change h's interpreter or files without a call through the runtime.
+	Stillness(ctx context.Context, h Handle) (Stillness, error)
+}
+
+// Stillness is a running sandbox's fingerprint (Stiller). Two equal marks taken at two moments mean that no
+// process of the sandbox but its agent ran in between, and that it has the same processes.
+type Stillness struct {
+	Mark string
+	// Busy is set when the sandbox runs processes besides its agent and its interpreter (a background job, a
+	// server, an SSH session): whatever they do moves the mark, so children made ahead would not be used.
+	Busy bool
+}
+
 // ForkPreparer is implemented by runtimes that can make a sandbox's first fork cheaper ahead of it.
 type ForkPreparer interface {
 	// PrepareFork readies h's family for a fork, in the background, for children with limits' cgroup limits

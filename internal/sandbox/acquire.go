@@ -31,7 +31,12 @@ func (s *Service) acquire(mode lockMode, op Op, ids ...string) ([]*entry, func()
 	if err != nil {
 		return nil, nil, err
 	}
-	return es, release, nil
+	// Children made ahead (ahead.go) start from the state the sandbox had when they were made: a call that may
+	// change it drops them first (a fork takes them), and its end plans the next ones.
+	if op != OpFork && op != OpDiff {
+		s.dropAheads(es, string(op))
+	}
+	return es, func() { release(); s.planAheads(es) }, nil
 }
 
 // acquireEntries is acquire for entries already in hand, with admit (called under s.mu, for each entry that is

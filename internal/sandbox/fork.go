@@ -28,6 +28,9 @@ type ForkResult struct {
 	ParentPauseMs float64 `json:"parent_pause_ms"`
 	// Note states what is and is not cloned.
 	Note string `json:"note"`
+	// MadeAhead is set when the children were made ahead of the call, while the parent was idle, and the parent
+	// had not changed since (ahead.go); ParentPauseMs is then that fork's.
+	MadeAhead bool `json:"made_ahead,omitempty"`
 }
 
 // ForkNote is the fork response's statement of what a child inherits.
@@ -123,35 +126,78 @@ func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkO
 		}
 		return res, err
 	}
-	parent, spec := e.handle, e.spec
-	o.apply(&spec)
-	if err := s.admitLocked(spec, n); err != nil {
-		s.mu.Unlock()
-		return ForkResult{}, fmt.Errorf("fork %s: %w", id, err)
+	spec := e.spec
+	overridden := o.apply(&spec)
+	s.mu.Unlock()
+	if !overridden {
+		if out, ok, err := s.forkFromAhead(ctx, e, spec, n); ok {
+			return out, err
+		}
 	}
-	specs := make([]runtime.Spec, n)
-	kids := make([]*entry, n)
-	now := time.Now().UTC()
-	specJSON, _ := json.Marshal(spec)
 	var undo undoStack
 	fail := func(err error) (ForkResult, error) {
 		return ForkResult{}, s.fail(ctx, &undo, fmt.Errorf("fork %s: %w", id, err))
+	}
+	start := time.Now()
+	kids, res, err := s.forkChildren(ctx, fk, e, spec, n, StatusCreating, &undo)
+	for _, k := range kids {
+		defer k.op.Unlock() // calls on a child wait until it is made
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if err := s.startChildren(ctx, kids, time.Time{}); err != nil {
+		return fail(err)
+	}
+	out := ForkResult{ParentPauseMs: float64(res.PauseWindow.Microseconds()) / 1000, Note: ForkNote}
+	for _, k := range kids {
+		out.Children = append(out.Children, k.rec.ID)
+	}
+	if !overridden {
+		s.noteFork(e, n)
+	}
+	s.log.Info("sandbox forked", "sandbox", id, "family", e.rec.FamilyID, "n", n, "ms", time.Since(start).Milliseconds(),
+		"pause_ms", out.ParentPauseMs)
+	s.emit(events.Event{Type: events.Forked, Sandbox: id, Family: e.rec.FamilyID, Status: string(StatusRunning),
+		Children: out.Children, N: n, Ms: msSince(start), PauseMs: out.ParentPauseMs})
+	return out, nil
+}
+
+// forkChildren reserves n children of the running sandbox e (held exclusively by the caller) with spec, and forks
+// e's runtime sandbox into them. status is StatusCreating for a fork call's children, admitted against capacity
+// and returned locked (exclusive: calls on them wait until the caller unlocks them), or StatusWarm for children
+// made ahead (ahead.go): pooled, invisible to the API. Each child has its handle; everything done is on undo,
+// even when it fails.
+func (s *Service) forkChildren(ctx context.Context, fk runtime.Forker, e *entry, spec CreateRequest, n int, status Status, undo *undoStack) ([]*entry, runtime.ForkResult, error) {
+	specs := make([]runtime.Spec, n)
+	kids := make([]*entry, 0, n)
+	now := time.Now().UTC()
+	specJSON, _ := json.Marshal(spec)
+	s.mu.Lock()
+	parent, id := e.handle, e.rec.ID
+	if status == StatusCreating {
+		if err := s.admitLocked(spec, n); err != nil {
+			s.mu.Unlock()
+			return nil, runtime.ForkResult{}, err
+		}
 	}
 	for i := range specs {
 		cid := NewID()
 		ip, err := s.allocateIP()
 		if err != nil {
 			s.mu.Unlock()
-			return fail(err)
+			return kids, runtime.ForkResult{}, err
 		}
 		specs[i] = runtime.Spec{ID: cid, Hostname: hostnameOf(cid), IP: ip, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
 			MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd, Image: spec.Image}
 		specs[i].Egress = spec.Egress
-		k := &entry{spec: spec, rec: store.Record{ID: cid, Status: string(StatusCreating), FamilyID: e.rec.FamilyID,
-			ParentID: id, IP: ip.String(), Hostname: specs[i].Hostname, CreatedAt: now, Spec: specJSON}}
-		k.op.Lock() // new: nobody else holds it; calls on the child wait until it is made
-		defer k.op.Unlock()
-		kids[i] = k
+		k := &entry{spec: spec, pooled: status == StatusWarm, rec: store.Record{ID: cid, Status: string(status),
+			FamilyID: e.rec.FamilyID, ParentID: id, IP: ip.String(), Hostname: specs[i].Hostname, CreatedAt: now,
+			Spec: specJSON}}
+		if status == StatusCreating {
+			k.op.Lock() // new: nobody else holds it
+		}
+		kids = append(kids, k)
 		s.items[cid] = k // reserves the address
 		undo.push("reserve "+cid, func(context.Context) error {
 			s.mu.Lock()
@@ -162,48 +208,56 @@ func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkO
 	}
 	s.mu.Unlock()
 
-	start := time.Now()
 	res, err := fk.Fork(ctx, parent, specs)
 	if err != nil {
-		return fail(err)
+		return kids, res, err
 	}
 	for _, h := range res.Children {
 		undo.push("child "+h.ID, func(ctx context.Context) error { return s.cfg.Runtime.Destroy(ctx, h) })
 	}
-	recs := make([]store.Record, n)
 	s.mu.Lock()
 	for i, k := range kids {
 		h := res.Children[i]
 		hj, _ := json.Marshal(h)
 		k.handle = h
 		k.rec.Handle = hj
+	}
+	s.mu.Unlock()
+	return kids, res, nil
+}
+
+// startChildren makes forked children (forkChildren) running sandboxes: their records saved as running in one
+// store transaction (every child's record or none: the fork's commit point), then their state and timeouts.
+// created, when set, replaces their creation time.
+func (s *Service) startChildren(ctx context.Context, kids []*entry, created time.Time) error {
+	recs := make([]store.Record, len(kids))
+	s.mu.Lock()
+	for i, k := range kids {
 		recs[i] = k.rec
 		recs[i].Status = string(StatusRunning) // applied in memory once saved
+		if !created.IsZero() {
+			recs[i].CreatedAt = created
+		}
 		if err := transition(k.rec.ID, Status(k.rec.Status), StatusRunning); err != nil {
 			s.mu.Unlock()
-			return fail(err)
+			return err
 		}
 	}
 	s.mu.Unlock()
-	// One transaction: every child's record or none.
 	if err := s.cfg.Store.PutMany(ctx, recs, nil); err != nil {
-		return fail(err)
+		return err
 	}
 	s.mu.Lock()
-	for _, k := range kids {
-		s.setStatus(k, StatusRunning) //nolint:errcheck // checked above; the child is held exclusively
+	for i, k := range kids {
+		k.rec.CreatedAt = recs[i].CreatedAt
+		k.pooled = false
+		s.setStatus(k, StatusRunning) //nolint:errcheck // checked above; nobody else holds the child
 	}
 	s.mu.Unlock()
-	out := ForkResult{ParentPauseMs: float64(res.PauseWindow.Microseconds()) / 1000, Note: ForkNote}
 	for _, k := range kids {
-		out.Children = append(out.Children, k.rec.ID)
 		s.armTimer(k)
 	}
-	s.log.Info("sandbox forked", "sandbox", id, "family", e.rec.FamilyID, "n", n, "ms", time.Since(start).Milliseconds(),
-		"pause_ms", out.ParentPauseMs)
-	s.emit(events.Event{Type: events.Forked, Sandbox: id, Family: e.rec.FamilyID, Status: string(StatusRunning),
-		Children: out.Children, N: n, Ms: msSince(start), PauseMs: out.ParentPauseMs})
-	return out, nil
+	return nil
 }
 
 // MergeInto commits winner's state into parent: parent's id drives the winner's interpreter, files, processes

@@ -32,6 +32,9 @@ func (s *Service) watchHealth(h runtime.Healer) {
 
 // heal revives one lost sandbox, if it is still the running sandbox the runtime saw lost.
 func (s *Service) heal(h runtime.Healer, l runtime.Lost) {
+	if s.dropLostAhead(l.Handle.ID) {
+		return
+	}
 	es, release, err := s.acquire(exclusive, OpRestart, l.Handle.ID)
 	if err != nil {
 		return // destroyed, paused or warm meanwhile (a failed warm claim drops the sandbox)

@@ -44,13 +44,19 @@ type Stats struct {
 	Sandboxes map[Status]int
 	// Warm is how many pre-started sandboxes are ready; WarmTarget how many the pool keeps.
 	Warm, WarmTarget int
+	// Ahead is how many children made ahead of forks are ready, AheadLimit the most there may be (ahead.go);
+	// AheadMade, AheadUsed and AheadDropped count those made, taken by a fork and dropped unused since start.
+	Ahead, AheadLimit                  int
+	AheadMade, AheadUsed, AheadDropped int64
 }
 
 // Stats counts the sandboxes by status and the warm pool.
 func (s *Service) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Stats{Sandboxes: map[Status]int{}, Warm: len(s.warm), WarmTarget: s.cfg.WarmPool}
+	st := Stats{Sandboxes: map[Status]int{}, Warm: len(s.warm), WarmTarget: s.cfg.WarmPool,
+		Ahead: s.aheadKids, AheadLimit: s.cfg.ForkAhead, AheadMade: s.aheadCount.made, AheadUsed: s.aheadCount.used,
+		AheadDropped: s.aheadCount.dropped}
 	for _, e := range s.items {
 		if e.gone || e.pooled {
 			continue

@@ -71,6 +71,8 @@ type Config struct {
 	SSHAddr string
 	// SSHHostKey is the SSH server's public host key ("ssh-ed25519 AAAA..."), shown for known_hosts.
 	SSHHostKey string
+	// ForkAhead is the most children made ahead of forks at once, across all sandboxes (ahead.go); 0: none.
+	ForkAhead int
 }
 
 // DefaultCloseTimeout is Config.CloseTimeout's default.
@@ -93,9 +95,14 @@ type Service struct {
 	wg      sync.WaitGroup // background work; Add only through goBackground
 	closing bool           // guarded by mu: Close has begun, no background work starts any more
 
-	warm    []*entry      // guarded by mu: ready pre-started sandboxes
-	filling bool          // guarded by mu: a refill goroutine runs
-	refill  chan struct{} // wakes the refill goroutine
+	warm []*entry // guarded by mu: ready pre-started sandboxes
+	// aheads are the children made ahead of sandboxes that forked, by parent id; aheadKids counts them (ahead.go).
+	// Guarded by mu.
+	aheads     map[string]*ahead
+	aheadKids  int
+	aheadCount struct{ made, used, dropped int64 }
+	filling    bool          // guarded by mu: a refill goroutine runs
+	refill     chan struct{} // wakes the refill goroutine
 
 	tmpl        templateLocks       // one lock per template name (template.go)
 	tmplWarm    map[string][]*entry // guarded by mu: each template's ready restored sandboxes
@@ -122,6 +129,10 @@ type entry struct {
 	gone        bool          // destroyed or merged away: lookups fail from now on
 	changed     chan struct{} // closed at the next status change or retirement (see notify); nil when none waits
 	pooled      bool          // a warm-pool sandbox (being started or ready): invisible to the API until claimed
+	// aheadN is how many children its next children made ahead are (its last fork's n; 0: none), aheadTries how
+	// many more sets of them may go unused, aheadTimer the timer that makes them (ahead.go).
+	aheadN, aheadTries int
+	aheadTimer         *time.Timer
 }
 
 // New builds the service and reconciles the records with what is running: sandboxes that survived a restart
@@ -139,7 +150,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.CPUOvercommit <= 0 {
 		cfg.CPUOvercommit = DefaultCPUOvercommit
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, refill: make(chan struct{}, 1), host: detectHost(),
+	s := &Service{cfg: cfg, log: cfg.Logger, items: map[string]*entry{}, aheads: map[string]*ahead{}, refill: make(chan struct{}, 1), host: detectHost(),
 		tmplWarm: map[string][]*entry{}, tmplFilling: map[string]bool{}, building: map[string]bool{}}
 	if cfg.HostCPUs > 0 {
 		s.host.cpus = cfg.HostCPUs
@@ -328,6 +339,9 @@ func (s *Service) Close() {
 		if e.timer != nil {
 			e.timer.Stop()
 		}
+		if e.aheadTimer != nil {
+			e.aheadTimer.Stop()
+		}
 	}
 	s.mu.Unlock()
 	s.cancel()
@@ -346,6 +360,13 @@ func (s *Service) Close() {
 	for _, e := range warm {
 		s.dropWarm(e)
 	}
+	s.mu.Lock()
+	var kids []*entry
+	for id := range s.aheads {
+		kids = append(kids, s.takeAheadLocked(id).kids...)
+	}
+	s.mu.Unlock()
+	s.dropKids(kids) // at once: the service is closing
 	s.dropTemplatePools()
 }
 

@@ -113,7 +113,8 @@ func must[T any](v T, err error) T {
 func BenchmarkRamify(b *testing.B) {
 	// The fork table's n=32 row holds 33 sandboxes of 2 GiB limits, and its alternative 32 more: past the default
 	// admission of 4x the host's memory, though copy-on-write keeps what they use small.
-	s := testserver.Start(b, "--mem-overcommit", "16")
+	// --fork-ahead 0: the fork table times forks that make their children (BenchmarkForkAhead times the others).
+	s := testserver.Start(b, "--mem-overcommit", "16", "--fork-ahead", "0")
 	c := s.Client
 	ctx := context.Background()
 	out := &strings.Builder{}
@@ -289,6 +290,7 @@ var mergeS0, warmCreate stats
 type forkOut struct {
 	children []string
 	pause    float64
+	ahead    bool // the children were made ahead (internal/sandbox/ahead.go)
 }
 
 // forkRaw calls the fork route directly to read the parent's pause window from the response.
@@ -296,11 +298,12 @@ func forkRaw(ctx context.Context, s *testserver.Server, id string, n int) (forkO
 	var res struct {
 		Children      []string `json:"children"`
 		ParentPauseMs float64  `json:"parent_pause_ms"`
+		MadeAhead     bool     `json:"made_ahead"`
 	}
 	if err := s.PostJSON(ctx, "/v1/sandboxes/"+id+"/fork", map[string]int{"n": n}, &res); err != nil {
 		return forkOut{}, err
 	}
-	return forkOut{res.Children, res.ParentPauseMs}, nil
+	return forkOut{res.Children, res.ParentPauseMs, res.MadeAhead}, nil
 }
 
 // bareFork measures, inside the parent's interpreter, n plain os.fork() calls whose children only report back and

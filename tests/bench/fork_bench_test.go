@@ -47,7 +47,8 @@ func BenchmarkForkFloor(b *testing.B) {
 	if v := os.Getenv("RAMIFY_BENCH_FORK_REPS"); v != "" {
 		reps = must(strconv.Atoi(v))
 	}
-	s := testserver.Start(b, append([]string{"--log-level", "debug"}, strings.Fields(os.Getenv("RAMIFY_BENCH_EXTRA_ARGS"))...)...)
+	// --fork-ahead 0: every fork makes its children (BenchmarkForkAhead times forks that take children made ahead).
+	s := testserver.Start(b, append([]string{"--log-level", "debug", "--fork-ahead", "0"}, strings.Fields(os.Getenv("RAMIFY_BENCH_EXTRA_ARGS"))...)...)
 	c := s.Client
 	ctx := context.Background()
 	out := &strings.Builder{}
@@ -224,4 +225,87 @@ func forkPhases(log string, forks []key) map[key]string {
 		out[k] = strings.Join(parts, ", ")
 	}
 	return out
+}
+
+// BenchmarkForkAhead times, in one server and run, fork(n) of an idle parent that forked before (its children made
+// ahead: internal/sandbox/ahead.go) against fork(n) of the same parent right after a run_code on it (which drops
+// them: the fork makes its own), alternately, each until every child has answered its first run_code, beside n
+// bare os.fork() of the same interpreter. n and the repetitions come from RAMIFY_BENCH_FORK_N (default "1,5,8")
+// and RAMIFY_BENCH_FORK_REPS (default 8). Run with `make bench BENCH=ForkAhead`.
+func BenchmarkForkAhead(b *testing.B) {
+	ns := []int{1, 5, 8}
+	if v := os.Getenv("RAMIFY_BENCH_FORK_N"); v != "" {
+		ns = nil
+		for _, f := range strings.Split(v, ",") {
+			ns = append(ns, must(strconv.Atoi(strings.TrimSpace(f))))
+		}
+	}
+	reps := 8
+	if v := os.Getenv("RAMIFY_BENCH_FORK_REPS"); v != "" {
+		reps = must(strconv.Atoi(v))
+	}
+	s := testserver.Start(b, strings.Fields(os.Getenv("RAMIFY_BENCH_EXTRA_ARGS"))...)
+	c := s.Client
+	ctx := context.Background()
+	out := &strings.Builder{}
+	p := func(format string, a ...any) { fmt.Fprintf(out, format+"\n", a...) }
+	load, _ := os.ReadFile("/proc/loadavg")
+	p("\n## fork with children made ahead (%s, load %s)\n", time.Now().UTC().Format(time.RFC3339), strings.Join(strings.Fields(string(load))[:3], " "))
+	for _, st := range forkStates[:2] {
+		parent := must(c.Create(ctx, client.CreateRequest{MemMiB: 2048})).ID
+		must(c.RunCode(ctx, parent, client.RunCodeRequest{Code: st.setup}))
+		p("### parent: %s\n", st.name)
+		p("| n | idle parent: until every child answers, p50 | p99 | the call alone, p50 | right after a run_code: p50 | p99 | ratio | floor: n bare os.fork | idle / floor | forks served ahead |")
+		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+		for _, n := range ns {
+			forkAnswered(ctx, b, s, c, parent, n) // the parent's first fork of n: the shape of its children made ahead
+			var idle, call, busy stats
+			served := 0
+			for r := 0; r < reps; r++ {
+				time.Sleep(1500 * time.Millisecond) // idle: its children are made ahead meanwhile
+				d, dc, ahead := forkAnswered(ctx, b, s, c, parent, n)
+				idle, call = append(idle, d), append(call, dc)
+				if ahead {
+					served++
+				}
+				must(c.RunCode(ctx, parent, client.RunCodeRequest{Code: "1"}))
+				d, _, _ = forkAnswered(ctx, b, s, c, parent, n)
+				busy = append(busy, d)
+			}
+			floor := bareFork(ctx, b, c, parent, n)
+			p("| %d | %s | %s | %s | %s | %s | %.1fx | %.1f ms | %.1fx | %d of %d |", n, ms(idle.pct(.5)), ms(idle.pct(.99)), ms(call.pct(.5)),
+				ms(busy.pct(.5)), ms(busy.pct(.99)), float64(busy.pct(.5))/float64(idle.pct(.5)), floor,
+				float64(idle.pct(.5).Microseconds())/1000/floor, served, reps)
+		}
+		c.Delete(ctx, parent)
+		p("")
+	}
+	fmt.Print(out.String())
+	if f := os.Getenv("RAMIFY_BENCH_OUT"); f != "" {
+		os.WriteFile(f, []byte(out.String()), 0o644)
+	}
+}
+
+// forkAnswered forks parent into n children and returns the time until every child has answered a run_code, the
+// time the fork call alone took and whether its children were made ahead; the children are deleted afterwards.
+func forkAnswered(ctx context.Context, b *testing.B, s *testserver.Server, c *client.Client, parent string, n int) (wall, call time.Duration, ahead bool) {
+	t := time.Now()
+	res, err := forkRaw(ctx, s, parent, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	call = time.Since(t)
+	var wg sync.WaitGroup
+	for _, k := range res.children {
+		wg.Add(1)
+		go func(k string) { defer wg.Done(); must(c.RunCode(ctx, k, client.RunCodeRequest{Code: "1"})) }(k)
+	}
+	wg.Wait()
+	wall = time.Since(t)
+	for _, k := range res.children {
+		wg.Add(1)
+		go func(k string) { defer wg.Done(); c.Delete(ctx, k) }(k)
+	}
+	wg.Wait()
+	return wall, call, res.ahead
 }

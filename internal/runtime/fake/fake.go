@@ -65,6 +65,7 @@ type Sandbox struct {
 	mu     sync.Mutex
 	vars   map[string]string
 	count  int
+	stirs  int // changes made without a call (Stir)
 	client *agent.Client
 	calls  agent.CallSet // run_code and exec calls being served, for interrupt
 }
@@ -72,7 +73,33 @@ type Sandbox struct {
 var (
 	_ runtime.Runtime = (*Runtime)(nil)
 	_ runtime.Forker  = (*Runtime)(nil)
+	_ runtime.Stiller = (*Runtime)(nil)
 )
+
+// Stillness implements runtime.Stiller: the mark moves with every call the sandbox's interpreter runs and with
+// every Stir.
+func (r *Runtime) Stillness(ctx context.Context, h runtime.Handle) (runtime.Stillness, error) {
+	if err := r.fault(ctx, "Stillness", h.ID); err != nil {
+		return runtime.Stillness{}, err
+	}
+	sb := r.Get(h.ID)
+	if sb == nil {
+		return runtime.Stillness{}, errors.New("fake: no such sandbox")
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return runtime.Stillness{Mark: fmt.Sprintf("%d/%d", sb.count, sb.stirs)}, nil
+}
+
+// Stir changes sandbox id as a process of its own would, without a call through the runtime.
+func (r *Runtime) Stir(id string, name, value string) {
+	if sb := r.Get(id); sb != nil {
+		sb.mu.Lock()
+		sb.vars[name] = value
+		sb.stirs++
+		sb.mu.Unlock()
+	}
+}
 
 // New returns a runtime keeping its layers under dir (a test's temporary directory).
 func New(dir string) *Runtime {

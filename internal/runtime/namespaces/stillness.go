@@ -1,0 +1,72 @@
+package namespaces
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/runtime"
+)
+
+var _ runtime.Stiller = (*Runtime)(nil)
+
+// Stillness implements runtime.Stiller. The mark is the sandbox's processes (host pids, from its cgroup) and the
+// CPU time its cgroup used less its agent's: any process that ran in the sandbox, even one started and gone
+// between the two marks, used CPU charged to the cgroup; the agent's own work (answering the server's calls) is
+// left out. A process reading the two counters while the agent runs sees them disagree, which only makes two
+// marks differ (children made ahead are then not used), never agree wrongly.
+func (r *Runtime) Stillness(ctx context.Context, h runtime.Handle) (runtime.Stillness, error) {
+	r.mu.Lock()
+	sb := r.sandboxes[h.ID]
+	r.mu.Unlock()
+	if sb == nil {
+		return runtime.Stillness{}, errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	}
+	procs, err := sb.cg.Procs()
+	if err != nil {
+		return runtime.Stillness{}, fmt.Errorf("stillness of %s: %w", h.ID, err)
+	}
+	st, err := sb.cg.Stats()
+	if err != nil {
+		return runtime.Stillness{}, fmt.Errorf("stillness of %s: %w", h.ID, err)
+	}
+	agentNs, err := taskNanos(sb.h.AgentPid)
+	if err != nil {
+		return runtime.Stillness{}, fmt.Errorf("stillness of %s: agent: %w", h.ID, err)
+	}
+	return runtime.Stillness{
+		Mark: fmt.Sprintf("%v %d", procs, int64(st.CPUNanos)-int64(agentNs)),
+		Busy: len(procs) > 2, // its agent and its interpreter
+	}, nil
+}
+
+// taskNanos is the CPU time process pid's threads used, in nanoseconds (the first field of each thread's
+// /proc/<pid>/task/<tid>/schedstat).
+func taskNanos(pid int) (uint64, error) {
+	dir := filepath.Join("/proc", strconv.Itoa(pid), "task")
+	tids, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	var sum uint64
+	for _, t := range tids {
+		b, err := os.ReadFile(filepath.Join(dir, t.Name(), "schedstat"))
+		if err != nil {
+			if os.IsNotExist(err) {
+				continue // a thread that ended meanwhile
+			}
+			return 0, err
+		}
+		f, _, _ := bytes.Cut(b, []byte(" "))
+		n, err := strconv.ParseUint(string(f), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s/%s/schedstat: %w", dir, t.Name(), err)
+		}
+		sum += n
+	}
+	return sum, nil
+}

@@ -1,0 +1,217 @@
+package sandbox
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+)
+
+// aheadEnv is a service that makes up to limit children ahead of forks.
+func aheadEnv(t *testing.T, limit int) *env {
+	return newEnv(t, func(c *Config) { c.ForkAhead = limit })
+}
+
+// waitAhead waits until n children made ahead are ready, or fails.
+func (e *env) waitAhead(n int) {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.svc.Stats().Ahead < n {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("children made ahead: %+v, want %d ready", e.svc.Stats(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// fork forks id into n children and deletes them again unless keep; it returns the result.
+func (e *env) fork(id string, n int, keep bool) ForkResult {
+	e.t.Helper()
+	fr, err := e.svc.Fork(context.Background(), id, n)
+	if err != nil {
+		e.t.Fatalf("fork %s: %v", id, err)
+	}
+	if len(fr.Children) != n {
+		e.t.Fatalf("fork %s: %d children, want %d", id, len(fr.Children), n)
+	}
+	if !keep {
+		for _, k := range fr.Children {
+			if err := e.svc.Delete(context.Background(), k); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+	}
+	return fr
+}
+
+func TestForkAheadServesTheNextForkOfAStillParent(t *testing.T) {
+	e := aheadEnv(t, 8)
+	p := e.create()
+	e.run(p, "x = 1")
+	if fr := e.fork(p, 3, false); fr.MadeAhead {
+		t.Fatal("a sandbox's first fork was made ahead")
+	}
+	e.waitAhead(3)
+	if slices.Contains(e.ids(), "") || len(e.ids()) != 1 {
+		t.Fatalf("children made ahead are listed: %v", e.ids())
+	}
+	fr := e.fork(p, 2, true)
+	if !fr.MadeAhead {
+		t.Fatal("the fork did not use the children made ahead")
+	}
+	for _, k := range fr.Children {
+		if v := e.run(k, "x"); v != "1" {
+			t.Fatalf("child %s: x = %q", k, v)
+		}
+		in, err := e.svc.Get(context.Background(), k)
+		if err != nil || in.ParentID == nil || *in.ParentID != p || in.Status != StatusRunning {
+			t.Fatalf("child %s: %+v %v", k, in, err)
+		}
+	}
+	want := append([]string{p}, fr.Children...)
+	slices.Sort(want)
+	if got := e.ids(); !slices.Equal(got, want) {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	st := e.svc.Stats()
+	if st.AheadMade != 3 || st.AheadUsed != 2 {
+		t.Fatalf("stats %+v: want 3 made, 2 used", st)
+	}
+	// The third child made ahead was dropped, not left running.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(e.rt.IDs()) != 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("runtime holds %v, want the parent and its two children", e.rt.IDs())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestForkAheadDroppedWhenTheParentChanges(t *testing.T) {
+	e := aheadEnv(t, 8)
+	p := e.create()
+	e.run(p, "x = 1")
+	e.fork(p, 2, false)
+
+	// Through a call: dropped before the call runs.
+	e.waitAhead(2)
+	e.run(p, "x = 2")
+	if st := e.svc.Stats(); st.Ahead != 0 {
+		t.Fatalf("after a run_code on the parent: %+v", st)
+	}
+	fr := e.fork(p, 2, true)
+	if fr.MadeAhead {
+		t.Fatal("children made before a run_code were used")
+	}
+	for _, k := range fr.Children {
+		if v := e.run(k, "x"); v != "2" {
+			t.Fatalf("child: x = %q, want 2", v)
+		}
+		e.svc.Delete(context.Background(), k) //nolint:errcheck
+	}
+
+	// On its own (a thread, a background process): the mark moved, so the fork makes fresh children.
+	e.waitAhead(2)
+	e.rt.Stir(p, "x", "3")
+	fr = e.fork(p, 2, true)
+	if fr.MadeAhead {
+		t.Fatal("children made before the parent changed on its own were used")
+	}
+	for _, k := range fr.Children {
+		if v := e.run(k, "x"); v != "3" {
+			t.Fatalf("child: x = %q, want 3", v)
+		}
+	}
+	if st := e.svc.Stats(); st.AheadDropped != 4 || st.AheadUsed != 0 {
+		t.Fatalf("stats %+v: want 4 dropped, none used", st)
+	}
+}
+
+func TestForkAheadBounded(t *testing.T) {
+	e := aheadEnv(t, 4)
+	p := e.create()
+	// More children than the limit: none made ahead.
+	e.fork(p, 5, false)
+	time.Sleep(3 * aheadIdle)
+	if st := e.svc.Stats(); st.AheadMade != 0 {
+		t.Fatalf("made ahead for a fork of 5 with a limit of 4: %+v", st)
+	}
+	// Overrides (here: another egress) are not what children made ahead have: the fork makes its own.
+	e.fork(p, 2, false)
+	e.waitAhead(2)
+	none := []string{}
+	fr, err := e.svc.ForkWithOptions(context.Background(), p, 2, ForkOptions{Egress: &none})
+	if err != nil || fr.MadeAhead {
+		t.Fatalf("fork with egress override: %+v %v", fr, err)
+	}
+	// Two sets left unused in a row (the first: what the fork with overrides did not take), then no more until
+	// the sandbox forks again without overrides.
+	e.run(p, "y = 1")
+	for range aheadTries - 1 {
+		e.waitAhead(2)
+		e.run(p, "y = 1")
+	}
+	made := e.svc.Stats().AheadMade
+	time.Sleep(3 * aheadIdle)
+	if st := e.svc.Stats(); st.AheadMade != made || st.Ahead != 0 {
+		t.Fatalf("more children made ahead after %d unused sets: %+v", aheadTries+1, st)
+	}
+	e.fork(p, 2, false)
+	e.waitAhead(2)
+}
+
+func TestForkAheadLeavesNothingAtClose(t *testing.T) {
+	e := aheadEnv(t, 8)
+	p := e.create()
+	e.fork(p, 3, false)
+	e.waitAhead(3)
+	e.svc.Close()
+	for _, id := range e.rt.IDs() {
+		if id != p {
+			t.Errorf("left running after Close: %s", id)
+		}
+	}
+}
+
+func TestForkAheadParentDeleted(t *testing.T) {
+	e := aheadEnv(t, 8)
+	p := e.create()
+	e.fork(p, 2, false)
+	e.waitAhead(2)
+	if err := e.svc.Delete(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(e.rt.IDs()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("left after the parent's delete: %v", e.rt.IDs())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := e.svc.Stats(); st.Ahead != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestForkAheadDroppedWhenAChildIsLost(t *testing.T) {
+	e := aheadEnv(t, 8)
+	p := e.create()
+	e.fork(p, 2, false)
+	e.waitAhead(2)
+	for _, id := range e.rt.IDs() {
+		if id != p {
+			e.rt.Kill(id)
+			break
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for st := e.svc.Stats(); st.Ahead != 0 || st.AheadDropped != 2; st = e.svc.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("a lost child made ahead did not drop its set: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if fr := e.fork(p, 2, false); fr.MadeAhead {
+		t.Fatal("the fork took a set with a lost child")
+	}
+}

@@ -1,0 +1,223 @@
+package integration
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+// Children made ahead of a fork (internal/sandbox/ahead.go): a sandbox that forked and then sits idle is forked
+// again in the background, and its next fork takes those children if the sandbox did not change meanwhile. These
+// tests change it in every way code inside it can, without a call through the API as well as with one, and check
+// that a fork's children always start from the parent's state at the fork.
+
+// forkRaw forks id into n children and reports whether they were made ahead.
+func forkRaw(t *testing.T, s *testserver.Server, id string, n int) ([]string, bool) {
+	t.Helper()
+	code, body := raw(t, s, "POST", "/v1/sandboxes/"+id+"/fork", s.Key, fmt.Appendf(nil, `{"n": %d}`, n))
+	if code != 200 {
+		t.Fatalf("fork %s: %d %v", id, code, body)
+	}
+	var kids []string
+	for _, k := range body["children"].([]any) {
+		kids = append(kids, k.(string))
+	}
+	ahead, _ := body["made_ahead"].(bool)
+	return kids, ahead
+}
+
+// aheadMetric reads ramify_fork_ahead_ready, or ramify_fork_ahead_children_total for outcome.
+func aheadMetric(t *testing.T, s *testserver.Server, outcome string) float64 {
+	t.Helper()
+	fams := scrapeMetrics(t, s.URL+"/metrics", s.Key)
+	if outcome == "" {
+		return fams["ramify_fork_ahead_ready"].GetMetric()[0].GetGauge().GetValue()
+	}
+	return metric(fams, "ramify_fork_ahead_children_total", "outcome", outcome).GetCounter().GetValue()
+}
+
+// waitAheadReady waits until n children made ahead are ready and returns when they were first seen.
+func waitAheadReady(t *testing.T, s *testserver.Server, n int, within time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for aheadMetric(t, s, "") < float64(n) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %d children made ahead within %v (made %v, used %v, dropped %v)", n, within,
+				aheadMetric(t, s, "made"), aheadMetric(t, s, "used"), aheadMetric(t, s, "dropped"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Now()
+}
+
+func deleteAll(t *testing.T, s *testserver.Server, ids []string) {
+	t.Helper()
+	for _, id := range ids {
+		if err := s.Client.Delete(ctxT(t), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestForkAheadChildrenStartFromTheParentsState(t *testing.T) {
+	s := testserver.Start(t)
+	p := create(t, s, nil)
+	value(t, s, p, "import numpy as np\narr = np.arange(10)\nx = 1\n1")
+	sh(t, s, p, "echo one > /root/f")
+	kids, ahead := forkRaw(t, s, p, 2)
+	if ahead {
+		t.Fatal("a sandbox's first fork was made ahead")
+	}
+	deleteAll(t, s, kids)
+
+	// Idle and unchanged: the next fork takes the children made ahead, which are whole sandboxes of their own.
+	waitAheadReady(t, s, 2, 60*time.Second)
+	before := time.Now()
+	kids, ahead = forkRaw(t, s, p, 2)
+	if !ahead {
+		t.Fatal("an idle parent's fork did not take its children made ahead")
+	}
+	pinfo, _ := s.Client.Get(ctxT(t), p)
+	for i, k := range kids {
+		info, err := s.Client.Get(ctxT(t), k)
+		if err != nil || info.Status != "running" || info.ParentID != p || info.IP == pinfo.IP ||
+			info.CreatedAt.Before(before.Add(-time.Second)) {
+			t.Fatalf("child %d: %+v %v (fork began %v)", i, info, err, before)
+		}
+		if v := value(t, s, k, "(x, int(arr.sum()))"); v != "(1, 45)" {
+			t.Fatalf("child %d: %s", i, v)
+		}
+		if r := sh(t, s, k, "cat /root/f; hostname"); r.Stdout != "one\n"+info.Hostname+"\n" {
+			t.Fatalf("child %d: %q", i, r.Stdout)
+		}
+		value(t, s, k, fmt.Sprintf("x = %d; open('/root/g', 'w').write('%d'); 1", 10+i, i))
+	}
+	for i, k := range kids {
+		if v := value(t, s, k, "x"); v != fmt.Sprint(10+i) {
+			t.Fatalf("child %d sees its sibling's x: %s", i, v)
+		}
+		if r := sh(t, s, k, "cat /root/g"); r.Stdout != fmt.Sprint(i) {
+			t.Fatalf("child %d sees its sibling's file: %q", i, r.Stdout)
+		}
+	}
+	if v := value(t, s, p, "x"); v != "1" {
+		t.Fatalf("parent x = %s", v)
+	}
+	if r := sh(t, s, p, "ls /root"); strings.Contains(r.Stdout, "g") {
+		t.Fatalf("parent sees a child's file: %q", r.Stdout)
+	}
+	deleteAll(t, s, kids)
+
+	// Changed through calls: run_code, exec, a file written through the API. Each drops the children made ahead
+	// before it runs, and the fork right after it makes fresh ones.
+	for i, change := range []func(){
+		func() { value(t, s, p, "x = 2\n1") },
+		func() { sh(t, s, p, "echo two > /root/f") },
+		func() {
+			if _, err := s.Client.WriteFile(ctxT(t), p, "/root/f", strings.NewReader("three\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		waitAheadReady(t, s, 2, 60*time.Second)
+		change()
+		if n := aheadMetric(t, s, ""); n != 0 {
+			t.Fatalf("change %d: %v children made ahead still ready", i, n)
+		}
+		kids, ahead = forkRaw(t, s, p, 2)
+		if ahead {
+			t.Fatalf("change %d: the fork took children made before it", i)
+		}
+		want := []string{"(2, 'one\\n')", "(2, 'two\\n')", "(2, 'three\\n')"}[i]
+		for _, k := range kids {
+			if v := value(t, s, k, "(x, open('/root/f').read())"); v != want {
+				t.Fatalf("change %d: child sees %s, want %s", i, v, want)
+			}
+		}
+		deleteAll(t, s, kids)
+	}
+}
+
+// Code in the parent that changes it later, on its own, with no call through the API: a thread of its
+// interpreter, and a process it left running in the background.
+func TestForkAheadNotUsedWhenTheParentChangedOnItsOwn(t *testing.T) {
+	s := testserver.Start(t)
+	p := create(t, s, nil)
+	kids, _ := forkRaw(t, s, p, 2)
+	deleteAll(t, s, kids)
+
+	// A thread that sleeps (no CPU: the children can be made ahead meanwhile), then changes a variable and a file.
+	const delay = 8 * time.Second
+	began := time.Now()
+	value(t, s, p, fmt.Sprintf(`import threading, time
+def later():
+    time.sleep(%d)
+    globals()["y"] = "late"
+    open("/root/late", "w").write("late")
+threading.Thread(target=later, daemon=True).start()
+1`, int(delay.Seconds())))
+	ready := waitAheadReady(t, s, 2, delay-2*time.Second)
+	if ready.Sub(began) > delay-time.Second {
+		t.Fatalf("children made ahead only %v after the thread began: too late to test", ready.Sub(began))
+	}
+	time.Sleep(time.Until(began.Add(delay + 2*time.Second)))
+	dropped := aheadMetric(t, s, "dropped")
+	kids, ahead := forkRaw(t, s, p, 2)
+	if ahead {
+		t.Fatal("the fork took children made before the parent's thread changed it")
+	}
+	for _, k := range kids {
+		if v := value(t, s, k, "(y, open('/root/late').read())"); v != "('late', 'late')" {
+			t.Fatalf("child sees %s", v)
+		}
+	}
+	if d := aheadMetric(t, s, "dropped"); d != dropped+2 {
+		t.Fatalf("dropped %v -> %v, want the two children made ahead dropped at the fork", dropped, d)
+	}
+	deleteAll(t, s, kids)
+
+	// A background process: while it runs, no children are made ahead; what it wrote is in the next fork.
+	waitAheadReady(t, s, 2, 60*time.Second)
+	made := aheadMetric(t, s, "made")
+	sh(t, s, p, "(sleep 3; echo bg > /root/bg) >/dev/null 2>&1 &")
+	time.Sleep(5 * time.Second)
+	if m := aheadMetric(t, s, "made"); m != made {
+		t.Fatalf("children made ahead while a background process ran (made %v -> %v)", made, m)
+	}
+	kids, ahead = forkRaw(t, s, p, 2)
+	if ahead {
+		t.Fatal("the fork took children made ahead while a background process ran")
+	}
+	for _, k := range kids {
+		if r := sh(t, s, k, "cat /root/bg"); r.Stdout != "bg\n" {
+			t.Fatalf("child: /root/bg = %q", r.Stdout)
+		}
+	}
+	deleteAll(t, s, kids)
+}
+
+// Children made ahead have no record: a server killed while a sandbox has some restarts without them (its reclaim
+// removes their processes, cgroups, veths and layers), and one stopped cleanly takes them down as it stops.
+func TestForkAheadChildrenLeaveNothingBehind(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0")
+	p := create(t, s, nil)
+	value(t, s, p, "x = 41; 1")
+	for i, stop := range []func(){s.Kill, s.Stop} {
+		kids, _ := forkRaw(t, s, p, 3)
+		deleteAll(t, s, kids)
+		waitAheadReady(t, s, 3, 60*time.Second)
+		stop()
+		if inv := s.Inventory(); i == 1 && !slices.Equal(inv.Layers, []string{p}) {
+			t.Fatalf("after a clean stop: layers %v, want only the parent's", inv.Layers)
+		}
+		s.Restart()
+		checkNoLeftovers(t, s, expect{})
+		if got := value(t, s, p, "x + 1"); got != "42" {
+			t.Fatalf("after the restart: x + 1 = %s", got)
+		}
+	}
+}
