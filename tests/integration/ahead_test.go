@@ -198,6 +198,23 @@ threading.Thread(target=later, daemon=True).start()
 		}
 	}
 	deleteAll(t, s, kids)
+
+	// A Linux AIO context: a read submitted with io_submit on an O_DIRECT file lands in the interpreter's memory
+	// later, with no process of the sandbox running. While the interpreter holds one, no children are made ahead.
+	waitAheadReady(t, s, 2, 60*time.Second)
+	value(t, s, p, `import ctypes
+_aio_ctx = ctypes.c_ulong(0)
+ctypes.CDLL(None, use_errno=True).syscall(206, 8, ctypes.byref(_aio_ctx))`) // io_setup
+	made = aheadMetric(t, s, "made")
+	time.Sleep(3 * time.Second)
+	if m := aheadMetric(t, s, "made"); m != made {
+		t.Fatalf("children made ahead while the interpreter held an AIO context (made %v -> %v)", made, m)
+	}
+	kids, ahead = forkRaw(t, s, p, 2)
+	if ahead {
+		t.Fatal("the fork took children made ahead while the interpreter held an AIO context")
+	}
+	deleteAll(t, s, kids)
 }
 
 // Children made ahead have no record: a server killed while a sandbox has some restarts without them (its reclaim

@@ -38,10 +38,28 @@ func (r *Runtime) Stillness(ctx context.Context, h runtime.Handle) (runtime.Stil
 	if err != nil {
 		return runtime.Stillness{}, fmt.Errorf("stillness of %s: agent: %w", h.ID, err)
 	}
+	// Linux AIO is the one way the sandbox's memory changes without its processes running: an O_DIRECT read
+	// submitted with io_submit completes into the caller's buffer (and the context's ring) later, in the kernel.
+	aio := false
+	for _, pid := range procs {
+		if pid != sb.h.AgentPid && hasAIO(pid) {
+			aio = true
+		}
+	}
 	return runtime.Stillness{
-		Mark: fmt.Sprintf("%v %d", procs, int64(st.CPUNanos)-int64(agentNs)),
-		Busy: len(procs) > 2, // its agent and its interpreter
+		Mark: fmt.Sprintf("%v %d %v", procs, int64(st.CPUNanos)-int64(agentNs), aio),
+		Busy: len(procs) > 2 || aio, // its agent and its interpreter, with no AIO context
 	}, nil
+}
+
+// hasAIO reports whether process pid has a Linux AIO context (its ring is mapped as "/[aio]"), or may have one
+// (its maps cannot be read).
+func hasAIO(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "maps"))
+	if err != nil {
+		return !os.IsNotExist(err) // gone: its exit moved the CPU time anyway
+	}
+	return bytes.Contains(b, []byte("/[aio]"))
 }
 
 // taskNanos is the CPU time process pid's threads used, in nanoseconds (the first field of each thread's
