@@ -156,7 +156,6 @@ func (s *Service) makeAhead(e *entry) {
 	}
 	defer s.wg.Done()
 	e.aheadTimer = nil
-	e.aheadTries--
 	spec, parent := e.spec, e.handle
 	s.mu.Unlock()
 	ctx := s.ctx
@@ -164,6 +163,9 @@ func (s *Service) makeAhead(e *entry) {
 		s.log.Debug("no children made ahead", "sandbox", id, "busy", before.Busy, "err", err)
 		return
 	}
+	s.mu.Lock()
+	e.aheadTries-- // a set made: one fewer may go unused
+	s.mu.Unlock()
 	start := time.Now()
 	var undo undoStack
 	kids, res, err := s.forkChildren(ctx, fk, e, spec, n, StatusWarm, &undo)

@@ -244,7 +244,9 @@ func (s *Service) startChildren(ctx context.Context, kids []*entry, created time
 		}
 	}
 	s.mu.Unlock()
-	if err := s.cfg.Store.PutMany(ctx, recs, nil); err != nil {
+	// Not cancellable: a write cut short by its context as it commits would report an error for records it wrote,
+	// and the caller would then destroy the children they name.
+	if err := s.cfg.Store.PutMany(context.WithoutCancel(ctx), recs, nil); err != nil {
 		return err
 	}
 	s.mu.Lock()

@@ -665,10 +665,11 @@ func (s *Service) createAs(ctx context.Context, spec CreateRequest, status Statu
 	fail := func(err error) (Info, error) {
 		return Info{}, s.fail(ctx, &undo, fmt.Errorf("create sandbox: %w", err))
 	}
+	// Pushed first: a Put whose context ends as it commits may report an error for a record it wrote.
+	undo.push("record of "+id, func(ctx context.Context) error { return s.cfg.Store.Delete(ctx, id) })
 	if err := s.cfg.Store.Put(ctx, e.rec); err != nil {
 		return fail(err)
 	}
-	undo.push("record of "+id, func(ctx context.Context) error { return s.cfg.Store.Delete(ctx, id) })
 	begun := time.Now()
 	h, err := start(ctx, e)
 	if err != nil {

@@ -123,7 +123,7 @@ func crashDuring(t *testing.T, s *testserver.Server, point string, op func(ctx c
 
 func TestCrashMidOperationLeavesNothingBehind(t *testing.T) {
 	// Another server on the same host, with its own data directory: its restarts' reclaims must not touch it.
-	other := testserver.Start(t, "--warm-pool", "0")
+	other := testserver.Start(t, "--warm-pool", "0", "--fork-ahead", "0")
 	bystander := create(t, other, nil)
 	value(t, other, bystander, "x = 41; 1")
 	// Having run code, the bystander's family gets 5 spare agents ahead of a first fork (each in a cgroup of its
@@ -140,7 +140,7 @@ func TestCrashMidOperationLeavesNothingBehind(t *testing.T) {
 		}
 		return spareCgs >= 0 && len(otherInv.Cgroups) == 2+5 && ports == 0
 	}, func() string { return fmt.Sprintf("the bystander's spares ahead not placed: %+v", otherInv) })
-	s := testserver.Start(t, "--warm-pool", "0")
+	s := testserver.Start(t, "--warm-pool", "0", "--fork-ahead", "0") // children made ahead: ahead_test.go
 	ctx := ctxT(t)
 	defer func() {
 		if got := other.Inventory(); fmt.Sprint(got) != fmt.Sprint(otherInv) {

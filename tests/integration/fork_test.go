@@ -312,7 +312,7 @@ func agentsOf(id, arg string) []int {
 
 // TestSpareAgents: spares started by forks (none ahead of the first: --spare-agents-ahead 0).
 func TestSpareAgents(t *testing.T) {
-	s := testserver.Start(t, "--spare-agents-ahead", "0")
+	s := testserver.Start(t, "--spare-agents-ahead", "0", "--fork-ahead", "0")
 	ctx := ctxT(t)
 	parent := create(t, s, nil)
 	value(t, s, parent, "x = 10; 1")
@@ -404,7 +404,7 @@ func TestSpareAgents(t *testing.T) {
 // while (5 s), and what the holder gives up is gone: the spare agents and their cgroups. The family that lost
 // them still forks.
 func TestSparesAheadOfFirstFork(t *testing.T) {
-	s := testserver.Start(t, "--spare-agents-ahead", "5")
+	s := testserver.Start(t, "--spare-agents-ahead", "5", "--fork-ahead", "0")
 	ctx := ctxT(t)
 	a := create(t, s, nil)
 	initA := familyInit(t, a)
@@ -486,7 +486,7 @@ func TestSparesAheadOfFirstFork(t *testing.T) {
 // TestSparesAheadLapse: spares started ahead retire when idle (--spare-agents-idle), and the sandbox's next
 // run_code starts them again: a grant does not outlive its spares.
 func TestSparesAheadLapse(t *testing.T) {
-	s := testserver.Start(t, "--spare-agents-idle", "2s")
+	s := testserver.Start(t, "--spare-agents-idle", "2s", "--fork-ahead", "0")
 	a := create(t, s, nil)
 	initA := familyInit(t, a)
 	value(t, s, a, "1")
@@ -557,7 +557,7 @@ func killOther(t *testing.T, s *testserver.Server, from, to string) error {
 // TestSpareAgentsRetireWhenIdle: spares unused for --spare-agents-idle go, while the family's sandboxes stay; the
 // next fork then starts its agents and works as before.
 func TestSpareAgentsRetireWhenIdle(t *testing.T) {
-	s := testserver.Start(t, "--spare-agents-idle", "1s")
+	s := testserver.Start(t, "--spare-agents-idle", "1s", "--fork-ahead", "0")
 	ctx := ctxT(t)
 	parent := create(t, s, nil)
 	value(t, s, parent, "x = 7; 1")
@@ -679,7 +679,7 @@ func TestForkManyChildren(t *testing.T) {
 // spares than they need together: one may take spares ahead (reserve) while the other claims whatever is idle,
 // and neither may take the other's. Every fork succeeds, and every child answers.
 func TestConcurrentForksInOneFamily(t *testing.T) {
-	s := testserver.Start(t)
+	s := testserver.Start(t, "--fork-ahead", "0") // counts spares, which children made ahead would take
 	ctx := ctxT(t)
 	parent := create(t, s, nil)
 	value(t, s, parent, "x = 7; 1")

@@ -19,7 +19,7 @@ import (
 // pauses and resumes into another such family; the pool is refilled; a killed server's family started ahead is
 // ended by the next start; nothing of it is left once the server stops and the sandboxes are gone.
 func TestPrestartedFamilies(t *testing.T) {
-	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1")
+	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1", "--fork-ahead", "0")
 	ctx := ctxT(t)
 	waitInits := func(want int, why string) {
 		t.Helper()
@@ -137,7 +137,7 @@ func TestPrestartedFamilies(t *testing.T) {
 // create's env and cwd as any warm sandbox does, its time zone (TZ) included (and an env Python reads at start
 // gets a fresh interpreter).
 func TestWarmSandboxFromAZygoteTakesTheCreatesEnv(t *testing.T) {
-	s := testserver.Start(t, "--warm-pool", "1", "--prestart-families", "1")
+	s := testserver.Start(t, "--warm-pool", "1", "--prestart-families", "1", "--fork-ahead", "0")
 	ctx := ctxT(t)
 	// The pool's first warm sandbox takes the family started ahead; wait until it is ready.
 	warm := func() bool {
@@ -182,7 +182,7 @@ func TestWarmSandboxFromAZygoteTakesTheCreatesEnv(t *testing.T) {
 // numpy otherwise gets a fresh interpreter: a sandbox of 2 vCPUs (other thread counts) is not given that family,
 // and one whose cwd holds its own numpy package (which a fresh import finds first) is, but starts afresh.
 func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
-	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1")
+	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1", "--fork-ahead", "0")
 	ctx := ctxT(t)
 	// forkedInterpreter reports whether sandbox id's interpreter was forked (from a zygote) rather than started
 	// by its agent: its parent is not the agent.
@@ -359,7 +359,7 @@ func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
 // on sys.path only if it exists as Python starts) resumes into an interpreter started with them, not a
 // zygote's, which started without them.
 func TestResumeRunsTheSandboxsStartupFiles(t *testing.T) {
-	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1")
+	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1", "--fork-ahead", "0")
 	for _, c := range []struct{ name, setup, check, want string }{
 		{".pth", "d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))') && mkdir -p $d /opt/extra && " +
 			"echo /opt/extra > $d/extra.pth && echo 'X = 5' > /opt/extra/extramod.py",
