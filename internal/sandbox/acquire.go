@@ -32,8 +32,9 @@ func (s *Service) acquire(mode lockMode, op Op, ids ...string) ([]*entry, func()
 		return nil, nil, err
 	}
 	// Children made ahead (ahead.go) start from the state the sandbox had when they were made: a call that may
-	// change it drops them first (a fork takes them), and its end plans the next ones.
-	if op != OpFork && op != OpDiff {
+	// change it drops them first (a fork takes them; a diff or a keepalive changes nothing they hold), and its
+	// end plans the next ones.
+	if op != OpFork && op != OpDiff && op != OpSetTimeout {
 		s.dropAheads(es, string(op))
 	}
 	return es, func() { release(); s.planAheads(es) }, nil

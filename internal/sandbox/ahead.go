@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -22,9 +23,9 @@ import (
 // is unchanged (no process in it but its agent ran since they were made, and it has the same processes), its
 // interpreter and files are as they were when the children were forked from them, so they start from the
 // parent's state at the call, as a fork's children must. Adopting is saving their records: a few milliseconds.
-// Every call through the service that could change the parent (run_code, exec, files, merge, pause, timeouts,
-// keys, a restart of its agent, delete) drops them first; a mark that moved drops them at the call. Unused extra
-// children are dropped too.
+// Every call through the service that could change the parent (run_code, exec, files, merge, pause, keys, a
+// restart of its agent, delete) drops them first (a keepalive does not: the children take the parent's spec as
+// it is at the fork); a mark that moved drops them at the call. Unused extra children are dropped too.
 //
 // Their cost is bounded: at most Config.ForkAhead children made ahead at once across the server (0 turns the
 // feature off), forks of at most that many children only, dropped after aheadKeep unused, and a sandbox whose
@@ -260,6 +261,14 @@ func (s *Service) forkFromAhead(ctx context.Context, e *entry, spec CreateReques
 	}
 	kids, extra := a.kids[:n], a.kids[n:]
 	s.dropKids(extra)
+	// The parent's spec as it is now: a keepalive since may have changed its timeout, which children inherit
+	// (whatever the runtime was given, limits, env, cwd, network, only calls that drop them change).
+	specJSON, _ := json.Marshal(spec)
+	s.mu.Lock()
+	for _, k := range kids {
+		k.spec, k.rec.Spec = spec, specJSON
+	}
+	s.mu.Unlock()
 	if err := s.startChildren(ctx, kids, time.Now().UTC()); err != nil {
 		s.dropKids(kids)
 		return out, true, fmt.Errorf("fork %s: %w", id, err)

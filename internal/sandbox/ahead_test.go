@@ -215,3 +215,24 @@ func TestForkAheadDroppedWhenAChildIsLost(t *testing.T) {
 		t.Fatal("the fork took a set with a lost child")
 	}
 }
+
+// A keepalive changes nothing children made ahead hold: they stay, and take the parent's timeout at the fork.
+func TestForkAheadKeptByAKeepalive(t *testing.T) {
+	e := aheadEnv(t, 8)
+	p := e.create()
+	e.fork(p, 2, false)
+	e.waitAhead(2)
+	if _, err := e.svc.SetTimeout(context.Background(), p, 600); err != nil {
+		t.Fatal(err)
+	}
+	fr := e.fork(p, 2, true)
+	if !fr.MadeAhead {
+		t.Fatal("a keepalive dropped the children made ahead")
+	}
+	for _, k := range fr.Children {
+		in, err := e.svc.Get(context.Background(), k)
+		if err != nil || in.TimeoutS != 600 {
+			t.Fatalf("child %s: %+v %v, want timeout_s 600 (the parent's at the fork)", k, in, err)
+		}
+	}
+}

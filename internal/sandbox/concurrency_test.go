@@ -96,7 +96,17 @@ func TestDiffAgainstMergeDoesNotDeadlock(t *testing.T) {
 // with not found, conflict or invalid, and afterwards the API, the store, the runtime and the snapshot store
 // must agree on every sandbox.
 func TestConcurrentCallers(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.WarmPool = 1 })
+	concurrentCallers(t, func(c *Config) { c.WarmPool = 1 }, false)
+}
+
+// TestConcurrentCallersWithChildrenMadeAhead is TestConcurrentCallers with children made ahead of forks, and
+// callers that pause now and then long enough for sandboxes that forked to get some (ahead.go).
+func TestConcurrentCallersWithChildrenMadeAhead(t *testing.T) {
+	concurrentCallers(t, func(c *Config) { c.WarmPool, c.ForkAhead = 1, 4 }, true)
+}
+
+func concurrentCallers(t *testing.T, change func(*Config), idle bool) {
+	e := newEnv(t, change)
 	ctx := context.Background()
 	for i := 0; i < 4; i++ {
 		e.create()
@@ -112,6 +122,9 @@ func TestConcurrentCallers(t *testing.T) {
 				defer wg.Done()
 				r := rand.New(rand.NewPCG(uint64(seed), uint64(w)))
 				for i := 0; i < calls; i++ {
+					if idle && r.IntN(4) == 0 {
+						time.Sleep(aheadIdle + time.Duration(r.IntN(100))*time.Millisecond)
+					}
 					ids := e.ids()
 					if len(ids) == 0 {
 						ids = []string{NewID()}
@@ -167,6 +180,13 @@ func TestConcurrentCallers(t *testing.T) {
 			if in.Status == StatusPausing && want == StatusPaused || in.Status == StatusResuming && want == StatusRunning {
 				e.svc.Wait(ctx, in.ID, want, 20*time.Second) //nolint:errcheck
 			}
+		}
+	}
+	if idle {
+		st := e.svc.Stats()
+		t.Logf("children made ahead: %d made, %d used, %d dropped", st.AheadMade, st.AheadUsed, st.AheadDropped)
+		if st.AheadMade == 0 {
+			t.Errorf("no children were made ahead: the test did not exercise them")
 		}
 	}
 	e.svc.Close() // stops the pool: what remains is what the API shows

@@ -244,8 +244,11 @@ func (s *Service) startChildren(ctx context.Context, kids []*entry, created time
 		}
 	}
 	s.mu.Unlock()
-	// Not cancellable: a write cut short by its context as it commits would report an error for records it wrote,
-	// and the caller would then destroy the children they name.
+	// A call cancelled by now is undone; the write itself is not cancellable: cut short by its context as it
+	// commits, it would report an error for records it wrote, and the caller would destroy the children they name.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if err := s.cfg.Store.PutMany(context.WithoutCancel(ctx), recs, nil); err != nil {
 		return err
 	}
