@@ -35,7 +35,7 @@ func (s *Service) acquire(mode lockMode, op Op, ids ...string) ([]*entry, func()
 	// change it drops them first (a fork takes them; a diff or a keepalive changes nothing they hold), and its
 	// end plans the next ones.
 	if op != OpFork && op != OpDiff && op != OpSetTimeout {
-		s.dropAheads(es, string(op))
+		s.dropAheads(es, op)
 	}
 	return es, func() { release(); s.planAheads(es) }, nil
 }

@@ -59,9 +59,10 @@ func (s *Service) noteFork(e *entry, n int) {
 	}
 }
 
-// dropAheads drops the children made ahead of es (held by the caller, exclusively or shared), for why, and stops
-// any timer that would make new ones. The caller holds none of s.mu.
-func (s *Service) dropAheads(es []*entry, why string) {
+// dropAheads drops the children made ahead of es (held by the caller, exclusively or shared) before op runs, and
+// stops any timer that would make new ones. The caller holds none of s.mu. Before a delete they are destroyed
+// before it returns: a family whose last listed sandbox is deleted goes with it, as it did before them.
+func (s *Service) dropAheads(es []*entry, op Op) {
 	s.mu.Lock()
 	var doomed []*ahead
 	for _, e := range es {
@@ -75,8 +76,8 @@ func (s *Service) dropAheads(es []*entry, why string) {
 	}
 	s.mu.Unlock()
 	for _, a := range doomed {
-		s.log.Debug("children made ahead dropped", "sandbox", a.kids[0].rec.ParentID, "n", len(a.kids), "why", why)
-		s.dropKids(a.kids)
+		s.log.Debug("children made ahead dropped", "sandbox", a.kids[0].rec.ParentID, "n", len(a.kids), "why", string(op))
+		s.dropKids(a.kids, op == OpDestroy)
 	}
 }
 
@@ -93,15 +94,16 @@ func (s *Service) takeAheadLocked(id string) *ahead {
 	return a
 }
 
-// dropKids destroys children made ahead, in the background (or at once when the service is closing).
-func (s *Service) dropKids(kids []*entry) {
+// dropKids counts children made ahead dropped and destroys them in the background (or before it returns, with
+// wait or when the service is closing).
+func (s *Service) dropKids(kids []*entry, wait bool) {
 	if len(kids) == 0 {
 		return
 	}
 	s.mu.Lock()
 	s.aheadCount.dropped += int64(len(kids))
 	s.mu.Unlock()
-	drop := func() {
+	destroy := func() {
 		for _, k := range kids {
 			if err := s.cfg.Runtime.Destroy(context.Background(), k.handle); err != nil {
 				s.log.Warn("drop a child made ahead", "sandbox", k.rec.ID, "err", err)
@@ -113,8 +115,8 @@ func (s *Service) dropKids(kids []*entry) {
 		}
 		s.mu.Unlock()
 	}
-	if !s.goBackground(drop) {
-		drop()
+	if wait || !s.goBackground(destroy) {
+		destroy()
 	}
 }
 
@@ -226,7 +228,7 @@ func (s *Service) expireAhead(id string, a *ahead) {
 	s.takeAheadLocked(id)
 	s.mu.Unlock()
 	s.log.Debug("children made ahead dropped", "sandbox", id, "n", len(a.kids), "why", "unused for "+aheadKeep.String())
-	s.dropKids(a.kids)
+	s.dropKids(a.kids, false)
 }
 
 // forkFromAhead forks e (held exclusively, running) into n children with spec (its own) from children made
@@ -243,12 +245,12 @@ func (s *Service) forkFromAhead(ctx context.Context, e *entry, spec CreateReques
 	}
 	if len(a.kids) < n {
 		s.mu.Unlock()
-		s.dropKids(a.kids)
+		s.dropKids(a.kids, false)
 		return out, false, nil
 	}
 	if err := s.admitLocked(spec, n); err != nil {
 		s.mu.Unlock()
-		s.dropKids(a.kids)
+		s.dropKids(a.kids, false)
 		return out, true, fmt.Errorf("fork %s: %w", id, err)
 	}
 	s.mu.Unlock()
@@ -256,11 +258,11 @@ func (s *Service) forkFromAhead(ctx context.Context, e *entry, spec CreateReques
 	now, err := st.Stillness(ctx, parent)
 	if err != nil || now.Mark != a.mark {
 		s.log.Debug("children made ahead dropped", "sandbox", id, "n", len(a.kids), "why", "the sandbox changed", "err", err)
-		s.dropKids(a.kids)
+		s.dropKids(a.kids, false)
 		return out, false, nil
 	}
 	kids, extra := a.kids[:n], a.kids[n:]
-	s.dropKids(extra)
+	s.dropKids(extra, false)
 	// The parent's spec as it is now: a keepalive since may have changed its timeout, which children inherit
 	// (whatever the runtime was given, limits, env, cwd, network, only calls that drop them change).
 	specJSON, _ := json.Marshal(spec)
@@ -270,7 +272,7 @@ func (s *Service) forkFromAhead(ctx context.Context, e *entry, spec CreateReques
 	}
 	s.mu.Unlock()
 	if err := s.startChildren(ctx, kids, time.Now().UTC()); err != nil {
-		s.dropKids(kids)
+		s.dropKids(kids, false)
 		return out, true, fmt.Errorf("fork %s: %w", id, err)
 	}
 	s.noteFork(e, n)
@@ -305,7 +307,7 @@ func (s *Service) dropLostAhead(id string) bool {
 	s.mu.Unlock()
 	if a != nil {
 		s.log.Warn("children made ahead dropped: one of them was lost", "sandbox", parent, "child", id)
-		s.dropKids(a.kids)
+		s.dropKids(a.kids, false)
 	}
 	return true
 }

@@ -12,6 +12,16 @@ func aheadEnv(t *testing.T, limit int) *env {
 	return newEnv(t, func(c *Config) { c.ForkAhead = limit })
 }
 
+// aheadReady is a service making up to 8 children ahead, with a sandbox that forked n children and has n
+// children made ahead ready.
+func aheadReady(t *testing.T, n int) (*env, string) {
+	e := aheadEnv(t, 8)
+	p := e.create()
+	e.fork(p, n, false)
+	e.waitAhead(n)
+	return e, p
+}
+
 // waitAhead waits until n children made ahead are ready, or fails.
 func (e *env) waitAhead(n int) {
 	e.t.Helper()
@@ -77,11 +87,16 @@ func TestForkAheadServesTheNextForkOfAStillParent(t *testing.T) {
 	if st.AheadMade != 3 || st.AheadUsed != 2 {
 		t.Fatalf("stats %+v: want 3 made, 2 used", st)
 	}
-	// The third child made ahead was dropped, not left running.
+	e.waitRuntime(3, "the parent and its two children: the third child made ahead dropped")
+}
+
+// waitRuntime waits until the runtime holds n sandboxes, or fails saying what they should be.
+func (e *env) waitRuntime(n int, what string) {
+	e.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(e.rt.IDs()) != 3 {
+	for len(e.rt.IDs()) != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("runtime holds %v, want the parent and its two children", e.rt.IDs())
+			e.t.Fatalf("runtime holds %v, want %s", e.rt.IDs(), what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -161,10 +176,7 @@ func TestForkAheadBounded(t *testing.T) {
 }
 
 func TestForkAheadLeavesNothingAtClose(t *testing.T) {
-	e := aheadEnv(t, 8)
-	p := e.create()
-	e.fork(p, 3, false)
-	e.waitAhead(3)
+	e, p := aheadReady(t, 3)
 	e.svc.Close()
 	for _, id := range e.rt.IDs() {
 		if id != p {
@@ -174,19 +186,13 @@ func TestForkAheadLeavesNothingAtClose(t *testing.T) {
 }
 
 func TestForkAheadParentDeleted(t *testing.T) {
-	e := aheadEnv(t, 8)
-	p := e.create()
-	e.fork(p, 2, false)
-	e.waitAhead(2)
+	e, p := aheadReady(t, 2)
 	if err := e.svc.Delete(context.Background(), p); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(e.rt.IDs()) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("left after the parent's delete: %v", e.rt.IDs())
-		}
-		time.Sleep(10 * time.Millisecond)
+	// Gone when the delete returns: the family goes with its last listed sandbox.
+	if ids := e.rt.IDs(); len(ids) != 0 {
+		t.Fatalf("runtime holds %v after the parent's delete", ids)
 	}
 	if st := e.svc.Stats(); st.Ahead != 0 {
 		t.Fatalf("stats %+v", st)
@@ -194,10 +200,7 @@ func TestForkAheadParentDeleted(t *testing.T) {
 }
 
 func TestForkAheadDroppedWhenAChildIsLost(t *testing.T) {
-	e := aheadEnv(t, 8)
-	p := e.create()
-	e.fork(p, 2, false)
-	e.waitAhead(2)
+	e, p := aheadReady(t, 2)
 	for _, id := range e.rt.IDs() {
 		if id != p {
 			e.rt.Kill(id)
@@ -218,10 +221,7 @@ func TestForkAheadDroppedWhenAChildIsLost(t *testing.T) {
 
 // A keepalive changes nothing children made ahead hold: they stay, and take the parent's timeout at the fork.
 func TestForkAheadKeptByAKeepalive(t *testing.T) {
-	e := aheadEnv(t, 8)
-	p := e.create()
-	e.fork(p, 2, false)
-	e.waitAhead(2)
+	e, p := aheadReady(t, 2)
 	if _, err := e.svc.SetTimeout(context.Background(), p, 600); err != nil {
 		t.Fatal(err)
 	}

@@ -366,7 +366,7 @@ func (s *Service) Close() {
 		kids = append(kids, s.takeAheadLocked(id).kids...)
 	}
 	s.mu.Unlock()
-	s.dropKids(kids) // at once: the service is closing
+	s.dropKids(kids, true)
 	s.dropTemplatePools()
 }
 

@@ -36,17 +36,7 @@ var forkStates = []struct{ name, setup string }{
 // RAMIFY_BENCH_FORK_N (default "1,5,32") and RAMIFY_BENCH_FORK_REPS (default 5). Run with
 // `make bench BENCH=ForkFloor`.
 func BenchmarkForkFloor(b *testing.B) {
-	ns := []int{1, 5, 32}
-	if v := os.Getenv("RAMIFY_BENCH_FORK_N"); v != "" {
-		ns = nil
-		for _, f := range strings.Split(v, ",") {
-			ns = append(ns, must(strconv.Atoi(strings.TrimSpace(f))))
-		}
-	}
-	reps := 5
-	if v := os.Getenv("RAMIFY_BENCH_FORK_REPS"); v != "" {
-		reps = must(strconv.Atoi(v))
-	}
+	ns, reps := forkShape([]int{1, 5, 32}, 5)
 	// --fork-ahead 0: every fork makes its children (BenchmarkForkAhead times forks that take children made ahead).
 	s := testserver.Start(b, append([]string{"--log-level", "debug", "--fork-ahead", "0"}, strings.Fields(os.Getenv("RAMIFY_BENCH_EXTRA_ARGS"))...)...)
 	c := s.Client
@@ -233,17 +223,7 @@ func forkPhases(log string, forks []key) map[key]string {
 // bare os.fork() of the same interpreter. n and the repetitions come from RAMIFY_BENCH_FORK_N (default "1,5,8")
 // and RAMIFY_BENCH_FORK_REPS (default 8). Run with `make bench BENCH=ForkAhead`.
 func BenchmarkForkAhead(b *testing.B) {
-	ns := []int{1, 5, 8}
-	if v := os.Getenv("RAMIFY_BENCH_FORK_N"); v != "" {
-		ns = nil
-		for _, f := range strings.Split(v, ",") {
-			ns = append(ns, must(strconv.Atoi(strings.TrimSpace(f))))
-		}
-	}
-	reps := 8
-	if v := os.Getenv("RAMIFY_BENCH_FORK_REPS"); v != "" {
-		reps = must(strconv.Atoi(v))
-	}
+	ns, reps := forkShape([]int{1, 5, 8}, 8)
 	s := testserver.Start(b, strings.Fields(os.Getenv("RAMIFY_BENCH_EXTRA_ARGS"))...)
 	c := s.Client
 	ctx := context.Background()
@@ -308,4 +288,19 @@ func forkAnswered(ctx context.Context, b *testing.B, s *testserver.Server, c *cl
 	}
 	wg.Wait()
 	return wall, call, res.ahead
+}
+
+// forkShape is the fork sizes and repetitions a fork benchmark runs: RAMIFY_BENCH_FORK_N (comma-separated) and
+// RAMIFY_BENCH_FORK_REPS, else ns and reps.
+func forkShape(ns []int, reps int) ([]int, int) {
+	if v := os.Getenv("RAMIFY_BENCH_FORK_N"); v != "" {
+		ns = nil
+		for _, f := range strings.Split(v, ",") {
+			ns = append(ns, must(strconv.Atoi(strings.TrimSpace(f))))
+		}
+	}
+	if v := os.Getenv("RAMIFY_BENCH_FORK_REPS"); v != "" {
+		reps = must(strconv.Atoi(v))
+	}
+	return ns, reps
 }

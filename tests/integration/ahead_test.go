@@ -181,17 +181,9 @@ threading.Thread(target=later, daemon=True).start()
 	deleteAll(t, s, kids)
 
 	// A background process: while it runs, no children are made ahead; what it wrote is in the next fork.
-	waitAheadReady(t, s, 2, 60*time.Second)
-	made := aheadMetric(t, s, "made")
-	sh(t, s, p, "(sleep 3; echo bg > /root/bg) >/dev/null 2>&1 &")
-	time.Sleep(5 * time.Second)
-	if m := aheadMetric(t, s, "made"); m != made {
-		t.Fatalf("children made ahead while a background process ran (made %v -> %v)", made, m)
-	}
-	kids, ahead = forkRaw(t, s, p, 2)
-	if ahead {
-		t.Fatal("the fork took children made ahead while a background process ran")
-	}
+	kids = noneMadeWhile(t, s, p, "a background process ran", func() {
+		sh(t, s, p, "(sleep 3; echo bg > /root/bg) >/dev/null 2>&1 &")
+	})
 	for _, k := range kids {
 		if r := sh(t, s, k, "cat /root/bg"); r.Stdout != "bg\n" {
 			t.Fatalf("child: /root/bg = %q", r.Stdout)
@@ -201,20 +193,30 @@ threading.Thread(target=later, daemon=True).start()
 
 	// A Linux AIO context: a read submitted with io_submit on an O_DIRECT file lands in the interpreter's memory
 	// later, with no process of the sandbox running. While the interpreter holds one, no children are made ahead.
-	waitAheadReady(t, s, 2, 60*time.Second)
-	value(t, s, p, `import ctypes
+	deleteAll(t, s, noneMadeWhile(t, s, p, "the interpreter held an AIO context", func() {
+		value(t, s, p, `import ctypes
 _aio_ctx = ctypes.c_ulong(0)
 ctypes.CDLL(None, use_errno=True).syscall(206, 8, ctypes.byref(_aio_ctx))`) // io_setup
-	made = aheadMetric(t, s, "made")
-	time.Sleep(3 * time.Second)
+	}))
+}
+
+// noneMadeWhile waits for p's children made ahead, has start begin something in p (a call, which drops them)
+// that must keep p from getting new ones while it lasts, checks that none are made in the 5 s after it, and
+// returns the children of a fork of 2 then, which must have been made at the call.
+func noneMadeWhile(t *testing.T, s *testserver.Server, p, what string, start func()) []string {
+	t.Helper()
+	waitAheadReady(t, s, 2, 60*time.Second)
+	start()
+	made := aheadMetric(t, s, "made")
+	time.Sleep(5 * time.Second)
 	if m := aheadMetric(t, s, "made"); m != made {
-		t.Fatalf("children made ahead while the interpreter held an AIO context (made %v -> %v)", made, m)
+		t.Fatalf("children made ahead while %s (made %v -> %v)", what, made, m)
 	}
-	kids, ahead = forkRaw(t, s, p, 2)
+	kids, ahead := forkRaw(t, s, p, 2)
 	if ahead {
-		t.Fatal("the fork took children made ahead while the interpreter held an AIO context")
+		t.Fatalf("the fork took children made ahead while %s", what)
 	}
-	deleteAll(t, s, kids)
+	return kids
 }
 
 // Children made ahead have no record: a server killed while a sandbox has some restarts without them (its reclaim
