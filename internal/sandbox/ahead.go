@@ -39,7 +39,7 @@ const (
 	// aheadTries is how many sets of children made ahead a sandbox may leave unused in a row.
 	aheadTries = 2
 	// aheadSettle separates the two marks taken once children are made: the parent must be still across it.
-	aheadSettle = 20 * time.Millisecond
+	aheadSettle = 5 * time.Millisecond
 )
 
 // ahead is a sandbox's children made ahead.
