@@ -653,6 +653,12 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			return
 		}
 		w.emit(Event{Type: "ok", Skipped: m.Skipped})
+	case OpWarm:
+		if _, err := a.repl.call(map[string]any{"op": "warm"}); err != nil {
+			w.emit(Event{Type: "error", Message: "warm interpreter: " + err.Error()})
+			return
+		}
+		w.emit(Event{Type: "ok"})
 	case OpPreload:
 		if err := a.repl.preload(req.Modules); err != nil {
 			w.emit(Event{Type: "error", Message: "preload: " + err.Error()})

@@ -18,6 +18,7 @@ const (
 	OpRestore   = "restore_repl"
 	OpFork      = "fork_repl"
 	OpPreload   = "preload_repl"
+	OpWarm      = "warm_repl"
 	OpAttach    = "attach_repl" // sent by a forked interpreter (repl.py), never by the server
 	OpSession   = "session"     // an interactive session (session.go): the connection is then the session's
 )
@@ -127,6 +128,13 @@ func (c *Client) SnapshotSession(ctx context.Context, w *os.File) (skipped []Ski
 // of such sessions); nothing of its session changes.
 func (c *Client) Preload(ctx context.Context, modules []string) error {
 	_, err := c.roundTrip(ctx, Request{Op: OpPreload, Modules: modules}, nil)
+	return err
+}
+
+// Warm has the interpreter run a cell through what a run does, leaving no trace in its session: a fork child
+// made ahead of its fork takes the copy-on-write faults of its first run while it waits for the fork.
+func (c *Client) Warm(ctx context.Context) error {
+	_, err := c.roundTrip(ctx, Request{Op: OpWarm}, nil)
 	return err
 }
 

@@ -3,8 +3,10 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/events"
@@ -179,6 +181,9 @@ func (s *Service) makeAhead(e *entry) {
 	if err == nil {
 		mark, err = st.Stillness(ctx, parent)
 	}
+	if err == nil {
+		err = s.warmKids(ctx, kids)
+	}
 	if err != nil {
 		s.log.Debug("children made ahead failed", "sandbox", id, "err", s.fail(ctx, &undo, err))
 		return
@@ -191,6 +196,28 @@ func (s *Service) makeAhead(e *entry) {
 	a.expire = time.AfterFunc(aheadKeep, func() { s.expireAhead(id, a) })
 	s.mu.Unlock()
 	s.log.Debug("children made ahead", "sandbox", id, "n", n, "ms", time.Since(start).Milliseconds())
+}
+
+// warmKids has each child made ahead run a cell that leaves no trace (agent.Client.Warm), side by side: their first
+// run after the fork then costs what a second one does.
+func (s *Service) warmKids(ctx context.Context, kids []*entry) error {
+	errs := make([]error, len(kids))
+	var wg sync.WaitGroup
+	for i, k := range kids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := s.cfg.Runtime.Agent(k.handle.ID)
+			if err == nil {
+				err = c.Warm(ctx)
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("warm %s: %w", k.rec.ID, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // settled waits until the parent's mark stays the same across aheadSettle: its interpreter, which has just

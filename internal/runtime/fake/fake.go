@@ -578,7 +578,7 @@ func (r *Runtime) serve(sb *Sandbox, c *net.UnixConn) {
 
 func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request, f *os.File, send func(agent.Event)) agent.Event {
 	switch req.Op {
-	case agent.OpPing, agent.OpStart:
+	case agent.OpPing, agent.OpStart, agent.OpWarm:
 		return agent.Event{Type: "ok", Pid: sb.Pid}
 	case agent.OpInterrupt:
 		n := sb.calls.Interrupt(req.What)
