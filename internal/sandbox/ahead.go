@@ -155,14 +155,23 @@ func (s *Service) makeAhead(e *entry) {
 	s.mu.Lock()
 	n, id := e.aheadN, e.rec.ID
 	if s.closing || e.gone || Status(e.rec.Status) != StatusRunning || n == 0 || e.aheadTries <= 0 ||
-		s.aheads[id] != nil || s.aheadKids+n > s.cfg.ForkAhead || !s.enterLocked() {
+		s.aheads[id] != nil || s.aheadKids+s.aheadPending+n > s.cfg.ForkAhead || !s.enterLocked() {
 		s.mu.Unlock()
 		return
 	}
 	defer s.wg.Done()
 	e.aheadTimer = nil
+	s.aheadPending += n // other sandboxes' sets made meanwhile count it
 	spec, parent := e.spec, e.handle
 	s.mu.Unlock()
+	made := false
+	defer func() {
+		if !made {
+			s.mu.Lock()
+			s.aheadPending -= n
+			s.mu.Unlock()
+		}
+	}()
 	ctx := s.ctx
 	if before, err := st.Stillness(ctx, parent); err != nil || before.Busy {
 		s.log.Debug("no children made ahead", "sandbox", id, "busy", before.Busy, "err", err)
@@ -189,9 +198,11 @@ func (s *Service) makeAhead(e *entry) {
 		return
 	}
 	a := &ahead{kids: kids, mark: mark.Mark, pause: res.PauseWindow}
+	made = true
 	s.mu.Lock()
 	s.aheads[id] = a
 	s.aheadKids += n
+	s.aheadPending -= n
 	s.aheadCount.made += int64(n)
 	a.expire = time.AfterFunc(aheadKeep, func() { s.expireAhead(id, a) })
 	s.mu.Unlock()

@@ -236,3 +236,23 @@ func TestForkAheadKeptByAKeepalive(t *testing.T) {
 		}
 	}
 }
+
+// Sets being made count against the limit: two sandboxes whose sets are made at the same time do not both get
+// one past it.
+func TestForkAheadLimitHoldsForSetsMadeTogether(t *testing.T) {
+	e := aheadEnv(t, 4)
+	a, b := e.create(), e.create()
+	e.fork(a, 3, false)
+	e.fork(b, 3, false)
+	e.rt.SetFault(func(_ context.Context, method, _ string) error {
+		if method == "Fork" {
+			time.Sleep(3 * aheadIdle) // both sets under way at once
+		}
+		return nil
+	})
+	e.waitAhead(3)
+	time.Sleep(6 * aheadIdle)
+	if st := e.svc.Stats(); st.Ahead != 3 || st.AheadMade != 3 {
+		t.Fatalf("stats %+v: want one set of 3 within the limit of 4", st)
+	}
+}

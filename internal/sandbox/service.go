@@ -96,13 +96,15 @@ type Service struct {
 	closing bool           // guarded by mu: Close has begun, no background work starts any more
 
 	warm []*entry // guarded by mu: ready pre-started sandboxes
-	// aheads are the children made ahead of sandboxes that forked, by parent id; aheadKids counts them (ahead.go).
+	// aheads are the children made ahead of sandboxes that forked, by parent id; aheadKids counts them, and
+	// aheadPending those of sets being made (ahead.go).
 	// Guarded by mu.
-	aheads     map[string]*ahead
-	aheadKids  int
-	aheadCount struct{ made, used, dropped int64 }
-	filling    bool          // guarded by mu: a refill goroutine runs
-	refill     chan struct{} // wakes the refill goroutine
+	aheads       map[string]*ahead
+	aheadKids    int
+	aheadPending int // children of sets being made
+	aheadCount   struct{ made, used, dropped int64 }
+	filling      bool          // guarded by mu: a refill goroutine runs
+	refill       chan struct{} // wakes the refill goroutine
 
 	tmpl        templateLocks       // one lock per template name (template.go)
 	tmplWarm    map[string][]*entry // guarded by mu: each template's ready restored sandboxes
