@@ -91,9 +91,17 @@ func (s *Service) takeAheadLocked(id string) *ahead {
 		return nil
 	}
 	delete(s.aheads, id)
-	s.aheadKids -= len(a.kids)
 	a.expire.Stop()
 	return a
+}
+
+// aheadKidsLocked counts the children made ahead that are ready. The caller holds s.mu.
+func (s *Service) aheadKidsLocked() int {
+	n := 0
+	for _, a := range s.aheads {
+		n += len(a.kids)
+	}
+	return n
 }
 
 // dropKids counts children made ahead dropped and destroys them in the background (or before it returns, with
@@ -155,7 +163,7 @@ func (s *Service) makeAhead(e *entry) {
 	s.mu.Lock()
 	n, id := e.aheadN, e.rec.ID
 	if s.closing || e.gone || Status(e.rec.Status) != StatusRunning || n == 0 || e.aheadTries <= 0 ||
-		s.aheads[id] != nil || s.aheadKids+s.aheadPending+n > s.cfg.ForkAhead || !s.enterLocked() {
+		s.aheads[id] != nil || s.aheadKidsLocked()+s.aheadPending+n > s.cfg.ForkAhead || !s.enterLocked() {
 		s.mu.Unlock()
 		return
 	}
@@ -183,12 +191,9 @@ func (s *Service) makeAhead(e *entry) {
 	start := time.Now()
 	var undo undoStack
 	kids, res, err := s.forkChildren(ctx, fk, e, spec, n, StatusWarm, &undo)
+	var mark string
 	if err == nil {
-		err = s.settled(ctx, st, parent)
-	}
-	var mark runtime.Stillness
-	if err == nil {
-		mark, err = st.Stillness(ctx, parent)
+		mark, err = s.settled(ctx, st, parent)
 	}
 	if err == nil {
 		err = s.warmKids(ctx, kids)
@@ -197,12 +202,11 @@ func (s *Service) makeAhead(e *entry) {
 		s.log.Debug("children made ahead failed", "sandbox", id, "err", s.fail(ctx, &undo, err))
 		return
 	}
-	a := &ahead{kids: kids, mark: mark.Mark, pause: res.PauseWindow}
+	a := &ahead{kids: kids, mark: mark, pause: res.PauseWindow}
 	made = true
 	s.mu.Lock()
 	s.aheads[id] = a
-	s.aheadKids += n
-	s.aheadPending -= n
+	s.aheadPending -= n // counted as ready from now on
 	s.aheadCount.made += int64(n)
 	a.expire = time.AfterFunc(aheadKeep, func() { s.expireAhead(id, a) })
 	s.mu.Unlock()
@@ -231,29 +235,29 @@ func (s *Service) warmKids(ctx context.Context, kids []*entry) error {
 	return errors.Join(errs...)
 }
 
-// settled waits until the parent's mark stays the same across aheadSettle: its interpreter, which has just
-// forked, is back waiting for calls.
-func (s *Service) settled(ctx context.Context, st runtime.Stiller, parent runtime.Handle) error {
+// settled waits until the parent's mark stays the same across aheadSettle (its interpreter, which has just
+// forked, is back waiting for calls) and returns that mark.
+func (s *Service) settled(ctx context.Context, st runtime.Stiller, parent runtime.Handle) (string, error) {
 	prev := ""
 	for range 5 {
 		m, err := st.Stillness(ctx, parent)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if m.Busy {
-			return fmt.Errorf("sandbox runs more than its interpreter")
+			return "", fmt.Errorf("sandbox runs more than its interpreter")
 		}
 		if m.Mark == prev {
-			return nil
+			return m.Mark, nil
 		}
 		prev = m.Mark
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return "", ctx.Err()
 		case <-time.After(aheadSettle):
 		}
 	}
-	return fmt.Errorf("sandbox did not settle")
+	return "", fmt.Errorf("sandbox did not settle")
 }
 
 // expireAhead drops a, id's children made ahead, unless they were taken meanwhile.

@@ -55,7 +55,7 @@ func (s *Service) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Stats{Sandboxes: map[Status]int{}, Warm: len(s.warm), WarmTarget: s.cfg.WarmPool,
-		Ahead: s.aheadKids, AheadLimit: s.cfg.ForkAhead, AheadMade: s.aheadCount.made, AheadUsed: s.aheadCount.used,
+		Ahead: s.aheadKidsLocked(), AheadLimit: s.cfg.ForkAhead, AheadMade: s.aheadCount.made, AheadUsed: s.aheadCount.used,
 		AheadDropped: s.aheadCount.dropped}
 	for _, e := range s.items {
 		if e.gone || e.pooled {

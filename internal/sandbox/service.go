@@ -95,16 +95,15 @@ type Service struct {
 	wg      sync.WaitGroup // background work; Add only through goBackground
 	closing bool           // guarded by mu: Close has begun, no background work starts any more
 
-	warm []*entry // guarded by mu: ready pre-started sandboxes
-	// aheads are the children made ahead of sandboxes that forked, by parent id; aheadKids counts them, and
-	// aheadPending those of sets being made (ahead.go).
-	// Guarded by mu.
+	warm    []*entry      // guarded by mu: ready pre-started sandboxes
+	filling bool          // guarded by mu: a refill goroutine runs
+	refill  chan struct{} // wakes the refill goroutine
+
+	// Guarded by mu (ahead.go): the children made ahead of sandboxes that forked, by parent id; how many
+	// children the sets being made will have; how many were made, used and dropped since start.
 	aheads       map[string]*ahead
-	aheadKids    int
-	aheadPending int // children of sets being made
+	aheadPending int
 	aheadCount   struct{ made, used, dropped int64 }
-	filling      bool          // guarded by mu: a refill goroutine runs
-	refill       chan struct{} // wakes the refill goroutine
 
 	tmpl        templateLocks       // one lock per template name (template.go)
 	tmplWarm    map[string][]*entry // guarded by mu: each template's ready restored sandboxes

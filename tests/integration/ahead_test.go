@@ -43,14 +43,10 @@ func aheadMetric(t *testing.T, s *testserver.Server, outcome string) float64 {
 // waitAheadReady waits until n children made ahead are ready and returns when they were first seen.
 func waitAheadReady(t *testing.T, s *testserver.Server, n int, within time.Duration) time.Time {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for aheadMetric(t, s, "") < float64(n) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %d children made ahead within %v (made %v, used %v, dropped %v)", n, within,
-				aheadMetric(t, s, "made"), aheadMetric(t, s, "used"), aheadMetric(t, s, "dropped"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitUntil(t, within, func() bool { return aheadMetric(t, s, "") >= float64(n) }, func() string {
+		return fmt.Sprintf("no %d children made ahead within %v (made %v, used %v, dropped %v)", n, within,
+			aheadMetric(t, s, "made"), aheadMetric(t, s, "used"), aheadMetric(t, s, "dropped"))
+	})
 	return time.Now()
 }
 

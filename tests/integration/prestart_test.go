@@ -392,10 +392,8 @@ func waitFamiliesReady(t *testing.T, s *testserver.Server, prefix, except string
 		}
 		return len(fams)
 	}
-	for deadline := time.Now().Add(within); ready() < n; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d of %d ready: %+v\n%s", what, ready(), n, s.Inventory(), s.Log())
-		}
-	}
+	waitUntil(t, within, func() bool { return ready() >= n }, func() string {
+		return fmt.Sprintf("%s: %d of %d ready: %+v\n%s", what, ready(), n, s.Inventory(), s.Log())
+	})
 	time.Sleep(400 * time.Millisecond)
 }
