@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/runtime"
 )
 
@@ -321,15 +320,7 @@ func (s *Service) forkFromAhead(ctx context.Context, e *entry, spec CreateReques
 	s.mu.Lock()
 	s.aheadCount.used += int64(n)
 	s.mu.Unlock()
-	out = ForkResult{ParentPauseMs: float64(a.pause.Microseconds()) / 1000, Note: ForkNote, MadeAhead: true}
-	for _, k := range kids {
-		out.Children = append(out.Children, k.rec.ID)
-	}
-	s.log.Info("sandbox forked", "sandbox", id, "family", e.rec.FamilyID, "n", n, "ms", time.Since(start).Milliseconds(),
-		"made_ahead", true)
-	s.emit(events.Event{Type: events.Forked, Sandbox: id, Family: e.rec.FamilyID, Status: string(StatusRunning),
-		Children: out.Children, N: n, Ms: msSince(start), PauseMs: out.ParentPauseMs})
-	return out, true, nil
+	return s.forked(e, kids, a.pause, true, start), true, nil
 }
 
 // dropLostAhead drops the children made ahead that id, whose machinery died, is one of, so that no fork takes a

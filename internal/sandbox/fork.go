@@ -149,18 +149,24 @@ func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkO
 	if err := s.startChildren(ctx, kids, time.Time{}); err != nil {
 		return fail(err)
 	}
-	out := ForkResult{ParentPauseMs: float64(res.PauseWindow.Microseconds()) / 1000, Note: ForkNote}
-	for _, k := range kids {
-		out.Children = append(out.Children, k.rec.ID)
-	}
 	if !overridden {
 		s.noteFork(e, n)
 	}
-	s.log.Info("sandbox forked", "sandbox", id, "family", e.rec.FamilyID, "n", n, "ms", time.Since(start).Milliseconds(),
-		"pause_ms", out.ParentPauseMs)
-	s.emit(events.Event{Type: events.Forked, Sandbox: id, Family: e.rec.FamilyID, Status: string(StatusRunning),
-		Children: out.Children, N: n, Ms: msSince(start), PauseMs: out.ParentPauseMs})
-	return out, nil
+	return s.forked(e, kids, res.PauseWindow, false, start), nil
+}
+
+// forked is the result of e's fork into kids, begun at start, whose records are saved (made at the call, or made
+// ahead and frozen the parent for pause then), logged and published.
+func (s *Service) forked(e *entry, kids []*entry, pause time.Duration, madeAhead bool, start time.Time) ForkResult {
+	out := ForkResult{ParentPauseMs: float64(pause.Microseconds()) / 1000, Note: ForkNote, MadeAhead: madeAhead}
+	for _, k := range kids {
+		out.Children = append(out.Children, k.rec.ID)
+	}
+	s.log.Info("sandbox forked", "sandbox", e.rec.ID, "family", e.rec.FamilyID, "n", len(kids),
+		"ms", time.Since(start).Milliseconds(), "pause_ms", out.ParentPauseMs, "made_ahead", madeAhead)
+	s.emit(events.Event{Type: events.Forked, Sandbox: e.rec.ID, Family: e.rec.FamilyID, Status: string(StatusRunning),
+		Children: out.Children, N: len(kids), Ms: msSince(start), PauseMs: out.ParentPauseMs})
+	return out
 }
 
 // forkChildren reserves n children of the running sandbox e (held exclusively by the caller) with spec, and forks
