@@ -49,12 +49,21 @@ func WithHTTPClient(hc *http.Client) Option {
 // WithUserAgent sets the User-Agent header of every request.
 func WithUserAgent(ua string) Option { return func(c *Client) { c.ua = ua } }
 
+// defaultHTTP is the HTTP client of every Client made without WithHTTPClient. It keeps up to 64 idle
+// connections per server (net/http's default keeps 2): a fork's children are called concurrently, and with 2
+// kept the rest of each round's connections were closed and opened again for the next call.
+var defaultHTTP = &http.Client{Transport: func() http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 64
+	return t
+}()}
+
 // New returns a client of the server at baseURL (e.g. "http://127.0.0.1:7070") authenticating with apiKey.
 func New(baseURL, apiKey string, opts ...Option) *Client {
 	c := &Client{
 		base:   strings.TrimRight(baseURL, "/"),
 		apiKey: apiKey,
-		hc:     http.DefaultClient,
+		hc:     defaultHTTP,
 		ua:     "ramify-go-client",
 	}
 	for _, o := range opts {

@@ -24,6 +24,7 @@ class Req:
         self.body = body
         self.chunked = chunked
         self.match = match
+        self.conn: Any = None  # the client's (host, port): which connection carried the request
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
@@ -40,11 +41,12 @@ class Reply:
     """status + body; body is a JSON-able object, bytes, or an iterable of bytes (sent chunked)."""
 
     def __init__(self, status: int = 200, body: Any = None, headers: Optional[Dict[str, str]] = None,
-                 content_type: Optional[str] = None):
+                 content_type: Optional[str] = None, hang_up: bool = False):
         self.status = status
         self.body = body
         self.headers = dict(headers or {})
         self.content_type = content_type
+        self.hang_up = hang_up  # close the connection after the response without saying so (no Connection: close)
 
 
 def sandbox_json(id: str = "sbx_1", status: str = "running", **kw: Any) -> Dict[str, Any]:
@@ -96,10 +98,13 @@ class Stub:
                 query = urllib.parse.parse_qs(u.query, keep_blank_values=True)
                 body, chunked = self._read_body()
                 req = Req(self.command, u.path, query, self.headers, body, chunked, None)
+                req.conn = self.client_address
                 with stub.lock:
                     stub.requests.append(req)
                 reply = stub.dispatch(req)
                 self._send(reply)
+                if reply.hang_up:
+                    self.close_connection = True
 
             def _send(self, reply: Reply) -> None:
                 body = reply.body

@@ -664,6 +664,160 @@ class TestPauseResume(StubTestCase):
             self.sandbox().pause()
 
 
+class TestConnections(StubTestCase):
+    """Connections are kept alive and reused (one pool per server, shared by the process's clients)."""
+
+    def setUp(self):
+        super().setUp()
+        self.stub.on("POST", SBX + "/run_code", Reply(200, {"stdout": "", "stderr": "", "value": "2",
+                                                             "error": None, "execution_count": 1}))
+
+    def conns(self, method="POST", path="/v1/sandboxes/sbx_1/run_code"):
+        return [r.conn for r in self.stub.reqs(method, path)]
+
+    def test_calls_in_a_row_share_one_connection(self):
+        sb = self.sandbox()
+        for _ in range(10):
+            self.assertEqual(sb.run_code("1+1").value, "2")
+        other = Sandbox.connect("sbx_1", **self.kw())  # another client of the same server
+        other.run_code("1+1")
+        self.assertEqual(len(set(self.conns())), 1, self.conns())
+        self.assertEqual(self.conns()[0], self.stub.reqs("POST", "/v1/sandboxes")[0].conn)
+
+    def test_concurrent_calls_each_take_one_and_keep_it(self):
+        sb = self.sandbox()
+        n = 8
+        barrier = threading.Barrier(n, timeout=5)
+
+        def run_code(req):
+            barrier.wait()  # all n in flight at once: n connections
+            return Reply(200, {"stdout": "", "stderr": "", "value": "1", "error": None, "execution_count": 1})
+
+        self.stub.on("POST", SBX + "/run_code", run_code)
+        rounds = []
+        for _ in range(3):
+            threads = [threading.Thread(target=sb.run_code, args=("1",)) for _ in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            got = self.conns()[-n:]
+            self.assertEqual(len(set(got)), n)
+            rounds.append(set(got))
+        self.assertEqual(rounds[0], rounds[1])
+        self.assertEqual(rounds[1], rounds[2])
+
+    def test_pool_is_bounded(self):
+        sb = self.sandbox()
+        n = _http.POOL_SIZE + 8
+        barrier = threading.Barrier(n, timeout=5)
+
+        def get(req):
+            barrier.wait()
+            return Reply(200, sandbox_json(req.match.group(1)))
+
+        self.stub.on("GET", SBX, get)
+        threads = [threading.Thread(target=sb.refresh) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(len(set(r.conn for r in self.stub.reqs("GET"))), n)
+        self.assertEqual(len(_http._pool._idle[sb._client._pool_key]), _http.POOL_SIZE)
+
+    def test_connection_the_server_closed_is_not_used(self):
+        sb = self.sandbox()
+        self.stub.on("POST", SBX + "/run_code", [
+            Reply(200, {"stdout": "", "stderr": "", "value": "1", "error": None, "execution_count": 1}, hang_up=True),
+            Reply(200, {"stdout": "", "stderr": "", "value": "2", "error": None, "execution_count": 2}),
+        ])
+        self.assertEqual(sb.run_code("1").value, "1")
+        time.sleep(0.2)  # the server's FIN arrives
+        self.assertEqual(sb.run_code("2").value, "2")  # a POST: it must not be lost to the dead connection
+        first, second = self.conns()
+        self.assertNotEqual(first, second)
+
+    def test_kept_connection_dead_on_arrival_is_replaced_at_once(self):
+        # The server closed the connection between the pool's check and the request (a race the check cannot
+        # see): a request that could not have been taken goes again on a new connection, without a retry delay.
+        sb = self.sandbox()
+        self.stub.on("GET", SBX, [Reply(200, sandbox_json("sbx_1"), hang_up=True), Reply(200, sandbox_json("sbx_1"))])
+        sb.refresh()
+        time.sleep(0.2)
+        with mock.patch.object(_http, "_closed_by_peer", return_value=False), \
+                mock.patch.object(_http, "RETRY_BASE_DELAY", 5):
+            t0 = time.monotonic()
+            sb.refresh()
+            self.assertLess(time.monotonic() - t0, 2)
+        gets = self.stub.reqs("GET", "/v1/sandboxes/sbx_1")
+        self.assertGreaterEqual(len(gets), 2)
+        self.assertNotEqual(gets[-1].conn, gets[0].conn)
+
+    def test_stream_read_to_its_end_gives_its_connection_back(self):
+        self.stub.on("POST", SBX + "/exec", Reply(200, ndjson(
+            {"type": "stdout", "data": "a"},
+            {"type": "result", "exit_code": 0, "stdout": "a", "stderr": ""}), content_type="application/x-ndjson"))
+        sb = self.sandbox()
+        out = []
+        sb.exec("echo a", on_stdout=out.append)
+        self.assertEqual(out, ["a"])
+        sb.run_code("1")
+        [ex] = self.stub.reqs("POST", "/v1/sandboxes/sbx_1/exec")
+        self.assertEqual(self.conns()[0], ex.conn)
+
+    def test_stream_closed_early_is_not_reused(self):
+        release = threading.Event()
+
+        def endless(req):
+            def gen():
+                yield b"x" * 10
+                release.wait(5)
+                yield b"y" * 10
+            return Reply(200, gen())
+
+        self.stub.on("GET", SBX + "/files", endless)
+        sb = self.sandbox()
+        stream = sb._client.request("GET", "/v1/sandboxes/sbx_1/files", query={"path": "/a"}, stream=True)
+        self.assertEqual(stream.read(10), b"x" * 10)
+        stream.close()
+        release.set()
+        sb.run_code("1")
+        [files] = self.stub.reqs("GET", "/v1/sandboxes/sbx_1/files")
+        self.assertNotEqual(self.conns()[0], files.conn)
+
+    def test_error_answers_keep_the_connection(self):
+        sb = self.sandbox()
+        self.stub.on("POST", SBX + "/run_code", [Reply(409, {"error": "sandbox is not running"}),
+                                                 Reply(200, {"stdout": "", "stderr": "", "value": "1",
+                                                             "error": None, "execution_count": 1})])
+        with self.assertRaises(Conflict):
+            sb.run_code("1")
+        sb.run_code("1")
+        self.assertEqual(len(set(self.conns())), 1)
+
+    @unittest.skipUnless(hasattr(os, "fork"), "needs os.fork")
+    def test_forked_process_opens_its_own(self):
+        sb = self.sandbox()
+        sb.run_code("1")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its calls must not share the parent's socket
+            try:
+                sb.run_code("1")
+                os.write(w, b"ok")
+            finally:
+                os._exit(0)
+        os.close(w)
+        got = os.read(r, 2)
+        os.close(r)
+        os.waitpid(pid, 0)
+        self.assertEqual(got, b"ok")
+        sb.run_code("1")  # the parent's connection still works
+        parent1, child, parent2 = self.conns()
+        self.assertEqual(parent1, parent2)
+        self.assertNotEqual(parent1, child)
+
+
 class TestRetries(unittest.TestCase):
     def setUp(self):
         p = mock.patch.object(_http, "RETRY_BASE_DELAY", 0.2)

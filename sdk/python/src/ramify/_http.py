@@ -1,17 +1,23 @@
 """Minimal HTTP layer over :mod:`http.client` (standard library only).
 
-One connection per request: the client is safe to share between threads (fork children use it
-concurrently) and needs no pool bookkeeping.
+Connections are kept alive and reused: after a response has been read to its end its connection goes
+back to a pool shared by every client of the same server in the process (a fork's children called from
+as many threads each take one), so a call does not pay a TCP connect, or a TLS handshake, each time.
+The pool is safe to share between threads; a process forked from this one (``os.fork``,
+``multiprocessing``) starts with an empty one.
 """
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
 import os
 import random
+import select
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -32,10 +38,79 @@ DEFAULT_REQUEST_TIMEOUT = 60.0
 MAX_TRIES = 4
 RETRY_BASE_DELAY = 0.2  # seconds; delays are 0.2, 0.4, 0.8 (+ up to 10% jitter)
 
+# Idle connections kept per server, and for how long: enough for a fork's 32 children called at once; the
+# server closes a connection idle for 2 minutes, so the pool lets go of it well before that.
+POOL_SIZE = 32
+POOL_IDLE_S = 60.0
+
 _IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 _UNSET: Any = object()
 
 Query = Union[Mapping[str, Any], Sequence[Tuple[str, Any]], None]
+
+
+class _Pool:
+    """Idle keep-alive connections per (scheme, host, port), newest first; shared by the process's clients."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: Dict[Tuple[str, str, Optional[int]], List[Tuple[http.client.HTTPConnection, float]]] = {}
+
+    def take(self, key: Tuple[str, str, Optional[int]]) -> Optional[http.client.HTTPConnection]:
+        """An idle connection to key that the server has not closed, or None."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                idle = self._idle.get(key)
+                if not idle:
+                    return None
+                conn, since = idle.pop()
+            if now - since < POOL_IDLE_S and not _closed_by_peer(conn):
+                return conn
+            conn.close()
+
+    def put(self, key: Tuple[str, str, Optional[int]], conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            if len(idle) < POOL_SIZE:
+                idle.append((conn, time.monotonic()))
+                return
+        conn.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn, _ in conns:
+                conn.close()
+
+    def after_fork(self) -> None:
+        """In a forked child: a new lock, and the parent's connections closed here (their descriptors only:
+        no shutdown reaches the server, the parent goes on using them)."""
+        self._lock = threading.Lock()
+        self.close_all()
+
+
+def _closed_by_peer(conn: http.client.HTTPConnection) -> bool:
+    """True when an idle connection can no longer carry a request: its socket is gone, or readable, which on
+    an idle HTTP connection means the server closed it (or sent something no request asked for)."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    try:
+        if hasattr(select, "poll"):
+            p = select.poll()
+            p.register(sock, select.POLLIN)
+            return bool(p.poll(0))
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+_pool = _Pool()
+atexit.register(_pool.close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pool.after_fork)
 
 
 class BodyError(Exception):
@@ -66,11 +141,13 @@ class Response:
 class StreamResponse:
     """A streamed response; the caller must :meth:`close` it (or use it as a context manager)."""
 
-    def __init__(self, status: int, resp: http.client.HTTPResponse, conn: http.client.HTTPConnection):
+    def __init__(self, status: int, resp: http.client.HTTPResponse, conn: http.client.HTTPConnection,
+                 release: Any = None):
         self.status = status
         self.headers = resp.headers
         self.raw = resp
         self._conn = conn
+        self._release = release  # called with the connection once the response was read to its end
 
     @property
     def content_type(self) -> str:
@@ -105,11 +182,31 @@ class StreamResponse:
                 return
             yield line
 
+    def finish(self, limit: int = 1 << 16) -> None:
+        """The caller saw the stream's last event: read what is left of it (the server ends the stream right
+        after), so that its connection can carry the next request; :meth:`close` then keeps it."""
+        if self._conn is None or self.raw.isclosed():
+            return
+        try:
+            if self._conn.sock is not None:
+                self._conn.sock.settimeout(1.0)
+            self.raw.read(limit)
+        except Exception:
+            pass  # close() drops the connection: the response did not end
+
     def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        # Read to its end, the connection can carry the next request; closed early, it holds the rest.
+        done = self.raw.isclosed()
         try:
             self.raw.close()
         finally:
-            self._conn.close()
+            if done and self._release is not None:
+                self._release(conn)
+            else:
+                conn.close()
 
     def __enter__(self) -> "StreamResponse":
         return self
@@ -144,6 +241,7 @@ class HTTPClient:
         self._host = u.hostname
         self._port = u.port
         self._base_path = u.path.rstrip("/")
+        self._pool_key = (self._scheme, self._host, self._port)
 
     # -- helpers -------------------------------------------------------------------------------
     def _new_conn(self, timeout: Optional[float]) -> http.client.HTTPConnection:
@@ -155,6 +253,23 @@ class HTTPClient:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         conn.blocksize = 1 << 20
         return conn
+
+    def _conn(self, timeout: Optional[float]) -> Tuple[http.client.HTTPConnection, bool]:
+        """A connection for one request, and whether it was kept from an earlier one."""
+        conn = _pool.take(self._pool_key)
+        if conn is None:
+            return self._new_conn(timeout), False
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn, True
+
+    def _release(self, conn: http.client.HTTPConnection) -> None:
+        """Keep conn for the next request if the server left it open."""
+        if conn.sock is None:  # the response said Connection: close
+            conn.close()
+            return
+        _pool.put(self._pool_key, conn)
 
     def url_for(self, path: str, query: Query = None) -> str:
         url = self._base_path + path
@@ -223,14 +338,21 @@ class HTTPClient:
         tries = MAX_TRIES if retry else 1
         url = self.url_for(path, query)
 
+        replayable = body is None or isinstance(body, (bytes, bytearray, memoryview))
         last_exc: Optional[BaseException] = None
-        for attempt in range(tries):
-            if attempt:
+        attempt, fresh = 0, False
+        while attempt < tries:
+            if attempt and not fresh:
                 delay = RETRY_BASE_DELAY * (2 ** (attempt - 1))
                 time.sleep(delay + random.uniform(0, delay / 10))
-            conn = self._new_conn(timeout)
+            if fresh:
+                conn, kept = self._new_conn(timeout), False
+            else:
+                conn, kept = self._conn(timeout)
+            fresh, sent = False, False
             try:
                 conn.request(method, url, body=body, headers=hdrs)
+                sent = True
                 resp = conn.getresponse()
             except BodyError:
                 conn.close()
@@ -251,6 +373,13 @@ class HTTPClient:
                 if resp is None:
                     conn.close()
                     last_exc = e
+                    if kept and replayable and (not sent or retry):
+                        # A kept connection the server had closed (idle, or restarting): it did not take
+                        # the request, which goes again at once on a new connection. A request that was
+                        # sent whole may have been taken: only one safe to repeat (GET, DELETE...) goes again.
+                        fresh = True
+                        continue
+                    attempt += 1
                     continue
             except http.client.HTTPException as e:
                 conn.close()
@@ -262,20 +391,22 @@ class HTTPClient:
                     data = resp.read()
                 except Exception:
                     data = b""
-                finally:
                     conn.close()
+                else:
+                    self._release(conn)
                 msg, parsed = self._error_message(data, status, resp.reason)
                 raise error_for_status(status, msg, parsed, file_route=file_route)
             if stream:
-                return StreamResponse(status, resp, conn)
+                return StreamResponse(status, resp, conn, self._release)
             try:
                 data = resp.read()
             except (TimeoutError, socket.timeout) as e:
+                conn.close()
                 raise Timeout(f"{method} {path}: timed out reading the response ({e})") from e
             except (http.client.HTTPException, OSError) as e:
-                raise ServerUnreachable(f"{method} {path}: connection lost mid-response: {e!r}") from e
-            finally:
                 conn.close()
+                raise ServerUnreachable(f"{method} {path}: connection lost mid-response: {e!r}") from e
+            self._release(conn)
             return Response(status, resp.headers, data)
 
         where = f"{self._scheme}://{self._host}" + (f":{self._port}" if self._port else "")

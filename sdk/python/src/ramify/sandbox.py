@@ -361,6 +361,7 @@ class Sandbox:
                     ev = dict(ev)
                     ev.setdefault("stdout", "".join(out))
                     ev.setdefault("stderr", "".join(err))
+                    resp.finish()
                     return Execution.from_dict(ev)
                 elif typ == "error":
                     raise ServerError(str(ev.get("error") or ev.get("data") or "stream error"), resp.status, ev)
@@ -435,6 +436,7 @@ class Sandbox:
                     ev = dict(ev)
                     ev.setdefault("stdout", "".join(out))
                     ev.setdefault("stderr", "".join(err))
+                    resp.finish()
                     return _command_result(ev)
                 elif typ == "error":
                     raise ServerError(str(ev.get("error") or ev.get("data") or "stream error"), resp.status, ev)
