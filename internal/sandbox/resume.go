@@ -139,7 +139,7 @@ func (s *Service) commitResume(e *entry, h runtime.Handle, prefix string, m Mani
 	e.rec.FamilyID = h.FamilyID
 	e.rec.Snapshot = ""
 	pi := s.pauseInfo(e)
-	pi.NotRestored, pi.ResumeMs, pi.Error = notRestored, ms(time.Since(start)), ""
+	pi.NotRestored, pi.ResumeMs, pi.Error, pi.Preload = notRestored, ms(time.Since(start)), "", nil
 	s.setPauseInfo(e, pi)
 	rec := e.rec
 	s.emit(events.Event{Type: events.Resumed, Sandbox: id, Family: rec.FamilyID, Status: string(StatusRunning),

@@ -264,6 +264,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if h, ok := cfg.Runtime.(runtime.Healer); ok {
 		s.goBackground(func() { s.watchHealth(h) })
 	}
+	if rp, ok := cfg.Runtime.(runtime.ResumePreparer); ok {
+		s.goBackground(func() { s.keepResumesReady(rp) })
+	}
 	return s, nil
 }
 
@@ -453,6 +456,7 @@ func (s *Service) info(e *entry) Info {
 	}
 	if len(r.Pause) > 2 {
 		pi := s.pauseInfo(e)
+		pi.Preload = nil // the service's own
 		in.Pause = &pi
 	}
 	return in

@@ -377,6 +377,26 @@ func TestResumeRunsTheSandboxsStartupFiles(t *testing.T) {
 	}
 }
 
+// TestResumeAfterARestartFindsNumpyImportedAhead: a family with numpy imported ahead is kept for a paused session
+// that needs it for as long as it stays paused, not only in the minutes after its pause: after a restart, which
+// forgets those minutes, the server makes one at once and the resume takes it.
+func TestResumeAfterARestartFindsNumpyImportedAhead(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0", "--prestart-families", "1", "--fork-ahead", "0")
+	ctx := ctxT(t)
+	id := create(t, s, &client.CreateRequest{MemMiB: 1024})
+	value(t, s, id, "import numpy as np\na = np.arange(10)\n1")
+	pauseAndWait(t, s, id)
+	s.Restart()
+	waitFamiliesReady(t, s, "fam_n", "", 1, 30*time.Second, "a family with numpy imported ahead, after a restart, for the paused sandbox")
+	resumeAndWait(t, s, id)
+	if info, err := s.Client.Get(ctx, id); err != nil || !strings.HasPrefix(info.FamilyID, "fam_n") {
+		t.Fatalf("the resume after a restart went to %+v (%v), want the family with numpy imported ahead", info, err)
+	}
+	if v := value(t, s, id, "int(a.sum())"); v != "45" {
+		t.Fatalf("after the resume: %s", v)
+	}
+}
+
 // waitFamiliesReady waits (up to within) until n families started ahead whose ids start with prefix, other than
 // family except (a running sandbox's, whose spares are its own), are ready: a family is ready once its spare
 // sits in a cgroup of its own (<family>.s<pid>), the last step of starting it, and is added to the pool just

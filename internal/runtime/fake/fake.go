@@ -53,6 +53,7 @@ type Runtime struct {
 	gates     map[string]chan struct{}
 	nextPid   int
 	layers    int
+	prepared  map[string]int // PrepareResume calls, by their packages joined with ","
 }
 
 // Sandbox is one fake sandbox.
@@ -71,9 +72,10 @@ type Sandbox struct {
 }
 
 var (
-	_ runtime.Runtime = (*Runtime)(nil)
-	_ runtime.Forker  = (*Runtime)(nil)
-	_ runtime.Stiller = (*Runtime)(nil)
+	_ runtime.Runtime        = (*Runtime)(nil)
+	_ runtime.Forker         = (*Runtime)(nil)
+	_ runtime.Stiller        = (*Runtime)(nil)
+	_ runtime.ResumePreparer = (*Runtime)(nil)
 )
 
 // Stillness implements runtime.Stiller: the mark moves with every call the sandbox's interpreter runs and with
@@ -99,6 +101,26 @@ func (r *Runtime) Stir(id string, name, value string) {
 		sb.stirs++
 		sb.mu.Unlock()
 	}
+}
+
+// PrepareResume counts the call (Prepared reads the counts).
+func (r *Runtime) PrepareResume(preload []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.prepared == nil {
+		r.prepared = map[string]int{}
+	}
+	r.prepared[strings.Join(preload, ",")]++
+}
+
+// Prepared returns how many times PrepareResume was called with preload, and resets that count.
+func (r *Runtime) Prepared(preload ...string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := strings.Join(preload, ",")
+	n := r.prepared[k]
+	delete(r.prepared, k)
+	return n
 }
 
 // New returns a runtime keeping its layers under dir (a test's temporary directory).
@@ -617,11 +639,16 @@ func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request,
 		}
 		sb.mu.Lock()
 		b, _ := json.Marshal(session{Vars: sb.vars, Count: sb.count})
+		_, numpy := sb.vars["np"] // the fake's stand-in for a session holding numpy arrays
 		sb.mu.Unlock()
 		if _, err := f.Write(b); err != nil {
 			return agent.Event{Type: "error", Message: err.Error()}
 		}
-		return agent.Event{Type: "ok"}
+		ev := agent.Event{Type: "ok"}
+		if numpy {
+			ev.Preload = []string{"numpy"}
+		}
+		return ev
 	case agent.OpRestore:
 		if f == nil {
 			return agent.Event{Type: "error", Message: "restore_repl needs a file"}

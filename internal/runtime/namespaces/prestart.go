@@ -25,7 +25,9 @@ import (
 // prestartHold, one family whose zygote imported numpy ahead, started with a 1-vCPU sandbox's thread counts
 // (the default shape; Create gives it only to such sandboxes on the default image). The sandbox's agent still
 // starts a fresh interpreter if an import in the sandbox would not find numpy the same (its env, its cwd, its
-// files: the interpreter checks, see agent.Client.Preload).
+// files: the interpreter checks, see agent.Client.Preload). The sandbox service calls PrepareResume again every
+// few minutes, and as it starts, for the sessions of sandboxes still paused: the family stays for as long as one
+// may be resumed.
 
 // One such family serves one resume: a second resume soon after (a pause and resume in a loop, several paused
 // sandboxes resumed together) finds its replacement still importing numpy (~0.5 s here) and loads the session
