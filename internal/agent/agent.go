@@ -659,6 +659,13 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			return
 		}
 		w.emit(Event{Type: "ok"})
+	case OpForkCheck:
+		m, err := a.repl.call(map[string]any{"op": "fork_check"})
+		if err != nil {
+			w.emit(Event{Type: "error", Message: "check the interpreter's fork handlers: " + err.Error()})
+			return
+		}
+		w.emit(Event{Type: "ok", ForkHooks: m.ForkHooks})
 	case OpPreload:
 		if err := a.repl.preload(req.Modules); err != nil {
 			w.emit(Event{Type: "error", Message: "preload: " + err.Error()})

@@ -19,6 +19,7 @@ const (
 	OpFork      = "fork_repl"
 	OpPreload   = "preload_repl"
 	OpWarm      = "warm_repl"
+	OpForkCheck = "fork_check_repl"
 	OpAttach    = "attach_repl" // sent by a forked interpreter (repl.py), never by the server
 	OpSession   = "session"     // an interactive session (session.go): the connection is then the session's
 )
@@ -136,6 +137,14 @@ func (c *Client) Preload(ctx context.Context, modules []string) error {
 func (c *Client) Warm(ctx context.Context) error {
 	_, err := c.roundTrip(ctx, Request{Op: OpWarm}, nil)
 	return err
+}
+
+// ForkHooks reports whether the interpreter's session registered at-fork handlers that children made ahead of
+// a fork must not run (repl.py's _fork_hooks: handlers outside the standard library that run in the parent, or
+// session code's for its children).
+func (c *Client) ForkHooks(ctx context.Context) (bool, error) {
+	ev, err := c.roundTrip(ctx, Request{Op: OpForkCheck}, nil)
+	return ev.ForkHooks, err
 }
 
 // RestoreSession has the interpreter load a session stream from r, which it takes. The answer lists what could

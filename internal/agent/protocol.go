@@ -142,6 +142,9 @@ type Event struct {
 	Skipped []Skipped `json:"skipped,omitempty"`
 	// snapshot_repl: the packages loading the session will import (only numpy is looked for)
 	Preload []string `json:"preload,omitempty"`
+
+	// ok (fork_check_repl): the session registered at-fork handlers a fork made ahead of its call must not run
+	ForkHooks bool `json:"fork_hooks,omitempty"`
 }
 
 // Skipped names something a pause could not save (a variable, a process) and why.
@@ -172,6 +175,7 @@ type replMsg struct {
 	Skipped        []Skipped                  `json:"skipped,omitempty"`
 	Preload        []string                   `json:"preload,omitempty"`
 	PreloadHolds   *bool                      `json:"preload_holds,omitempty"`
+	ForkHooks      bool                       `json:"fork_hooks,omitempty"`
 	Bundle         map[string]json.RawMessage `json:"bundle,omitempty"` // display_data and execute_result
 	Op             string                     `json:"op,omitempty"`
 	Token          string                     `json:"token,omitempty"`

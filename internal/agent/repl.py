@@ -122,6 +122,34 @@ class _Stream:
         return 1 if self.name == "stdout" else 2
 
 
+# Children made ahead of a fork (the server forks an idle sandbox before a fork is asked for) run the
+# interpreter's at-fork handlers as any fork does, before anyone asked for the fork. The standard library's only
+# reset state, and a library's handlers for its children reset the child's; but handlers that run in the parent
+# (before, after_in_parent) outside the standard library, or that session code registered for children, may do
+# what someone sees (count forks, send a message): registering one makes _fork_hooks true, and the server then
+# makes no children ahead for this interpreter (op fork_check).
+_fork_hooks = False
+_register_at_fork = os.register_at_fork
+_STDLIB = frozenset(sys.stdlib_module_names)
+
+
+def _watch_register_at_fork(**hooks):
+    global _fork_hooks
+    g = sys._getframe(1).f_globals
+    name = (g.get("__name__") or "").split(".")[0]
+    path = g.get("__file__") or ""
+    library = "/site-packages/" in path or "/dist-packages/" in path
+    if name not in _STDLIB and ("before" in hooks or "after_in_parent" in hooks or
+                                ("after_in_child" in hooks and not library)):
+        _fork_hooks = True
+    return _register_at_fork(**hooks)
+
+
+_watch_register_at_fork.__name__ = _watch_register_at_fork.__qualname__ = "register_at_fork"
+_watch_register_at_fork.__doc__ = _register_at_fork.__doc__
+os.register_at_fork = _watch_register_at_fork
+
+
 def _cell_name(n):
     return "<cell %d>" % n
 
@@ -1136,6 +1164,8 @@ def _serve():
                 resp = {"type": "result", "pid": os.getpid()}
             elif op == "warm":
                 resp = _warm()
+            elif op == "fork_check":
+                resp = {"type": "result", "fork_hooks": _fork_hooks}
             else:
                 resp = {"type": "result", "error": {"name": "ProtocolError", "value": "unknown op %r" % op, "traceback": ""}}
         except KeyboardInterrupt as e:  # an interrupt that landed just after user code ended

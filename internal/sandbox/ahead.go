@@ -28,6 +28,9 @@ import (
 // restart of its agent, delete) drops them first (a keepalive does not: the children take the parent's spec as
 // it is at the fork); a mark that moved drops them at the call. Unused extra children are dropped too.
 //
+// A fork runs the interpreter's at-fork handlers; a session whose handlers could show a fork nobody asked for
+// (agent.Client.ForkHooks) gets none.
+//
 // Their cost is bounded: at most Config.ForkAhead children made ahead at once across the server (0 turns the
 // feature off), forks of at most that many children only, dropped after aheadKeep unused, and a sandbox whose
 // children made ahead were dropped unused aheadTries times in a row gets none until it forks again.
@@ -184,6 +187,15 @@ func (s *Service) makeAhead(e *entry) {
 		s.log.Debug("no children made ahead", "sandbox", id, "busy", before.Busy, "err", err)
 		return
 	}
+	if s.forkHooks(ctx, id) {
+		// Its fork would run handlers that someone may see before any fork was asked for: none until its next
+		// fork, which checks again.
+		s.mu.Lock()
+		e.aheadN = 0
+		s.mu.Unlock()
+		s.log.Debug("no children made ahead: its session registered at-fork handlers", "sandbox", id)
+		return
+	}
 	s.mu.Lock()
 	e.aheadTries-- // a set made: one fewer may go unused
 	s.mu.Unlock()
@@ -210,6 +222,17 @@ func (s *Service) makeAhead(e *entry) {
 	a.expire = time.AfterFunc(aheadKeep, func() { s.expireAhead(id, a) })
 	s.mu.Unlock()
 	s.log.Debug("children made ahead", "sandbox", id, "n", n, "ms", time.Since(start).Milliseconds())
+}
+
+// forkHooks reports whether id's interpreter has at-fork handlers that a fork made ahead of its call must not
+// run (agent.Client.ForkHooks); an interpreter that cannot say is taken to have them.
+func (s *Service) forkHooks(ctx context.Context, id string) bool {
+	c, err := s.cfg.Runtime.Agent(id)
+	if err != nil {
+		return true
+	}
+	hooks, err := c.ForkHooks(ctx)
+	return hooks || err != nil
 }
 
 // warmKids has each child made ahead run a cell that leaves no trace (agent.Client.Warm), side by side: their first

@@ -256,3 +256,26 @@ func TestForkAheadLimitHoldsForSetsMadeTogether(t *testing.T) {
 		t.Fatalf("stats %+v: want one set of 3 within the limit of 4", st)
 	}
 }
+
+// TestForkAheadNotForSessionsWithForkHooks: a sandbox whose session registered at-fork handlers that a fork made
+// ahead must not run (the fake's "fork_hooks" variable stands for them) gets no children made ahead, fork after
+// fork, while a sandbox beside it does; its forks make their own children.
+func TestForkAheadNotForSessionsWithForkHooks(t *testing.T) {
+	e := aheadEnv(t, 8)
+	hooked, plain := e.create(), e.create()
+	e.run(hooked, "fork_hooks = 1")
+	for round := range 2 {
+		if fr := e.fork(hooked, 2, false); fr.MadeAhead {
+			t.Fatalf("round %d: the fork of a session with fork handlers took children made ahead", round)
+		}
+		e.fork(plain, 2, false)
+		e.waitAhead(2) // the plain sandbox's, made after its idle time as the hooked one's would be
+		time.Sleep(3 * aheadIdle)
+		if n := e.svc.Stats().Ahead; n != 2 {
+			t.Fatalf("round %d: %d children made ahead, want only the plain sandbox's 2", round, n)
+		}
+		if fr := e.fork(plain, 2, false); !fr.MadeAhead {
+			t.Fatalf("round %d: the plain sandbox's fork did not take its children made ahead", round)
+		}
+	}
+}

@@ -217,6 +217,56 @@ func noneMadeWhile(t *testing.T, s *testserver.Server, p, what string, start fun
 	return kids
 }
 
+// TestForkAheadNotForSessionsWithForkHooks: at-fork handlers run on every fork, so a fork made ahead of its call
+// would run them before anyone asked for a fork. A session that registered one that runs in the parent (here a
+// fork counter) or that its own code registered for children gets no children made ahead: its count shows only
+// the forks asked for. A library's handler for children (a module under site-packages) does not stop them.
+func TestForkAheadNotForSessionsWithForkHooks(t *testing.T) {
+	s := testserver.Start(t)
+	for _, tc := range []struct{ name, code string }{
+		{"a handler run in the parent", "import os\nforks = 0\ndef _count():\n    global forks\n    forks += 1\nos.register_at_fork(before=_count)\n1"},
+		{"the session's handler for children", "import os\ndef _hello():\n    pass\nos.register_at_fork(after_in_child=_hello)\n1"},
+	} {
+		p := create(t, s, nil)
+		value(t, s, p, tc.code)
+		for round := range 2 {
+			kids, ahead := forkRaw(t, s, p, 2)
+			if ahead {
+				t.Fatalf("%s: round %d: the fork took children made ahead", tc.name, round)
+			}
+			deleteAll(t, s, kids)
+			time.Sleep(1500 * time.Millisecond) // children would be made ahead meanwhile
+		}
+		if tc.name == "a handler run in the parent" {
+			// Once per child: a fork of n forks the interpreter n times.
+			if v := value(t, s, p, "forks"); v != "4" {
+				t.Fatalf("%s: the parent's handler ran %s times for 2 forks of 2 children", tc.name, v)
+			}
+		}
+		if err := s.Client.Delete(ctxT(t), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := aheadMetric(t, s, "made"); m != 0 {
+		t.Fatalf("%v children made ahead for sessions with fork handlers", m)
+	}
+	// A library's handler for its children, as numpy's and most libraries' are: children made ahead as usual.
+	p := create(t, s, nil)
+	value(t, s, p, "import os, sys\nos.makedirs('/root/lib/site-packages', exist_ok=True)\n"+
+		"open('/root/lib/site-packages/forklib.py', 'w').write('import os\\nchildren = 0\\ndef _reset():\\n    global children\\n    children += 1\\nos.register_at_fork(after_in_child=_reset)\\n')\n"+
+		"sys.path.insert(0, '/root/lib/site-packages')\nimport forklib\n1")
+	kids, _ := forkRaw(t, s, p, 2)
+	deleteAll(t, s, kids)
+	waitAheadReady(t, s, 2, 60*time.Second)
+	kids, ahead := forkRaw(t, s, p, 2)
+	if !ahead {
+		t.Fatal("a library's handler for children kept the fork from taking children made ahead")
+	}
+	if v := value(t, s, kids[0], "forklib.children"); v != "1" {
+		t.Fatalf("the library's handler ran %s times in a child, want 1", v)
+	}
+}
+
 // Children made ahead have no record: a server killed while a sandbox has some restarts without them (its reclaim
 // removes their processes, cgroups, veths and layers), and one stopped cleanly takes them down as it stops.
 func TestForkAheadChildrenLeaveNothingBehind(t *testing.T) {

@@ -602,6 +602,11 @@ func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request,
 	switch req.Op {
 	case agent.OpPing, agent.OpStart, agent.OpWarm:
 		return agent.Event{Type: "ok", Pid: sb.Pid}
+	case agent.OpForkCheck:
+		sb.mu.Lock()
+		_, hooks := sb.vars["fork_hooks"] // the fake's stand-in for a session that registered at-fork handlers
+		sb.mu.Unlock()
+		return agent.Event{Type: "ok", ForkHooks: hooks}
 	case agent.OpInterrupt:
 		n := sb.calls.Interrupt(req.What)
 		return agent.Event{Type: "ok", Interrupted: &n}
