@@ -725,6 +725,41 @@ class TestConnections(StubTestCase):
         self.assertEqual(len(set(r.conn for r in self.stub.reqs("GET"))), n)
         self.assertEqual(len(_http._pool._idle[sb._client._pool_key]), _http.POOL_SIZE)
 
+    def test_connections_idle_too_long_are_not_used(self):
+        sb = self.sandbox()
+        barrier = threading.Barrier(2, timeout=5)
+
+        def get(req):
+            barrier.wait()
+            return Reply(200, sandbox_json(req.match.group(1)))
+
+        self.stub.on("GET", SBX, get)
+        threads = [threading.Thread(target=sb.refresh) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        key = sb._client._pool_key
+        self.assertEqual(len(_http._pool._idle[key]), 2)
+        with mock.patch.object(_http, "POOL_IDLE_S", 0.1):
+            time.sleep(0.2)
+            self.stub.on("GET", SBX, lambda r: Reply(200, sandbox_json(r.match.group(1))))
+            sb.refresh()  # takes neither of the two (too old, closed), and puts its own back
+        idle = _http._pool._idle[key]
+        self.assertEqual(len(idle), 1)
+        self.assertIsNotNone(idle[0][0].sock)
+
+    def test_connections_left_at_the_bottom_are_let_go(self):
+        pool, key = _http._Pool(), ("http", "h", 1)
+        old, busy = mock.Mock(), mock.Mock()
+        with mock.patch.object(_http.time, "monotonic", return_value=0.0):
+            pool.put(key, old)
+        with mock.patch.object(_http.time, "monotonic", return_value=_http.POOL_IDLE_S + 1):
+            pool.put(key, busy)  # a connection in use all along comes back: the one below it is too old
+        old.close.assert_called_once()
+        busy.close.assert_not_called()
+        self.assertEqual([c for c, _ in pool._idle[key]], [busy])
+
     def test_connection_the_server_closed_is_not_used(self):
         sb = self.sandbox()
         self.stub.on("POST", SBX + "/run_code", [

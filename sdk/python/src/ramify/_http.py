@@ -70,12 +70,22 @@ class _Pool:
             conn.close()
 
     def put(self, key: Tuple[str, str, Optional[int]], conn: http.client.HTTPConnection) -> None:
+        now = time.monotonic()
         with self._lock:
             idle = self._idle.setdefault(key, [])
+            # The oldest ones, at the bottom, are let go once they have waited too long (the server will have
+            # closed them), so that they do not linger unused behind the ones kept busy.
+            stale = 0
+            while stale < len(idle) and now - idle[stale][1] >= POOL_IDLE_S:
+                stale += 1
+            old, idle[:stale] = idle[:stale], []
             if len(idle) < POOL_SIZE:
-                idle.append((conn, time.monotonic()))
-                return
-        conn.close()
+                idle.append((conn, now))
+                conn = None
+        for c, _ in old:
+            c.close()
+        if conn is not None:
+            conn.close()
 
     def close_all(self) -> None:
         with self._lock:
