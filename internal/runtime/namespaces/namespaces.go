@@ -648,18 +648,22 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	}
 	undo.add(f.kill)
 	var sb *sandbox
-	switch {
-	case zyg != nil && spec.Image == "" && !noZygote:
+	if zyg != nil && spec.Image == "" && !noZygote {
 		sb, err = r.launchFromZygote(ctx, f, zyg, spec, dir, func() { phase("spawned") })
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("fork a zygote failed; starting the interpreter afresh", "sandbox", spec.ID, "err", err)
 			sb, err = r.launch(ctx, f, spec, dir, nil)
 		}
-	case zyg != nil: // another image (the zygote's files are the default image's), or startup files of its own
-		r.bgEnd(zyg)
-		fallthrough
-	default:
+	} else {
+		// Without a zygote, or one it cannot use: another image (the zygote's files are the default image's),
+		// or startup files of its own.
 		sb, err = r.launch(ctx, f, spec, dir, func(*runtime.Handle) { phase("spawned") })
+	}
+	if zyg != nil {
+		// Only now, the sandbox's agent in the family (or the create failed): a family's init ends once nothing
+		// but spares is left in it, so a zygote ended before took the family down under the create (500s for
+		// creates on a named image, now and then, under load).
+		r.bgEnd(zyg)
 	}
 	if err != nil {
 		return runtime.Handle{}, err

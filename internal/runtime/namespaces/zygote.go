@@ -72,9 +72,9 @@ func (r *Runtime) endZygote(z *sandbox) {
 
 // launchFromZygote is launch with the interpreter forked from zygote z (both in family f): spec's agent is
 // spawned on layer dir to wait for a forked interpreter, z's interpreter forks once into the new sandbox, and
-// the copy gets spec's env and cwd. It ends z whatever happens; on error it undoes the spawn.
+// the copy gets spec's env and cwd. On error it undoes the spawn. The caller ends z (bgEnd) once the sandbox's
+// agent, or the one of a fresh start after a failure, is in the family.
 func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, spec runtime.Spec, dir string, spawned func()) (_ *sandbox, err error) {
-	defer r.bgEnd(z)
 	var undo cleanup
 	defer func() {
 		if err != nil {
@@ -105,12 +105,15 @@ func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, s
 	return c.sb, nil
 }
 
+// zygoteEndDelay is how long bgEnd waits before it ends a zygote (tests set it to 0).
+var zygoteEndDelay = 10 * time.Millisecond
+
 // bgEnd ends zygote z in the background, after the sandbox forked from it has its answer.
 func (r *Runtime) bgEnd(z *sandbox) {
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(zygoteEndDelay)
 		r.endZygote(z)
 	}()
 }
