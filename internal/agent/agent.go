@@ -654,7 +654,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		w.emit(Event{Type: "ok", Skipped: m.Skipped})
 	case OpWarm:
-		if _, err := a.repl.call(map[string]any{"op": "warm"}); err != nil {
+		if err := a.repl.warm(ctx); err != nil {
 			w.emit(Event{Type: "error", Message: "warm interpreter: " + err.Error()})
 			return
 		}

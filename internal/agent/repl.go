@@ -398,6 +398,25 @@ func (p *repl) recv() (replMsg, error) {
 // SIGKILL if it does not stop, so that an abandoned call does not keep the interpreter busy for the next one.
 // env, if set, is set in the interpreter's os.environ for this run only (restored after it).
 func (p *repl) run(ctx context.Context, code string, env map[string]string, timeoutS float64, emit func(Event)) Event {
+	msg := map[string]any{"op": "run", "code": code}
+	if len(env) > 0 {
+		msg["env"] = env
+	}
+	return p.runMsg(ctx, msg, timeoutS, emit)
+}
+
+// warm has the interpreter run a cell that leaves no trace in its session (repl.py's _warm) through the whole
+// path of a run, here and there: a fork child made ahead of its fork takes its first run's costs while it waits.
+func (p *repl) warm(ctx context.Context) error {
+	ev := p.runMsg(ctx, map[string]any{"op": "run", "warm": true}, 0, func(Event) {})
+	if ev.Error != nil {
+		return fmt.Errorf("%s: %s", ev.Error.Name, ev.Error.Value)
+	}
+	return nil
+}
+
+// runMsg sends msg, a run request, and returns the terminal "result" event; see run.
+func (p *repl) runMsg(ctx context.Context, msg map[string]any, timeoutS float64, emit func(Event)) Event {
 	// The timeout counts from the call's arrival: a call queued behind a long one fails at its own deadline, it
 	// does not inherit the wait of the one ahead of it.
 	arrived, limitS := time.Now(), timeoutS // limitS: the caller's timeout, for the messages
@@ -467,10 +486,6 @@ func (p *repl) run(ctx context.Context, code string, env map[string]string, time
 		p.mu.Unlock()
 	}
 
-	msg := map[string]any{"op": "run", "code": code}
-	if len(env) > 0 {
-		msg["env"] = env
-	}
 	if err := p.send(msg); err != nil {
 		stop()
 		p.drop()

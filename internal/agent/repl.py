@@ -453,18 +453,39 @@ def _run(code, env=None):
 
 
 def _warm():
-    """Run a cell through what _run does, leaving no trace in the session (no count, no cell, no figures, no
-    output markers): a fork child made ahead of its fork takes the copy-on-write faults of a first run while it
-    waits, not on its first call."""
+    """Run a cell through what _run does, leaving no trace in the session (no count, no cell, no value, no
+    figures): a fork child made ahead of its fork takes the copy-on-write faults of a first run while it waits,
+    not on its first call. The agent sends it as a run ({"op": "run", "warm": true}), whose path it takes too;
+    it drops the cell's result event."""
+    global _results_used
+    used = _results_used
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Stream("stdout"), _Stream("stderr")
+    saved_env = _set_env(None)
     try:
-        tree = ast.parse("None", "<ramify-warm>", "exec")
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        tree = ast.parse("1", "<ramify-warm>", "exec")
         last = ast.Expression(tree.body.pop().value)
         exec(compile(tree, "<ramify-warm>", "exec"), {})
-        _bounded(repr(eval(compile(last, "<ramify-warm>", "eval"), {})))
+        v = eval(compile(last, "<ramify-warm>", "eval"), {})
+        _bounded(repr(v))
+        _publish("execute_result", _bundle(v))
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
+            pass
+        _restore_env(saved_env)
         sys.stdout, sys.stderr = out, err
+        _results_used = used
+        if _emit_sync:
+            # The last run's count again: the agent's wait for this one's output is over at once, and the next
+            # run's markers are the first with its count.
+            marker = ("\x00ramify-sync:%d\x00" % _count).encode()
+            for fd in (1, 2):
+                try:
+                    os.write(fd, marker)
+                except OSError:
+                    pass
     return {"type": "result", "value": None, "error": None, "execution_count": _count}
 
 
@@ -1135,7 +1156,9 @@ def _serve():
         _reap()
         op = req.get("op")
         try:
-            if op == "run":
+            if op == "run" and req.get("warm"):
+                resp = _warm()
+            elif op == "run":
                 resp = _run(req.get("code", ""), req.get("env"))
             elif op == "fork":
                 resp = _fork(req)
@@ -1162,8 +1185,6 @@ def _serve():
                 resp = {"type": "result", "skipped": _restore(req["dir"])}
             elif op == "ping":
                 resp = {"type": "result", "pid": os.getpid()}
-            elif op == "warm":
-                resp = _warm()
             elif op == "fork_check":
                 resp = {"type": "result", "fork_hooks": _fork_hooks}
             else:

@@ -89,6 +89,13 @@ func TestForkAheadChildrenStartFromTheParentsState(t *testing.T) {
 		if ex := run(t, s, k, "(_, x, int(arr.sum()))"); ex.Value == nil || *ex.Value != "(1, 1, 45)" || ex.ExecutionCount != 2 {
 			t.Fatalf("child %d's first run: %+v", i, ex)
 		}
+		// Its fd-level output (a subprocess's) is its runs', each run's own (the warm-up ran through the same
+		// path, ending its output as a run does).
+		for j := range 2 {
+			if ex := run(t, s, k, fmt.Sprintf("import os; os.system('echo fd-%d')", j)); ex.Stdout != fmt.Sprintf("fd-%d\n", j) {
+				t.Fatalf("child %d's run %d: fd-level output %q", i, j, ex.Stdout)
+			}
+		}
 		if r := sh(t, s, k, "cat /root/f; hostname"); r.Stdout != "one\n"+info.Hostname+"\n" {
 			t.Fatalf("child %d: %q", i, r.Stdout)
 		}
