@@ -278,7 +278,9 @@ func TestProcTreeKillLooksAgainAtEmptyEnvironments(t *testing.T) {
 	root := startSetsid(t, []string{ExecIDEnv + "=" + token}, "/bin/sleep", "100")
 	tree := newProcTree("/proc", root.Process.Pid, token)
 	time.Sleep(20 * time.Millisecond) // a later start time than the root's (clock ticks of 10 ms)
-	late := start("/bin/sleep 0.01; exec /usr/bin/env " + ExecIDEnv + "=" + token + " /bin/sleep 100")
+	// The shell exports PWD unless told not to: env would then run with a PWD and no marker, which a kill is right
+	// to take at its word (the chain must go from an empty environment to the marker).
+	late := start("unset PWD; /bin/sleep 0.01; exec /usr/bin/env " + ExecIDEnv + "=" + token + " /bin/sleep 100")
 	bare := start("exec /bin/sleep 100")
 	time.Sleep(2 * time.Millisecond)
 	began := time.Now()
