@@ -12,8 +12,11 @@ all: build
 # The in-sandbox program (internal/guest: family init and agents) is linked on its own, without the server's
 # libraries, and embedded in the ramify binary; it is removed after each build so that a plain go build never
 # embeds a stale one (cmd/ramify/embedded/README.md).
+# The interpreter loop is compiled ahead as well when a python3 is at hand (internal/agent/compiled/README.md).
 GUEST := cmd/ramify/embedded/ramify-guest
-with-guest = CGO_ENABLED=0 $(GO) build -trimpath -o $(GUEST) ./internal/guest && { $(1); s=$$?; rm -f $(GUEST); exit $$s; }
+REPLC := internal/agent/compiled/repl.pyc
+PYTHON ?= $(firstword $(wildcard /usr/bin/python3) python3)
+with-guest = { $(PYTHON) scripts/compile-repl || rm -f $(REPLC); } && CGO_ENABLED=0 $(GO) build -trimpath -o $(GUEST) ./internal/guest && { $(1); s=$$?; rm -f $(GUEST) $(REPLC); exit $$s; }
 
 build:
 	$(call with-guest,CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/ramify)

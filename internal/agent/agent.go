@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	_ "embed"
+	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +29,11 @@ import (
 
 //go:embed repl.py
 var replSource string
+
+// compiled holds repl.py compiled ahead, when make build could (compiled/README.md).
+//
+//go:embed all:compiled
+var compiled embed.FS
 
 // Config is what the family init passes to a new agent (as JSON in argv[2]).
 type Config struct {

@@ -1,0 +1,71 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestReplBootstrap runs the interpreter bootstrap with the host's python3 on payloads whose "loop" prints where
+// it came from: the code compiled ahead when its magic number is this interpreter's and it was compiled from the
+// source beside it; the source otherwise (another interpreter's code, a stale compiled file, none).
+func TestReplBootstrap(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	src := []byte("print('from the source')\n")
+	// compile has python3 compile code into a repl.pyc as scripts/compile-repl does, for the source hashed.
+	compile := func(code string, hashed []byte) []byte {
+		t.Helper()
+		script := "import importlib.util, marshal, sys; sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER + " +
+			"marshal.dumps(compile(sys.stdin.read(), '<ramify-repl>', 'exec')))"
+		c := exec.Command(py, "-c", script)
+		c.Stdin = strings.NewReader(code)
+		out, err := c.Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(hashed)
+		return append(append(out[:4:4], sum[:]...), out[4:]...)
+	}
+	run := func(payload []byte) string {
+		t.Helper()
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { w.Write(payload); w.Close() }()
+		c := exec.Command(py, "-c", replBootstrap)
+		c.ExtraFiles = []*os.File{r, r} // fd 3 (unused here) and fd 4
+		out, err := c.CombinedOutput()
+		r.Close()
+		if err != nil {
+			t.Fatalf("bootstrap: %v\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	good := compile("print('compiled ahead')\n", src)
+	otherMagic := bytes.Clone(good)
+	otherMagic[0] ^= 0xff
+	for _, tc := range []struct {
+		name string
+		pyc  []byte
+		want string
+	}{
+		{"compiled ahead from this source", good, "compiled ahead"},
+		{"another interpreter's code", otherMagic, "from the source"},
+		{"compiled from another source", compile("print('stale')\n", []byte("other source")), "from the source"},
+		{"none", nil, "from the source"},
+	} {
+		if got := run(bootstrapPayload(src, tc.pyc)); got != tc.want {
+			t.Errorf("%s: the loop printed %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	if got := run(src); got != "from the source" { // a bare source, as agents before the payload sent it
+		t.Errorf("bare source: %q", got)
+	}
+}
