@@ -440,16 +440,21 @@ def _run(code, env=None):
         except Exception:
             pass
         sys.stdout, sys.stderr = out, err
-        if _emit_sync:
-            # Mark the end of this run's fd-level output (subprocesses, C code) on both pipes, so that the agent
-            # can tell it has read all of it before it answers.
-            marker = ("\x00ramify-sync:%d\x00" % _count).encode()
-            for fd in (1, 2):
-                try:
-                    os.write(fd, marker)
-                except OSError:
-                    pass
+        _end_output(_count)
     return {"type": "result", "value": value, "error": error, "execution_count": _count}
+
+
+def _end_output(n):
+    """Mark the end of run n's fd-level output (subprocesses, C code) on both pipes, so that the agent can tell
+    it has read all of it before it answers."""
+    if not _emit_sync:
+        return
+    marker = ("\x00ramify-sync:%d\x00" % n).encode()
+    for fd in (1, 2):
+        try:
+            os.write(fd, marker)
+        except OSError:
+            pass
 
 
 def _warm():
@@ -477,15 +482,9 @@ def _warm():
         _restore_env(saved_env)
         sys.stdout, sys.stderr = out, err
         _results_used = used
-        if _emit_sync:
-            # The last run's count again: the agent's wait for this one's output is over at once, and the next
-            # run's markers are the first with its count.
-            marker = ("\x00ramify-sync:%d\x00" % _count).encode()
-            for fd in (1, 2):
-                try:
-                    os.write(fd, marker)
-                except OSError:
-                    pass
+        # The last run's count again: the agent's wait for this one's output is over at once, and the next run's
+        # markers are the first with its count.
+        _end_output(_count)
     return {"type": "result", "value": None, "error": None, "execution_count": _count}
 
 
