@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -767,5 +768,46 @@ func TestSetTimeoutAndRunEnv(t *testing.T) {
 	}
 	if _, err := c.RunCode(context.Background(), "sbx_1", RunCodeRequest{Code: "x", Env: map[string]string{"A": "1"}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestConcurrentCallsKeepTheirConnections: a round of 16 calls at once (a fork's children) opens 16 connections,
+// and the next round reuses them all (net/http's default client keeps 2, so it opened 14 again).
+func TestConcurrentCallsKeepTheirConnections(t *testing.T) {
+	s, c := newStub(t)
+	var opened atomic.Int32
+	s.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	const n = 16
+	var inFlight sync.WaitGroup
+	s.handle("POST /v1/sandboxes/{id}/run_code", func(w http.ResponseWriter, r *http.Request) {
+		inFlight.Done()
+		inFlight.Wait() // all n at once: n connections
+		writeJSON(w, 200, map[string]any{"stdout": "", "stderr": "", "value": "2", "execution_count": 1})
+	})
+	round := func() {
+		inFlight.Add(n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := c.RunCode(context.Background(), fmt.Sprintf("sbx_%d", i), RunCodeRequest{Code: "1+1"}); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	round()
+	if got := opened.Load(); got != n {
+		t.Fatalf("the first round opened %d connections, want %d", got, n)
+	}
+	round()
+	if got := opened.Load(); got != n {
+		t.Fatalf("the second round opened %d more connections, want 0", got-n)
 	}
 }
