@@ -665,12 +665,12 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		w.emit(Event{Type: "ok"})
 	case OpForkCheck:
-		m, err := a.repl.call(map[string]any{"op": "fork_check"})
+		hooks, err := a.repl.forkHooks()
 		if err != nil {
 			w.emit(Event{Type: "error", Message: "check the interpreter's fork handlers: " + err.Error()})
 			return
 		}
-		w.emit(Event{Type: "ok", ForkHooks: m.ForkHooks})
+		w.emit(Event{Type: "ok", ForkHooks: hooks})
 	case OpPreload:
 		if err := a.repl.preload(req.Modules); err != nil {
 			w.emit(Event{Type: "error", Message: "preload: " + err.Error()})

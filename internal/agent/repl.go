@@ -73,6 +73,21 @@ type repl struct {
 	syncCond *sync.Cond
 	synced   map[string]int // per stream, the last run whose fd-level output has been forwarded
 	dead     chan struct{}  // closed when the current interpreter's connection fails
+	// lost: a call that is not a run found the interpreter dead (killed, out of memory) and dropped it. The
+	// next run or call says so (exitedSinceLastCall) instead of starting a fresh interpreter without a word.
+	lost bool
+}
+
+// exitedSinceLastCall is what a run (or call) says when the interpreter died since the last one.
+const exitedSinceLastCall = "the interpreter had exited since the last call (killed?); its state is lost and a fresh interpreter runs the next call"
+
+// takeLost reports, once, that a call found the interpreter dead since the last run or call.
+func (p *repl) takeLost() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lost := p.lost
+	p.lost = false
+	return lost
 }
 
 func (p *repl) currentPid() int {
@@ -219,6 +234,14 @@ func (p *repl) install(conn net.Conn, r *bufio.Reader, pid int, cmd *exec.Cmd) {
 	p.syncMu.Lock()
 	p.synced = nil // a new interpreter counts its runs afresh
 	p.syncMu.Unlock()
+}
+
+// dropLost drops the current interpreter, found dead by a call that is not a run: see lost.
+func (p *repl) dropLost() {
+	p.drop()
+	p.mu.Lock()
+	p.lost = true
+	p.mu.Unlock()
 }
 
 // drop forgets the current interpreter, killing it.
@@ -457,6 +480,9 @@ func (p *repl) runMsg(ctx context.Context, msg map[string]any, timeoutS float64,
 			return timeoutBeforeRun(timeoutS + time.Since(arrived).Seconds())
 		}
 	}
+	if p.takeLost() {
+		return died(exitedSinceLastCall)
+	}
 	if _, err := p.ensure(); err != nil {
 		return died(err.Error())
 	}
@@ -516,7 +542,7 @@ func (p *repl) runMsg(ctx context.Context, msg map[string]any, timeoutS float64,
 	if err := p.send(msg); err != nil {
 		stop()
 		p.drop()
-		return died("the interpreter had exited since the last call (killed?); its state is lost and a fresh interpreter runs the next call")
+		return died(exitedSinceLastCall)
 	}
 	for {
 		m, err := p.recv()
@@ -659,17 +685,42 @@ func (p *repl) call(req map[string]any) (replMsg, error) { return p.callFile(req
 func (p *repl) callFile(req map[string]any, fds ...int) (replMsg, error) {
 	p.turn <- struct{}{}
 	defer p.endTurn()
+	if p.takeLost() {
+		return replMsg{}, errors.New(exitedSinceLastCall)
+	}
 	if _, err := p.ensure(); err != nil {
 		return replMsg{}, err
 	}
+	return p.exchange(req, fds...)
+}
+
+// forkHooks asks the running interpreter whether its session registered at-fork handlers that children made
+// ahead of a fork must not run (repl.py's fork_check). Made for the server's own purposes, it neither starts
+// an interpreter nor takes the notice of one found dead (lost), which is the next run's to give.
+func (p *repl) forkHooks() (bool, error) {
+	p.turn <- struct{}{}
+	defer p.endTurn()
+	p.mu.Lock()
+	live := p.conn != nil && !p.lost
+	p.mu.Unlock()
+	if !live {
+		return false, errors.New("no interpreter running")
+	}
+	m, err := p.exchange(map[string]any{"op": "fork_check"})
+	return m.ForkHooks, err
+}
+
+// exchange sends req to the interpreter (the caller holds its turn) and waits for its result. An interpreter
+// found dead is dropped, and the next run or call says so (lost).
+func (p *repl) exchange(req map[string]any, fds ...int) (replMsg, error) {
 	if err := p.sendFile(req, fds...); err != nil {
-		p.drop()
+		p.dropLost()
 		return replMsg{}, err
 	}
 	for {
 		m, err := p.recv()
 		if err != nil {
-			p.drop()
+			p.dropLost()
 			return replMsg{}, fmt.Errorf("interpreter died during %s: %w", req["op"], err)
 		}
 		if m.Type == "result" {

@@ -274,6 +274,44 @@ func TestForkAheadNotForSessionsWithForkHooks(t *testing.T) {
 	}
 }
 
+// TestInterpreterKilledBetweenCallsIsReported: an interpreter killed between calls (here by a command in its
+// sandbox; out of memory alike) is reported by the next run, which does not run its code ("its state is lost"),
+// even when the server's own work found it dead first: the check before children are made ahead of a fork
+// (the sandbox forked before and sat idle), or a fork asked for, which fails. A fresh interpreter runs the run
+// after. Before, the next run silently ran in a fresh interpreter with the session gone.
+func TestInterpreterKilledBetweenCallsIsReported(t *testing.T) {
+	s := testserver.Start(t)
+	p := create(t, s, nil)
+	value(t, s, p, "x = 41; 1")
+	kids, _ := forkRaw(t, s, p, 1)
+	deleteAll(t, s, kids)
+	for _, tc := range []struct {
+		name  string
+		found func()
+	}{
+		{"found by the check before children are made ahead", func() { time.Sleep(1500 * time.Millisecond) }},
+		{"found by a fork", func() {
+			code, body := raw(t, s, "POST", "/v1/sandboxes/"+p+"/fork", s.Key, []byte(`{"n": 1}`))
+			if code == 200 {
+				t.Fatalf("a fork of a sandbox whose interpreter was killed succeeded: %v", body)
+			}
+		}},
+	} {
+		pid := value(t, s, p, "import os; os.getpid()")
+		if r := sh(t, s, p, "kill -9 "+pid); r.ExitCode != 0 {
+			t.Fatalf("%s: kill: %+v", tc.name, r)
+		}
+		tc.found()
+		ex := run(t, s, p, "x")
+		if ex.Error == nil || ex.Error.Name != "InterpreterDied" || !strings.Contains(ex.Error.Value, "state is lost") {
+			t.Fatalf("%s: the run after the interpreter was killed: %+v / %+v", tc.name, ex, ex.Error)
+		}
+		if v := value(t, s, p, "x = 41; 1"); v != "1" {
+			t.Fatalf("%s: the run after: %s", tc.name, v)
+		}
+	}
+}
+
 // Children made ahead have no record: a server killed while a sandbox has some restarts without them (its reclaim
 // removes their processes, cgroups, veths and layers), and one stopped cleanly takes them down as it stops.
 func TestForkAheadChildrenLeaveNothingBehind(t *testing.T) {
