@@ -700,10 +700,7 @@ func (p *repl) callFile(req map[string]any, fds ...int) (replMsg, error) {
 func (p *repl) forkHooks() (bool, error) {
 	p.turn <- struct{}{}
 	defer p.endTurn()
-	p.mu.Lock()
-	live := p.conn != nil && !p.lost
-	p.mu.Unlock()
-	if !live {
+	if _, live := p.live(); !live { // none started, or one found dead (lost)
 		return false, errors.New("no interpreter running")
 	}
 	m, err := p.exchange(map[string]any{"op": "fork_check"})

@@ -406,18 +406,12 @@ def _run(code, env=None):
     try:
         # SIGINT (the agent's timeout interrupt) is only let through while user code runs.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        tree = ast.parse(code, name, "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, name, "exec"), _ns)
-        if last is not None:
-            v = eval(compile(last, name, "eval"), _ns)
-            if v is not None:
-                _ns["_"] = v
-                value = _bounded(repr(v))
-                shown = v
-                _publish("execute_result", _bundle(v))
+        v = _eval_cell(code, name, _ns)
+        if v is not None:
+            _ns["_"] = v
+            value = _bounded(repr(v))
+            shown = v
+            _publish("execute_result", _bundle(v))
     except BaseException as e:  # SystemExit and KeyboardInterrupt included: the interpreter stays alive
         error = {
             "name": type(e).__name__[:1000],
@@ -425,9 +419,7 @@ def _run(code, env=None):
             "traceback": _bounded(_user_traceback(e)),
         }
     finally:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
-            pass
+        _block_sigint()
         # Figures the cell left open are shown, as the inline backend does after a cell (not the one the cell
         # returned: it is the execute_result already).
         try:
@@ -442,6 +434,24 @@ def _run(code, env=None):
         sys.stdout, sys.stderr = out, err
         _end_output(_count)
     return {"type": "result", "value": value, "error": error, "execution_count": _count}
+
+
+def _eval_cell(code, name, ns):
+    """Run code as a cell named name in namespace ns: its statements, then its last expression, whose value it
+    returns (None for a cell that does not end in one)."""
+    tree = ast.parse(code, name, "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, name, "exec"), ns)
+    return None if last is None else eval(compile(last, name, "eval"), ns)
+
+
+def _block_sigint():
+    """Block SIGINT again once a cell's code is done, dropping one that landed just after it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
+        pass
 
 
 def _end_output(n):
@@ -469,16 +479,11 @@ def _warm():
     saved_env = _set_env(None)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        tree = ast.parse("1", "<ramify-warm>", "exec")
-        last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, "<ramify-warm>", "exec"), {})
-        v = eval(compile(last, "<ramify-warm>", "eval"), {})
+        v = _eval_cell("1", "<ramify-warm>", {})
         _bounded(repr(v))
         _publish("execute_result", _bundle(v))
     finally:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
-            pass
+        _block_sigint()
         _restore_env(saved_env)
         sys.stdout, sys.stderr = out, err
         _results_used = used
