@@ -65,3 +65,55 @@ func smapsKiB(t *testing.T, pid, field string) int {
 	}
 	return 0
 }
+
+// A fork child's garbage collection leaves the parent's objects shared: the objects a child inherits are out of
+// its cyclic collector's reach, so a full collection in it (gc.collect() in user code or a library) neither
+// copies the parent's heap nor takes the time to; the parent collects its own as before, and a session's own
+// gc.freeze() is kept.
+func TestForkChildGarbageCollectionKeepsTheParentsHeapShared(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	parent := create(t, s, &client.CreateRequest{MemMiB: 2048})
+	value(t, s, parent, `import gc, weakref
+data = [{'k': i, 's': 'v%08d' % i, 'l': [i]} for i in range(600_000)]
+class Cycle: pass
+c = Cycle(); c.me = c
+collected = []
+ref = weakref.ref(c, lambda _: collected.append(1))
+len(data)`)
+	kids, err := s.Client.Fork(ctx, parent, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kid := kids[0]
+	value(t, s, kid, "gc.collect()\n1")
+	var uss int
+	for _, pid := range testserver.SandboxPids(kid) {
+		p := strconv.Itoa(pid)
+		if cmd, _ := os.ReadFile("/proc/" + p + "/cmdline"); strings.HasPrefix(string(cmd), "python3") {
+			uss = smapsKiB(t, p, "Private_Clean:") + smapsKiB(t, p, "Private_Dirty:")
+		}
+	}
+	if uss == 0 || uss > 30<<10 {
+		t.Fatalf("the child's interpreter after gc.collect(): %d KiB private, want 1..30 MiB (the parent's heap is ~250 MiB)", uss)
+	}
+	// The child's own cycles are collected.
+	if v := value(t, s, kid, "k = Cycle(); k.me = k\nkr = weakref.ref(k)\ndel k\ngc.collect()\nkr() is None"); v != "True" {
+		t.Fatalf("a cycle the child made, dropped: collected %s", v)
+	}
+	// The parent's objects are its collector's again: a cycle it held at the fork is collected once dropped.
+	if v := value(t, s, parent, "gc.get_freeze_count()"); v != "0" {
+		t.Fatalf("the parent's frozen objects after the fork: %s, want 0", v)
+	}
+	if v := value(t, s, parent, "del c\ngc.collect()\ncollected"); v != "[1]" {
+		t.Fatalf("a cycle the parent held at the fork, dropped and collected: %s, want [1]", v)
+	}
+	// A session that froze its objects itself keeps them frozen across a fork.
+	n := value(t, s, parent, "gc.freeze()\ngc.get_freeze_count()")
+	if _, err := s.Client.Fork(ctx, parent, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v := value(t, s, parent, "gc.get_freeze_count() > "+n+" // 2"); v != "True" {
+		t.Fatalf("the session's own gc.freeze() after a fork: %s frozen, had %s", value(t, s, parent, "gc.get_freeze_count()"), n)
+	}
+}
