@@ -96,15 +96,34 @@ func fillDirect(ctx context.Context, f *os.File, r io.Reader) (int64, string, er
 	return n, hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// directReader reads a file through O_DIRECT into an aligned buffer of its own: a resume streams gigabytes
-// once, and going around the page cache saves the copy into it (see fillDirect).
+// directReader reads a file through O_DIRECT, a chunk at a time into aligned buffers of its own, and reads
+// ahead: a goroutine reads the next chunks from the device while the caller consumes (hashes) the current one.
+// A resume streams gigabytes once: going around the page cache saves the copy into it (see fillDirect), and
+// reading ahead keeps the device busy while the chunk before is hashed (1 GiB: the hash alone is ~0.75 s of a
+// core, the direct reads ~0.4-1.5 s on the machines we measured; one after the other, the server's check took
+// 2.8 s of a resume whose interpreter had loaded the session in 0.9 s).
 type directReader struct {
 	f      *os.File
-	buf    []byte // page-aligned, directChunk long
-	r, w   int    // unread bytes are buf[r:w]
-	eof    bool
+	bufs   [][]byte       // page-aligned, directChunk long; unmapped by Close once the goroutine is done
+	full   chan readChunk // chunks read, in file order; closed after the last
+	free   chan []byte    // buffers the caller is done with
+	stop   chan struct{}  // closed by Close
+	done   chan struct{}  // closed when the read-ahead goroutine has returned
+	cur    []byte         // the chunk being consumed: cur[r:] is unread
+	r      int
+	err    error // what follows cur: io.EOF or the read's error
 	closed bool
 }
+
+// readChunk is a chunk read ahead: b holds its bytes, err what the read returned after them (io.EOF at the
+// end of the file).
+type readChunk struct {
+	b   []byte
+	err error
+}
+
+// directAhead is how many chunks a directReader holds: the one being consumed and up to three read ahead.
+const directAhead = 4
 
 // openDirect wraps f; if the file system refuses O_DIRECT, f is returned as it is. A file smaller than one
 // chunk (a manifest, the layer of a sandbox that changed few files) is read through the page cache too: it
@@ -118,12 +137,48 @@ func openDirect(f *os.File) io.ReadCloser {
 	if err != nil || !direct {
 		return f
 	}
-	buf, err := alignedChunk()
-	if err != nil {
-		unix.FcntlInt(f.Fd(), unix.F_SETFL, flags) //nolint:errcheck
-		return f
+	d := &directReader{f: f, full: make(chan readChunk, directAhead), free: make(chan []byte, directAhead),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	for range directAhead {
+		b, err := alignedChunk()
+		if err != nil {
+			for _, b := range d.bufs {
+				unix.Munmap(b) //nolint:errcheck
+			}
+			unix.FcntlInt(f.Fd(), unix.F_SETFL, flags) //nolint:errcheck
+			return f
+		}
+		d.bufs = append(d.bufs, b)
+		d.free <- b
 	}
-	return &directReader{f: f, buf: buf}
+	go d.readAhead()
+	return d
+}
+
+// readAhead reads the file into free buffers, in order, until the end of the file, an error or Close.
+func (d *directReader) readAhead() {
+	defer close(d.done)
+	defer close(d.full)
+	for {
+		var b []byte
+		select {
+		case b = <-d.free:
+		case <-d.stop:
+			return
+		}
+		n, err := d.f.Read(b)
+		if err == nil && n < len(b) {
+			err = io.EOF // direct reads return short only at the end of the file
+		}
+		select {
+		case d.full <- readChunk{b[:max(n, 0)], err}:
+		case <-d.stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // setDirect turns O_DIRECT on for f and returns its flags from before; direct is false where the file system
@@ -143,32 +198,35 @@ func alignedChunk() ([]byte, error) {
 }
 
 func (d *directReader) Read(p []byte) (int, error) {
-	if d.r == d.w {
-		if d.eof {
+	for d.r == len(d.cur) {
+		if d.cur != nil {
+			d.free <- d.cur[:cap(d.cur)] // never blocks: free holds every buffer
+			d.cur, d.r = nil, 0
+		}
+		if d.err != nil {
+			return 0, d.err
+		}
+		c, ok := <-d.full
+		if !ok {
 			return 0, io.EOF
 		}
-		n, err := d.f.Read(d.buf)
-		if n < len(d.buf) || err == io.EOF {
-			d.eof = true // direct reads return short only at the end of the file
-		}
-		if err != nil && err != io.EOF {
-			return 0, err
-		}
-		d.r, d.w = 0, n
-		if n == 0 {
-			return 0, io.EOF
-		}
+		d.cur, d.r, d.err = c.b, 0, c.err
 	}
-	n := copy(p, d.buf[d.r:d.w])
+	n := copy(p, d.cur[d.r:])
 	d.r += n
 	return n, nil
 }
 
+// Close stops the read-ahead, waits for its read in flight, then frees the buffers and closes the file.
 func (d *directReader) Close() error {
 	if d.closed {
 		return nil
 	}
 	d.closed = true
-	unix.Munmap(d.buf) //nolint:errcheck
+	close(d.stop)
+	<-d.done
+	for _, b := range d.bufs {
+		unix.Munmap(b) //nolint:errcheck
+	}
 	return d.f.Close()
 }
