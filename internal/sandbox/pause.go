@@ -253,7 +253,7 @@ func (s *Service) commitPause(e *entry, h runtime.Handle, prefix string, m Manif
 		s.log.Error("pause: record the snapshot", "sandbox", id, "err", err)
 	}
 	if prev != "" && prev != prefix {
-		s.cfg.Snapshots.Delete(ctx, prev) //nolint:errcheck // superseded
+		s.dropSnapshot(prev) // superseded
 	}
 	s.log.Info("sandbox paused", "sandbox", id, "bytes", size, "ms", time.Since(start).Milliseconds(), "not_saved", len(m.NotSaved))
 }

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -56,5 +57,70 @@ func TestPausedSessionsKeptReadyForResume(t *testing.T) {
 	}
 	if e.run(withNumpy, "np") != "1" {
 		t.Fatal("the session did not come back")
+	}
+}
+
+// TestResumedSandboxAnswersBeforeItsSnapshotIsDeleted: a resumed sandbox takes calls at once; its spent
+// snapshot is deleted off its lifecycle (a large one took a second, which every call waited for), and is gone
+// once that is done.
+func TestResumedSandboxAnswersBeforeItsSnapshotIsDeleted(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	id := e.create()
+	e.run(id, "x = 41")
+	if _, _, err := e.svc.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(id, StatusPaused)
+	release := make(chan struct{})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	deleting := make(chan string, 1)
+	e.snaps.SetFault(func(ctx context.Context, method, key string) error {
+		if method == "Delete" {
+			deleting <- key
+			<-release
+		}
+		return nil
+	})
+	if _, _, err := e.svc.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(id, StatusRunning)
+	select {
+	case <-deleting:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the spent snapshot is never deleted")
+	}
+	answered := make(chan string, 1)
+	go func() {
+		ex, err := e.svc.RunCode(ctx, id, RunCodeRequest{Code: "x"}, nil)
+		if err != nil || ex.Value == nil {
+			answered <- fmt.Sprintf("%+v, %v", ex, err)
+			return
+		}
+		answered <- *ex.Value
+	}()
+	select {
+	case v := <-answered:
+		if v != "41" {
+			t.Errorf("a call while the spent snapshot is being deleted: %s, want 41", v)
+		}
+		close(release)
+	case <-time.After(2 * time.Second):
+		close(release)
+		t.Errorf("a call to the resumed sandbox waited for its spent snapshot's deletion (answered once it was done: %s)", <-answered)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(e.snaps.Keys()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot objects left after the deletion: %v", e.snaps.Keys())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
