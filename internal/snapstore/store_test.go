@@ -554,7 +554,7 @@ func TestThroughput(t *testing.T) {
 func TestLocalReadAhead(t *testing.T) {
 	ctx := context.Background()
 	l := newTestLocal(t)
-	for _, size := range []int{directChunk, 3*directChunk + 12345, directAhead*directChunk + 1, 9 * directChunk} {
+	for _, size := range []int{directChunk, directReadChunk - 4096, 3*directReadChunk + 12345, directAhead*directReadChunk + 1, 9 * directReadChunk} {
 		data := randBytes(uint64(size), size)
 		put(t, l, "ra/obj", data)
 		rc, err := l.Get(ctx, "ra/obj")
@@ -587,6 +587,18 @@ func TestLocalReadAhead(t *testing.T) {
 			t.Fatalf("size %d: read back %d bytes, not what was put", size, got.Len())
 		}
 	}
+	// An object cut short under a reader (it never is: objects do not change) is an error, never a clean end.
+	rc, err := l.Get(ctx, "ra/obj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(l.dir, objectsDir, "ra", "obj"), 2*directReadChunk+100); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := io.Copy(io.Discard, rc); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("an object cut short under its reader: %d bytes, %v; want io.ErrUnexpectedEOF", n, err)
+	}
+	rc.Close()
 	before := runtime.NumGoroutine()
 	for i := range 20 {
 		rc, err := l.Get(ctx, "ra/obj")
@@ -594,7 +606,7 @@ func TestLocalReadAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i%2 == 1 {
-			if _, err := io.ReadFull(rc, make([]byte, directChunk+1)); err != nil {
+			if _, err := io.ReadFull(rc, make([]byte, directReadChunk+1)); err != nil {
 				t.Fatal(err)
 			}
 		}
