@@ -657,7 +657,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: "restore interpreter: " + err.Error()})
 			return
 		}
-		w.emit(Event{Type: "ok", Skipped: m.Skipped})
+		w.emit(Event{Type: "ok", Skipped: m.Skipped, Read: m.Read})
 	case OpWarm:
 		if err := a.repl.warm(ctx); err != nil {
 			w.emit(Event{Type: "error", Message: "warm interpreter: " + err.Error()})

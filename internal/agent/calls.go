@@ -148,10 +148,11 @@ func (c *Client) ForkHooks(ctx context.Context) (bool, error) {
 }
 
 // RestoreSession has the interpreter load a session stream from r, which it takes. The answer lists what could
-// not be loaded.
-func (c *Client) RestoreSession(ctx context.Context, r *os.File) ([]Skipped, error) {
+// not be loaded and, when r is the stored file itself, what the interpreter read of it (nil from a pipe, or
+// from an interpreter that does not say).
+func (c *Client) RestoreSession(ctx context.Context, r *os.File) ([]Skipped, *StreamRead, error) {
 	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpRestore, Stream: true}, []*os.File{r}, nil)
-	return ev.Skipped, err
+	return ev.Skipped, ev.Read, err
 }
 
 // RestoreSessionDir has the interpreter load a session saved in dir inside the sandbox (the format of snapshots

@@ -142,9 +142,18 @@ type Event struct {
 	Skipped []Skipped `json:"skipped,omitempty"`
 	// snapshot_repl: the packages loading the session will import (only numpy is looked for)
 	Preload []string `json:"preload,omitempty"`
+	// restore_repl of a stored file: its size and SHA-256 as the interpreter read it
+	Read *StreamRead `json:"read,omitempty"`
 
 	// ok (fork_check_repl): the session registered at-fork handlers a fork made ahead of its call must not run
 	ForkHooks bool `json:"fork_hooks,omitempty"`
+}
+
+// StreamRead is what an interpreter read of a session stream given as the stored file: every byte of the file,
+// in order, hashed as it went.
+type StreamRead struct {
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
 }
 
 // Skipped names something a pause could not save (a variable, a process) and why.
@@ -174,6 +183,7 @@ type replMsg struct {
 	Pids           []int                      `json:"pids,omitempty"`
 	Skipped        []Skipped                  `json:"skipped,omitempty"`
 	Preload        []string                   `json:"preload,omitempty"`
+	Read           *StreamRead                `json:"read,omitempty"`
 	PreloadHolds   *bool                      `json:"preload_holds,omitempty"`
 	ForkHooks      bool                       `json:"fork_hooks,omitempty"`
 	Bundle         map[string]json.RawMessage `json:"bundle,omitempty"` // display_data and execute_result

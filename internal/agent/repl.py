@@ -796,17 +796,34 @@ class _StreamOut:
 
 
 class _StreamIn:
-    """The read side of a session stream, from a pipe or (faster) from the stored file itself."""
+    """The read side of a session stream, from a pipe or (faster) from the stored file itself. A stored file is
+    hashed (SHA-256) as it is read, every byte in order (digest()): the server checks it against the snapshot's
+    manifest instead of reading the file a second time beside this read (1 GiB: ~2 s for the two reads side by
+    side on the machines we measured, ~0.5 s for this one alone)."""
 
     def __init__(self, fd):
         self.fd, self.file = fd, stat.S_ISREG(os.fstat(fd).st_mode)
         self.off = 0  # stream offset of the next byte to hand out
         self.ahead = bytearray()  # bytes read ahead of self.off
+        self.sha = None
+        if self.file:
+            import hashlib
+            self.sha = hashlib.sha256()
+        self.hashed = 0  # bytes hashed: the file's [0, hashed), all read (into self.ahead or handed out)
+
+    def _pread(self, buf, pos):
+        """Read file bytes at pos into buf (a memoryview) and hash them; pos is where the hash has got to."""
+        k = os.preadv(self.fd, [buf], pos)
+        self.sha.update(buf[:k])
+        self.hashed += k
+        return k
 
     def _more(self, want):
         want = max(want, 1 << 16)
         if self.file:
             data = os.pread(self.fd, want, self.off + len(self.ahead))
+            self.sha.update(data)
+            self.hashed += len(data)
         else:
             data = os.read(self.fd, want)
         if not data:
@@ -822,32 +839,42 @@ class _StreamIn:
         return out
 
     def skip(self, n):
-        if n <= len(self.ahead):
-            self.read(n)
-        elif self.file:
-            self.off += n - len(self.ahead)
-            self.ahead.clear()
-        else:
-            while n:
-                n -= len(self.read(min(n, 1 << 20)))
+        while n:  # read, not jumped over: a file's skipped bytes (padding) are hashed too
+            n -= len(self.read(min(n, 1 << 20)))
+
+    def digest(self):
+        """For a stored file: {"bytes": its size, "sha256": hex} once the rest of it (nothing, for a whole stream)
+        is read and hashed; None for a pipe."""
+        if not self.file:
+            return None
+        while True:
+            data = os.pread(self.fd, 1 << 20, self.hashed)
+            if not data:
+                return {"bytes": self.hashed, "sha256": self.sha.hexdigest()}
+            self.sha.update(data)
+            self.hashed += len(data)
 
     def buffer(self, n):
-        """Read n bytes into a buffer of their own (a large one: fresh, populated, huge-page memory)."""
+        """Read n bytes into a buffer of their own (a large one: fresh huge-page memory)."""
         if n < _BIG:
             return bytearray(self.read(n))
-        # Populated up front: faulting pages in one by one during the read costs three times as much on a VM.
-        # Huge pages where the kernel gives them (as numpy asks for its own large arrays).
-        # Private memory, like the heap numpy allocates: a fork copies it on write (mmap's default, MAP_SHARED,
-        # would be shared memory that forked children write through, and slow to copy out of on this kernel).
+        # Huge pages where the kernel gives them (as numpy asks for its own large arrays). Private memory, like
+        # the heap numpy allocates: a fork copies it on write (mmap's default, MAP_SHARED, would be shared memory
+        # that forked children write through, and slow to copy out of on this kernel). Populated up front when
+        # read from a pipe, or without huge pages: faulting small pages in one by one during the read costs three
+        # times as much on a VM; a file read with direct I/O into huge pages faults them in as it goes, one per
+        # 2 MiB, and is faster so (1 GiB: 0.45-0.5 s against 0.5-1.6 s populated first, on the machines we
+        # measured).
         buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         try:
             buf.madvise(mmap.MADV_HUGEPAGE)
         except (AttributeError, OSError):
             pass
-        try:
-            buf.madvise(23)  # MADV_POPULATE_WRITE (Linux 5.14)
-        except OSError:
-            pass
+        if not (self.file and _huge_pages()):
+            try:
+                buf.madvise(23)  # MADV_POPULATE_WRITE (Linux 5.14)
+            except OSError:
+                pass
         mv = memoryview(buf)
         got = min(len(self.ahead), n)
         mv[:got] = self.ahead[:got]
@@ -856,7 +883,7 @@ class _StreamIn:
             got = self._direct(mv, got, n)
         while got < n:
             if self.file:
-                k = os.preadv(self.fd, [mv[got:]], self.off + got)
+                k = self._pread(mv[got:], self.off + got)
             else:
                 k = os.readv(self.fd, [mv[got:]])
             if not k:
@@ -867,13 +894,14 @@ class _StreamIn:
         return buf
 
     def _direct(self, mv, got, n):
-        """Read what it can of mv[got:n] with O_DIRECT (file and memory offsets must both be 4 KiB-aligned)."""
+        """Read what it can of mv[got:n] with O_DIRECT (file and memory offsets must both be 4 KiB-aligned),
+        hashing it in order; return how far it got."""
         start = got + (-(self.off + got) % _ALIGN)  # memory offset of the first aligned file offset
         if self.off % _ALIGN or start >= n:
             return got
         end = start + (n - start) // _ALIGN * _ALIGN
         while got < start:
-            k = os.preadv(self.fd, [mv[got:start]], self.off + got)
+            k = self._pread(mv[got:start], self.off + got)
             if not k:
                 raise EOFError("session stream ends early")
             got += k
@@ -883,16 +911,94 @@ class _StreamIn:
         except OSError:
             return got
         try:
-            while got < end:
-                k = os.preadv(self.fd, [mv[got:min(end, got + (8 << 20))]], self.off + got)
-                if not k:
-                    raise EOFError("session stream ends early")
-                got += k
-        except OSError:
-            pass  # the rest goes through the page cache
+            got = _read_parallel(self.fd, mv, got, end, self.off, self.sha)
         finally:
             fcntl.fcntl(self.fd, fcntl.F_SETFL, flags)
-        return got
+        self.hashed = self.off + got
+        return got  # the rest, if a read failed, goes through the page cache
+
+
+_READ_PIECE = 8 << 20  # one direct read
+_READS_IN_FLIGHT = 4  # several requests at once read faster than one (1 GiB: ~0.5 s against 0.6-1.6 s here)
+
+
+def _read_parallel(fd, mv, lo, hi, base, sha):
+    """Read file bytes [base+lo, base+hi) into mv[lo:hi], _READ_PIECE at a time, with up to _READS_IN_FLIGHT
+    reads in flight on threads of their own, and hash them in order on this one, as they come (the reads and
+    the hash release the GIL). It returns how far it read and hashed: hi, or the start of a piece whose read
+    failed (the caller reads from there another way). EOFError if the file ends early."""
+    import _thread
+    starts = list(range(lo, hi, _READ_PIECE))
+    done = [_thread.allocate_lock() for _ in starts]  # released once the piece is read
+    result = [None] * len(starts)  # True, or the exception its read raised
+    for d in done:
+        d.acquire()
+    taken, lock, stop = [0], _thread.allocate_lock(), []
+
+    def work(exited):
+        try:
+            while not stop:
+                with lock:
+                    i = taken[0]
+                    if i == len(starts):
+                        return
+                    taken[0] += 1
+                o = starts[i]
+                e = min(hi, o + _READ_PIECE)
+                try:
+                    if os.preadv(fd, [mv[o:e]], base + o) != e - o:  # a direct read is short only at the end
+                        raise EOFError("session stream ends early")
+                    result[i] = True
+                except BaseException as ex:
+                    result[i] = ex
+                    stop.append(1)
+                finally:
+                    done[i].release()
+        finally:
+            exited.release()
+
+    threads = []
+    for _ in range(min(_READS_IN_FLIGHT, len(starts))):
+        exited = _thread.allocate_lock()
+        exited.acquire()
+        try:
+            _thread.start_new_thread(work, (exited,))
+        except RuntimeError:
+            break  # no more threads (the sandbox's process limit): fewer reads in flight
+        threads.append(exited)
+    if not threads:  # not even one: read here
+        exited = _thread.allocate_lock()
+        exited.acquire()
+        work(exited)
+        threads.append(exited)
+    reached, err = hi, None
+    for i, o in enumerate(starts):
+        done[i].acquire()  # every piece up to the last one taken is read: pieces are taken in order
+        if result[i] is not True:
+            reached, err = o, result[i]
+            stop.append(1)
+            break
+        sha.update(mv[o:min(hi, o + _READ_PIECE)])
+    for exited in threads:
+        exited.acquire()
+    if isinstance(err, EOFError):
+        raise err
+    return reached
+
+
+_thp = None
+
+
+def _huge_pages():
+    """Whether the kernel gives transparent huge pages to memory that asks for them."""
+    global _thp
+    if _thp is None:
+        try:
+            with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+                _thp = "[never]" not in f.read()
+        except OSError:
+            _thp = False
+    return _thp
 
 
 # What a pickle names when only dill's unpickler loads it as dill meant: dill's own reconstructors (functions,
@@ -1069,9 +1175,10 @@ def _preload_holds():
 
 
 def _restore_stream(fd):
-    """Load a session stream from fd (a pipe or the stored file) into the session; return what failed to load."""
+    """Load a session stream from fd (a pipe or the stored file) into the session; return what failed to load,
+    and for a stored file its size and SHA-256 as read (_StreamIn.digest)."""
     import pickle
-    failed = []
+    failed, digest = [], None
     try:
         f = _StreamIn(fd)
         if f.read(len(_MAGIC)) != _MAGIC:
@@ -1109,10 +1216,11 @@ def _restore_stream(fd):
                 break
             else:
                 raise ValueError("session stream: unknown record %r" % kind)
+        digest = f.digest()
     finally:
         os.close(fd)
     _apply_meta(meta or {})
-    return failed
+    return failed, digest
 
 
 def _restore(directory):
@@ -1199,7 +1307,10 @@ def _serve():
                 _preload(req.get("modules") or [])
                 resp = {"type": "result"}
             elif op == "restore" and req.get("stream"):
-                resp = {"type": "result", "skipped": _restore_stream(_rfile.take_fd())}
+                skipped, digest = _restore_stream(_rfile.take_fd())
+                resp = {"type": "result", "skipped": skipped}
+                if digest:
+                    resp["read"] = digest
             elif op == "restore":  # a snapshot made before session streams: one pickle file per variable
                 resp = {"type": "result", "skipped": _restore(req["dir"])}
             elif op == "ping":

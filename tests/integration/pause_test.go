@@ -185,9 +185,14 @@ func TestResumeWithCorruptOrMissingSnapshot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, where := range []int{len(orig) / 2, 20} { // inside the data; inside a record header
+		// Inside the data; inside a record header; one byte more at the end, after the stream's last record.
+		for _, where := range []int{len(orig) / 2, 20, len(orig)} {
 			bad := append([]byte(nil), orig...)
-			bad[where] ^= 0xff
+			if where == len(orig) {
+				bad = append(bad, 0)
+			} else {
+				bad[where] ^= 0xff
+			}
 			os.WriteFile(parts[0], bad, 0o600)
 
 			s.Client.Resume(ctx, id)
