@@ -309,6 +309,20 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 		if got := get(t, s, "snap/a/upper.tar"); !bytes.Equal(got, data) {
 			t.Fatal("copy changed its source")
 		}
+		// A copy and its source go their own ways: the source replaced, then deleted, the copy stays as it was.
+		put(t, s, "snap/a/upper.tar", []byte("replaced"))
+		if got := get(t, s, "snap/b/upper.tar"); !bytes.Equal(got, data) {
+			t.Fatal("replacing the source changed its copy")
+		}
+		if err := s.Delete(ctx, "snap/a/"); err != nil {
+			t.Fatal(err)
+		}
+		if got := get(t, s, "snap/b/upper.tar"); !bytes.Equal(got, data) {
+			t.Fatal("deleting the source changed its copy")
+		}
+		if o, err := s.Stat(ctx, "snap/b/upper.tar"); err != nil || !sumOK(s, o.SHA256, hexSHA(data)) {
+			t.Fatalf("stat copy after its source went = %+v, %v", o, err)
+		}
 		noLeftovers(t, s)
 	})
 
@@ -547,6 +561,33 @@ func TestThroughput(t *testing.T) {
 				putDur.Round(time.Millisecond), mbps(putDur), getDur.Round(time.Millisecond), mbps(getDur))
 		})
 	}
+}
+
+// The local store copies an object by a hard link to its file (objects never change once published): no data
+// is copied, and the copy has its checksum.
+func TestLocalCopyLinks(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocal(t)
+	data := randBytes(11, 5<<20)
+	put(t, l, "s/1/session.bin", data)
+	if err := l.Copy(ctx, "s/1/session.bin", "s/2/session.bin"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := os.Stat(filepath.Join(l.dir, objectsDir, "s", "1", "session.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.Stat(filepath.Join(l.dir, objectsDir, "s", "2", "session.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(a, b) {
+		t.Fatal("the copy is a file of its own, not a link to its source's")
+	}
+	if o, err := l.Stat(ctx, "s/2/session.bin"); err != nil || o.SHA256 != hexSHA(data) || o.Size != int64(len(data)) {
+		t.Fatalf("stat of the copy = %+v, %v", o, err)
+	}
+	noLeftovers(t, l)
 }
 
 // The local store reads large objects ahead with direct I/O: every byte comes back in order whatever the size
