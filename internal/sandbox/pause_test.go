@@ -2,9 +2,15 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
 )
 
 // TestPausedSessionsKeptReadyForResume: the packages a paused session imports as it loads are kept with its
@@ -122,5 +128,66 @@ func TestResumedSandboxAnswersBeforeItsSnapshotIsDeleted(t *testing.T) {
 			t.Fatalf("snapshot objects left after the deletion: %v", e.snaps.Keys())
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestDeletingAPausedSandboxDoesNotWaitForItsSnapshot: a DELETE of a paused sandbox answers once its record is
+// retired; its snapshot goes in the background, and one a crash left behind is reclaimed at the next start,
+// on a store shared with other servers too (the id is one this server retired).
+func TestDeletingAPausedSandboxDoesNotWaitForItsSnapshot(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	ids := []string{e.create(), e.create()}
+	for _, id := range ids {
+		e.run(id, "x = 1")
+		if _, _, err := e.svc.Pause(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		e.waitFor(id, StatusPaused)
+	}
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	e.snaps.SetFault(func(ctx context.Context, method, key string) error {
+		if method == "Delete" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return errors.New("the disk is gone") // as a crash would leave it: not deleted
+		}
+		return nil
+	})
+	deleted := make(chan error, 1)
+	go func() { deleted <- e.svc.Delete(ctx, ids[0]) }()
+	select {
+	case err := <-deleted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		unblock()
+		t.Fatalf("the DELETE of a paused sandbox waited for its snapshot's deletion (%v once released)", <-deleted)
+	}
+	if _, err := e.svc.Get(ctx, ids[0]); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("the deleted sandbox: %v, want not found", err)
+	}
+	unblock()
+	e.svc.Close()
+	e.snaps.SetFault(nil)
+	left := func(id string) bool {
+		return slices.ContainsFunc(e.snaps.Keys(), func(k string) bool { return strings.HasPrefix(k, id+"/") })
+	}
+	if !left(ids[0]) {
+		t.Fatal("the failed deletion deleted the snapshot after all: the test left nothing to reclaim")
+	}
+	e.cfg.SnapshotsExclusive = false // a shared store: only this server's ids are its to delete
+	e.start()
+	if left(ids[0]) {
+		t.Errorf("the deleted sandbox's snapshot is still there after a restart")
+	}
+	if !left(ids[1]) {
+		t.Errorf("the paused sandbox's snapshot was reclaimed")
 	}
 }

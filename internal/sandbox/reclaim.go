@@ -71,7 +71,8 @@ func (s *Service) logReclaimed(kind string, n int) {
 }
 
 // reclaimSnapshots deletes the snapshots (key prefixes "<sandbox id>/<time>/") that no record names: those of
-// this server's sandboxes (the id is one of its records: ids are random, no other server has them), and, when
+// this server's sandboxes (the id is one of its records, or one it retired: ids are random, no other server has
+// them; a deleted paused sandbox's snapshot goes after its record, see dropSnapshot), and, when
 // the store is this server's alone (Config.SnapshotsExclusive), those of ids no record has (a fork of a paused
 // sandbox cut short before its children's records). It returns how many snapshots it deleted.
 func (s *Service) reclaimSnapshots(ctx context.Context) int {
@@ -81,6 +82,9 @@ func (s *Service) reclaimSnapshots(ctx context.Context) int {
 		return 0
 	}
 	keep, ids := map[string]bool{}, map[string]bool{}
+	for id := range s.retired {
+		ids[id] = true
+	}
 	for _, e := range s.items {
 		ids[e.rec.ID] = true
 		if e.rec.Snapshot != "" {

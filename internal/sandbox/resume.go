@@ -152,10 +152,11 @@ func (s *Service) commitResume(e *entry, h runtime.Handle, prefix string, m Mani
 	s.dropSnapshot(prefix) // the sandbox runs again; its snapshot is spent
 }
 
-// dropSnapshot deletes a spent snapshot in the background, off its sandbox's lifecycle: deleting a large file
-// and syncing its directory takes ~1 s for 1 GiB on the machines we measured, and calls to a resumed sandbox
-// waited for it. While the service closes it deletes it at once (Close waits for the caller's work). One the
-// server does not get to (a crash) is reclaimed as it next starts (reclaimSnapshots: no record names it).
+// dropSnapshot deletes a snapshot no record names any more (a resumed sandbox's spent one, one a newer pause
+// superseded, a deleted sandbox's) in the background, off the sandbox's lifecycle: deleting a large file and
+// syncing its directory takes ~1 s for 1 GiB on the machines we measured, and calls to a resumed sandbox, or a
+// DELETE, waited for it. While the service closes it deletes it at once (Close waits for the caller's work).
+// One the server does not get to (a crash) is reclaimed as it next starts (reclaimSnapshots: no record names it).
 func (s *Service) dropSnapshot(prefix string) {
 	drop := func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), rollbackTimeout)

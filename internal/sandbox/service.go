@@ -773,11 +773,6 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 	if err := s.cfg.Runtime.Destroy(ctx, h); err != nil {
 		s.log.Warn("destroy", "sandbox", id, "err", err)
 	}
-	if snapshot != "" && s.cfg.Snapshots != nil {
-		if err := s.cfg.Snapshots.Delete(ctx, snapshot); err != nil {
-			s.log.Warn("destroy: delete snapshot", "sandbox", id, "err", err)
-		}
-	}
 	gone := store.Retired{ID: id, Reason: reason, At: time.Now()}
 	if err := s.cfg.Store.Retire(ctx, id, gone.Reason, gone.At); err != nil {
 		return err
@@ -786,6 +781,9 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 	s.retire(e)
 	s.retired[id] = gone
 	s.mu.Unlock()
+	if snapshot != "" && s.cfg.Snapshots != nil {
+		s.dropSnapshot(snapshot) // a paused sandbox's: no record names it now
+	}
 	s.log.Info("sandbox destroyed", "sandbox", id, "reason", reason)
 	s.emit(events.Event{Type: events.Destroyed, Sandbox: id, Family: h.FamilyID, Reason: reason})
 	return nil

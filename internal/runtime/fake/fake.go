@@ -540,6 +540,7 @@ func (r *Runtime) serve(sb *Sandbox, c *net.UnixConn) {
 		defer cancel()
 		for {
 			n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+			n, oobn = max(n, 0), max(oobn, 0) // a failed read may say -1
 			if oobn > 0 {
 				if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
 					for _, m := range msgs {
