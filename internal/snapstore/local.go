@@ -370,7 +370,7 @@ var errNoLink = errors.New("no hard links here")
 // keys may share one, and a copy of a 1 GiB session (a fork of a paused sandbox) takes no time and no space
 // where the file system shares no extents (ext4: copy_file_range copied it, ~2.6 s here). The checksum goes
 // with the file (its xattr) or is recorded for dst's key (the sidecar names the inode). errNoLink where links
-// cannot be made.
+// cannot be made, or src's key no longer names the file opened.
 func (l *Local) link(src, dst, sum string, in *os.File) error {
 	if err := ValidateKey(dst); err != nil {
 		return err
@@ -382,8 +382,8 @@ func (l *Local) link(src, dst, sum string, in *os.File) error {
 	tmp := tmpDir + "/" + randomName()
 	if err := l.root.Link(objPath(src), tmp); err != nil {
 		if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EXDEV) || errors.Is(err, syscall.EMLINK) ||
-			errors.Is(err, syscall.ENOTSUP) {
-			return errNoLink
+			errors.Is(err, syscall.ENOTSUP) || errors.Is(err, fs.ErrNotExist) {
+			return errNoLink // (gone since it was opened: copied from the open file as before)
 		}
 		return err
 	}
