@@ -818,12 +818,17 @@ class _StreamIn:
         self.hashed += k
         return k
 
+    def _next(self, n):
+        """Read and hash up to n bytes of the file from where the hash has got to."""
+        data = os.pread(self.fd, n, self.hashed)
+        self.sha.update(data)
+        self.hashed += len(data)
+        return data
+
     def _more(self, want):
         want = max(want, 1 << 16)
         if self.file:
-            data = os.pread(self.fd, want, self.off + len(self.ahead))
-            self.sha.update(data)
-            self.hashed += len(data)
+            data = self._next(want)  # at self.off + len(self.ahead): everything before it is hashed
         else:
             data = os.read(self.fd, want)
         if not data:
@@ -847,12 +852,9 @@ class _StreamIn:
         is read and hashed; None for a pipe."""
         if not self.file:
             return None
-        while True:
-            data = os.pread(self.fd, 1 << 20, self.hashed)
-            if not data:
-                return {"bytes": self.hashed, "sha256": self.sha.hexdigest()}
-            self.sha.update(data)
-            self.hashed += len(data)
+        while self._next(1 << 20):
+            pass
+        return {"bytes": self.hashed, "sha256": self.sha.hexdigest()}
 
     def buffer(self, n):
         """Read n bytes into a buffer of their own (a large one: fresh huge-page memory)."""

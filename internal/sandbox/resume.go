@@ -162,7 +162,7 @@ func (s *Service) dropSnapshot(prefix string) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), rollbackTimeout)
 		defer cancel()
 		if err := s.cfg.Snapshots.Delete(ctx, prefix); err != nil {
-			s.log.Warn("delete a spent snapshot (the next start reclaims it)", "snapshot", prefix, "err", err)
+			s.log.Warn("delete a snapshot no record names (the next start reclaims it)", "snapshot", prefix, "err", err)
 		}
 	}
 	if !s.goBackground(drop) {
