@@ -55,7 +55,8 @@ func interpreterCapsEnv() string {
 // bounding, permitted and effective sets to keep (so every program it starts as root gets keep and no more), no
 // inheritable or ambient capabilities, and no_new_privs (no set-uid or file-capability gain on exec).
 func confineThread(keep uint64) error {
-	for c := 0; c <= lastCap(); c++ {
+	last := lastCap() // a /proc read: once, not once per capability
+	for c := 0; c <= last; c++ {
 		if keep&(1<<uint(c)) != 0 {
 			continue
 		}

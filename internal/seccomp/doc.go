@@ -8,6 +8,8 @@
 //     process-targeting syscalls (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_open,
 //     pidfd_send_signal, pidfd_getfd, ptrace, process_vm_readv, process_vm_writev, process_madvise, kcmp, setns) and,
 //     for everything else, the default syscall profile of policy.go (an allow-list; EPERM for what it closes).
+//     Compiled ahead into program_amd64.bin (TestEmbeddedProgramIsCurrent keeps it equal to the policy; its -update
+//     flag rewrites it): a process that installs the filter does not build it.
 //   - [InstallOnThisThread]: installs that filter on the calling thread with SECCOMP_FILTER_FLAG_NEW_LISTENER (used by
 //     `ramify __exec` right before it execs the user's command).
 //   - [Supervisor]: answers the notifications. A call is allowed only when its target is in the caller's own sandbox,
