@@ -214,19 +214,32 @@ const ConfigFromInit = "--config-from-init"
 const NamespacesMsg = "ns "
 
 func readInitConfig() (string, error) {
-	buf := make([]byte, 64<<10)
+	buf, _, err := recvPacket(fdInit, nil, 0)
+	if err != nil {
+		return "", fmt.Errorf("agent: read config: %w", err)
+	}
+	if len(buf) == 0 {
+		return "", errors.New("agent: the family init closed before sending a config")
+	}
+	return string(buf), nil
+}
+
+// recvPacket receives the next message of a SOCK_SEQPACKET socket into a buffer of its size (the message is
+// peeked at first for its length): a fixed buffer large enough for any message was 64 KiB, zeroed on the
+// goroutine's stack, which then stayed 128 KiB long, all of it private memory of every agent.
+func recvPacket(fd int, oob []byte, flags int) (msg []byte, oobn int, err error) {
 	for {
-		n, _, _, _, err := unix.Recvmsg(fdInit, buf, nil, 0)
-		if errors.Is(err, unix.EINTR) {
-			continue
+		n, _, _, _, err := unix.Recvmsg(fd, nil, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+		if err == nil {
+			msg = make([]byte, n)
+			n, oobn, _, _, err = unix.Recvmsg(fd, msg, oob, flags)
+			if err == nil {
+				return msg[:n], oobn, nil
+			}
 		}
-		if err != nil {
-			return "", fmt.Errorf("agent: read config: %w", err)
+		if !errors.Is(err, unix.EINTR) {
+			return nil, 0, err
 		}
-		if n == 0 {
-			return "", errors.New("agent: the family init closed before sending a config")
-		}
-		return string(buf[:n]), nil
 	}
 }
 
@@ -262,33 +275,27 @@ var errNotClaimed = errors.New("agent: spare closed without work")
 // awaitClaim waits for a spare's work: one message on descriptor fdRootMount holding the config, with the
 // root mount's descriptor attached, which then takes descriptor fdRootMount's place.
 func awaitClaim() (string, error) {
-	buf := make([]byte, 64<<10)
 	oob := make([]byte, unix.CmsgSpace(4))
-	for {
-		n, oobn, _, _, err := unix.Recvmsg(fdRootMount, buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return "", fmt.Errorf("agent: wait for work: %w", err)
-		}
-		if n == 0 && oobn == 0 {
-			return "", errNotClaimed
-		}
-		fds := Rights(oob[:oobn])
-		if len(fds) != 1 {
-			for _, fd := range fds {
-				unix.Close(fd)
-			}
-			return "", fmt.Errorf("agent: claimed with %d descriptors, want the root mount", len(fds))
-		}
-		// The root mount replaces the claim socket: the rest of the agent finds it where a spawned agent has it.
-		if err := unix.Dup3(fds[0], fdRootMount, 0); err != nil {
-			return "", fmt.Errorf("agent: take the root mount: %w", err)
-		}
-		unix.Close(fds[0])
-		return string(buf[:n]), nil
+	buf, oobn, err := recvPacket(fdRootMount, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return "", fmt.Errorf("agent: wait for work: %w", err)
 	}
+	if len(buf) == 0 && oobn == 0 {
+		return "", errNotClaimed
+	}
+	fds := Rights(oob[:oobn])
+	if len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return "", fmt.Errorf("agent: claimed with %d descriptors, want the root mount", len(fds))
+	}
+	// The root mount replaces the claim socket: the rest of the agent finds it where a spawned agent has it.
+	if err := unix.Dup3(fds[0], fdRootMount, 0); err != nil {
+		return "", fmt.Errorf("agent: take the root mount: %w", err)
+	}
+	unix.Close(fds[0])
+	return string(buf), nil
 }
 
 // Agent serves requests inside one sandbox.
