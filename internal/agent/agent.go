@@ -310,6 +310,7 @@ type Agent struct {
 
 	gcPercent int       // the collector's setting once the sandbox is started (off until then)
 	gcOnce    sync.Once // turns it back on
+	idle      idleRelease
 
 	repl  *repl
 	calls CallSet // the run_code and exec calls being served, for interrupt
@@ -471,11 +472,15 @@ func (a *Agent) handleConn(c net.Conn) {
 			return
 		}
 		if req.Op == OpSession {
+			a.idle.begin()
 			a.session(c.(*net.UnixConn), r, req)
+			a.idle.end()
 			return
 		}
 		ctx, done := untilHangup(c)
+		a.idle.begin()
 		a.handle(ctx, req, w)
+		a.idle.end()
 		hungUp := done()
 		for _, f := range req.files {
 			f.Close()
@@ -628,6 +633,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			a.gcOnce.Do(func() {
 				debug.SetGCPercent(a.gcPercent)
 				debug.SetMemoryLimit(math.MaxInt64)
+				a.idle.ready()
 			})
 		})
 	case OpRunCode:
