@@ -27,32 +27,67 @@ import (
 	"github.com/ramify-dev/ramify/internal/seccomp"
 )
 
-// replBootstrap reads the interpreter loop from fd 4 (replPayload) and runs it: the code compiled ahead if this
+// replBootstrap reads the interpreter loop from fd 4 (writeReplPayload) and runs it: the code compiled ahead if this
 // interpreter's magic number is the one it was compiled by, else the source, compiled here (~20 ms of CPU).
 const replBootstrap = "import os, marshal, _frozen_importlib_external as _x; f = os.fdopen(4, 'rb'); d = f.read(); f.close(); " +
 	"n = int.from_bytes(d[4:8], 'big') if d[:4] == b'RMFY' else -1; " +
 	"code = marshal.loads(d[44:8 + n]) if n > 36 and d[8:12] == _x.MAGIC_NUMBER else compile(d[8 + n:] if n >= 0 else d, '<ramify-repl>', 'exec'); " +
 	"del f, d, n, _x, marshal; exec(code)"
 
-// replPayload is what an interpreter's bootstrap reads: "RMFY", the length of the compiled loop and the compiled
-// loop (compiled/repl.pyc: magic number, SHA-256 of its source, marshalled code) if this binary embeds one
-// compiled from its own repl.py, then the source.
-var replPayload = sync.OnceValue(func() []byte {
-	pyc, _ := compiled.ReadFile("compiled/repl.pyc")
-	return bootstrapPayload([]byte(replSource), pyc)
-})
-
-// bootstrapPayload is replPayload for source src and pyc, its code compiled ahead (nil: none), which it leaves
-// out unless pyc was compiled from src.
-func bootstrapPayload(src, pyc []byte) []byte {
-	if sum := sha256.Sum256(src); len(pyc) <= 36 || !bytes.Equal(pyc[4:36], sum[:]) {
-		pyc = nil // none, or compiled from another source (a stale file in a plain go build)
+// writeReplPayload writes what an interpreter's bootstrap reads (writeBootstrapPayload) for this binary's loop:
+// its source and, if this binary embeds one compiled from that source, compiled/repl.pyc.
+func writeReplPayload(w io.Writer) error {
+	var pyc io.ReadSeeker
+	if f, err := compiled.Open("compiled/repl.pyc"); err == nil {
+		defer f.Close()
+		pyc, _ = f.(io.ReadSeeker)
 	}
-	out := make([]byte, 0, 8+len(pyc)+len(src))
-	out = append(out, "RMFY"...)
-	out = binary.BigEndian.AppendUint32(out, uint32(len(pyc)))
-	out = append(out, pyc...)
-	return append(out, src...)
+	return writeBootstrapPayload(w, replSource, pyc)
+}
+
+// writeBootstrapPayload writes "RMFY", the length of pyc and pyc (the loop compiled ahead: magic number, SHA-256
+// of its source, marshalled code), then src, the loop's source; pyc is left out (length 0) unless compiled from
+// src. Everything goes through one 4 KiB buffer, straight from the embedded files: the payload built as one slice
+// (~140 KB, kept for reuse) and the copies of the two files it was built from were ~0.3 MB of private memory in
+// every agent that starts an interpreter.
+func writeBootstrapPayload(w io.Writer, src string, pyc io.ReadSeeker) error {
+	buf := make([]byte, 4096)
+	// Plain readers and writers: io.CopyBuffer would otherwise hand the copy to a ReaderFrom or WriterTo, which
+	// allocate buffers or copies of their own (os.File's ReadFrom, strings.Reader's WriteTo).
+	type reader struct{ io.Reader }
+	type writer struct{ io.Writer }
+	var n int64
+	if pyc != nil {
+		end, err := pyc.Seek(0, io.SeekEnd)
+		head := buf[:36]
+		if err == nil && end > 36 {
+			if _, err = pyc.Seek(0, io.SeekStart); err == nil {
+				_, err = io.ReadFull(pyc, head)
+			}
+			h := sha256.New()
+			if err == nil {
+				_, err = io.CopyBuffer(writer{h}, reader{strings.NewReader(src)}, buf[36:])
+			}
+			if err == nil && bytes.Equal(head[4:], h.Sum(nil)) {
+				n = end
+			}
+		}
+	}
+	header := append([]byte("RMFY"), 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(header[4:], uint32(n))
+	if _, err := w.Write(header); err != nil {
+		return err
+	}
+	if n > 0 {
+		if _, err := pyc.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := io.CopyBuffer(writer{w}, reader{io.LimitReader(pyc, n)}, buf); err != nil {
+			return err
+		}
+	}
+	_, err := io.WriteString(w, src) // os.File writes a string without copying it
+	return err
 }
 
 // repl drives the sandbox's persistent Python interpreter. One call runs at a time.
@@ -147,7 +182,7 @@ func (p *repl) spawn() (int, error) {
 	}
 	defer srcR.Close()
 	go func() {
-		srcW.Write(replPayload()) //nolint:errcheck // a failure shows as the interpreter not starting
+		writeReplPayload(srcW) //nolint:errcheck // a failure shows as the interpreter not starting
 		srcW.Close()
 	}()
 	cmd := exec.Command("python3", "-u", "-c", replBootstrap)
