@@ -388,11 +388,10 @@ func TestSupervisorIsolatesSandboxes(t *testing.T) {
 		results["kill_us"], strings.TrimSpace(string(out)))
 }
 
-func TestServeStopsOnContextCancel(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	// A listener whose filtered task stays alive: a helper that installs the filter then sleeps.
+// sleepingListener starts a helper that installs the filter and then sleeps, and returns the listener of its
+// filter (a listener whose filtered task stays alive); the helper is killed when the test ends.
+func sleepingListener(t *testing.T) int {
+	t.Helper()
 	helper := exec.Command(os.Args[0], "-test.run=^$")
 	helper.Env = append(os.Environ(), helperEnv+"=1", "GODEBUG=asyncpreemptoff=1", helperArgvEnv+"=/bin/sleep\x1f100")
 	stdin, err := helper.StdinPipe()
@@ -422,6 +421,14 @@ func TestServeStopsOnContextCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	stdin.Close()
+	return listener
+}
+
+func TestServeStopsOnContextCancel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	listener := sleepingListener(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- NewSupervisor("/proc", nil).Serve(ctx, listener) }()
@@ -437,5 +444,48 @@ func TestServeStopsOnContextCancel(t *testing.T) {
 	}
 	if _, err := unix.FcntlInt(uintptr(listener), unix.F_GETFD, 0); err == nil {
 		t.Error("Serve did not close the listener")
+	}
+}
+
+// TestServeHoldsNoThreadPerListener: a supervisor waiting on many listeners holds no OS thread per listener (a
+// family init serves one for every sandbox and spare agent of the family; waiting in poll(2) held one each).
+func TestServeHoldsNoThreadPerListener(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	threads := func() int {
+		d, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(d)
+	}
+	const n = 24
+	listeners := make([]int, n)
+	for i := range listeners {
+		listeners[i] = sleepingListener(t)
+	}
+	before := threads()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, n)
+	sup := NewSupervisor("/proc", nil)
+	for _, l := range listeners {
+		go func() { served <- sup.Serve(ctx, l) }()
+	}
+	time.Sleep(300 * time.Millisecond)
+	during := threads()
+	cancel()
+	for range n {
+		select {
+		case err := <-served:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("Serve = %v, want context.Canceled", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Serve did not return after cancel")
+		}
+	}
+	if during-before >= n/2 {
+		t.Errorf("%d threads while serving %d listeners, %d before: a thread per listener", during, n, before)
 	}
 }

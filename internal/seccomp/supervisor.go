@@ -7,9 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -75,69 +76,87 @@ func NewSupervisor(procRoot string, log *slog.Logger) *Supervisor {
 // Serve handles notifications from listenerFD until every filtered task has exited (it then returns nil), ctx ends
 // (it returns ctx.Err()) or the listener fails. It closes listenerFD when done. Notifications of one listener are
 // handled one at a time; call Serve in a goroutine per listener.
+//
+// The wait for a notification is the Go runtime's poller's (the listener in non-blocking mode, registered like a
+// socket): a goroutine waiting in poll(2) held an OS thread of its own, and a family init serves a listener for
+// every sandbox and spare agent of the family (~40 KB of user and kernel stacks per thread; an idle sandbox's init
+// held 9-11 threads, a family that forked 27).
 func (s *Supervisor) Serve(ctx context.Context, listenerFD int) error {
-	defer unix.Close(listenerFD)
 	if err := checkNotifSizes(); err != nil {
+		unix.Close(listenerFD)
 		return err
 	}
-
-	// A pipe whose read end becomes readable when ctx ends, to wake poll.
-	var wake [2]int
-	if err := unix.Pipe2(wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return fmt.Errorf("seccomp: serve: wake pipe: %w", err)
-	}
-	defer unix.Close(wake[0])
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		select {
-		case <-ctx.Done():
-			_, _ = unix.Write(wake[1], []byte{0})
-		case <-done:
+	if err := unix.SetNonblock(listenerFD, true); err != nil {
+		if errors.Is(err, unix.EBADF) {
+			return fmt.Errorf("seccomp: serve: listener fd %d is not open", listenerFD)
 		}
-	}()
-	defer func() {
-		close(done)
-		wg.Wait()
-		unix.Close(wake[1])
-	}()
+		unix.Close(listenerFD)
+		return fmt.Errorf("seccomp: serve: listener: %w", err)
+	}
+	f := os.NewFile(uintptr(listenerFD), "seccomp-listener")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("seccomp: serve: listener: %w", err)
+	}
+	// The end of ctx wakes the wait: a read deadline in the past.
+	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) }) //nolint:errcheck // pollable: see below
+	defer stop()
 
-	fds := []unix.PollFd{{Fd: int32(listenerFD), Events: unix.POLLIN}, {Fd: int32(wake[0]), Events: unix.POLLIN}}
+	errDone := errors.New("every filtered task has exited")
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		fds[0].Revents, fds[1].Revents = 0, 0
-		if _, err := unix.Poll(fds, -1); err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return fmt.Errorf("seccomp: serve: poll listener: %w", err)
-		}
-		if fds[1].Revents != 0 {
-			return ctx.Err()
-		}
-		re := fds[0].Revents
-		if re&unix.POLLNVAL != 0 {
-			return fmt.Errorf("seccomp: serve: listener fd %d is not open", listenerFD)
-		}
-		if re&unix.POLLIN == 0 {
-			if re&(unix.POLLHUP|unix.POLLERR) != 0 {
-				return nil // every filtered task has exited
-			}
-			continue
-		}
 		var n notif // NOTIF_RECV requires a zeroed structure
-		if _, err := ioctlPtr(listenerFD, ioctlNotifRecv, unsafe.Pointer(&n)); err != nil {
-			// ENOENT: the task died (or was interrupted) before we received its notification.
-			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINTR) {
-				continue
+		var got bool
+		var rerr error
+		werr := rc.Read(func(fd uintptr) bool {
+			// Is a notification pending? NOTIF_RECV would wait for one whatever the descriptor's mode.
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			for {
+				_, err := unix.Poll(pfd, 0)
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, unix.EINTR) {
+					rerr = fmt.Errorf("seccomp: serve: poll listener: %w", err)
+					return true
+				}
 			}
-			return fmt.Errorf("seccomp: serve: receive notification: %w", err)
+			re := pfd[0].Revents
+			switch {
+			case re&unix.POLLNVAL != 0:
+				rerr = fmt.Errorf("seccomp: serve: listener fd %d is not open", listenerFD)
+			case re&unix.POLLIN != 0:
+				n = notif{}
+				if _, err := ioctlPtr(int(fd), ioctlNotifRecv, unsafe.Pointer(&n)); err != nil {
+					// ENOENT: the task died (or was interrupted) before we received its notification.
+					if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINTR) {
+						rerr = fmt.Errorf("seccomp: serve: receive notification: %w", err)
+					}
+				} else {
+					got = true
+				}
+			case re&(unix.POLLHUP|unix.POLLERR) != 0:
+				rerr = errDone
+			default:
+				return false // nothing yet: the poller wakes this goroutine when there is
+			}
+			return true
+		})
+		switch {
+		case werr != nil && ctx.Err() != nil:
+			return ctx.Err()
+		case werr != nil:
+			return fmt.Errorf("seccomp: serve: wait for a notification: %w", werr)
+		case rerr == errDone:
+			return nil
+		case rerr != nil:
+			return rerr
+		case got:
+			s.handle(listenerFD, &n)
 		}
-		s.handle(listenerFD, &n)
 	}
 }
 
