@@ -434,14 +434,7 @@ func TestServeStopsOnContextCancel(t *testing.T) {
 	go func() { served <- NewSupervisor("/proc", nil).Serve(ctx, listener) }()
 	time.Sleep(100 * time.Millisecond)
 	cancel()
-	select {
-	case err := <-served:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("Serve = %v, want context.Canceled", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Serve did not return after cancel")
-	}
+	awaitCanceled(t, served)
 	if _, err := unix.FcntlInt(uintptr(listener), unix.F_GETFD, 0); err == nil {
 		t.Error("Serve did not close the listener")
 	}
@@ -476,16 +469,22 @@ func TestServeHoldsNoThreadPerListener(t *testing.T) {
 	during := threads()
 	cancel()
 	for range n {
-		select {
-		case err := <-served:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("Serve = %v, want context.Canceled", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("Serve did not return after cancel")
-		}
+		awaitCanceled(t, served)
 	}
 	if during-before >= n/2 {
 		t.Errorf("%d threads while serving %d listeners, %d before: a thread per listener", during, n, before)
+	}
+}
+
+// awaitCanceled waits for one Serve, whose context was cancelled, to return context.Canceled.
+func awaitCanceled(t *testing.T, served <-chan error) {
+	t.Helper()
+	select {
+	case err := <-served:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Serve = %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return after cancel")
 	}
 }
