@@ -97,3 +97,28 @@ func waitSpares(t testing.TB, initPid, want int) {
 			return fmt.Sprintf("%d spare agents after 15 s, want %d", len(spareAgents(initPid)), want)
 		})
 }
+
+// TestFamilyInitThreadsDoNotGrowWithMembers: a family init serves a channel and seccomp listeners for every
+// agent of its family (sandboxes and spares) on the Go runtime's poller, not on an OS thread each (27 threads for a
+// family of one fork of 3 and its spares, ~36 KB each with its stacks, before).
+func TestFamilyInitThreadsDoNotGrowWithMembers(t *testing.T) {
+	s := testserver.Start(t, "--fork-ahead", "0")
+	parent := create(t, s, nil)
+	value(t, s, parent, "1")
+	kids, err := s.Client.Fork(ctxT(t), parent, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids {
+		value(t, s, k, "1")
+	}
+	initPid := familyInit(t, parent)
+	waitSpares(t, initPid, 8) // the refill after the fork: 8 more agents, each with a channel and a listener
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", initPid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if members := 1 + len(kids) + len(spareAgents(initPid)); len(tasks) > 10 {
+		t.Errorf("the family init has %d threads for %d agents: a thread per agent or listener", len(tasks), members)
+	}
+}

@@ -564,13 +564,26 @@ func onlySparesLeft() bool {
 var supervisor = seccomp.NewSupervisor("/proc", slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 
 // superviseFrom receives, from the agent pid until it goes away, its namespaces (registered, and acknowledged)
-// and the seccomp listeners of its sandbox's processes, serving each listener.
+// and the seccomp listeners of its sandbox's processes, serving each listener. It waits on the runtime's poller
+// (the channel as a net.UnixConn), as Serve does: in recvmsg(2), each agent's channel held an OS thread of the
+// init's for as long as the agent lived, spares included.
 func superviseFrom(fd, pid int) {
-	defer unix.Close(fd)
+	f := os.NewFile(uintptr(fd), "agent channel")
+	fc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return
+	}
+	c, ok := fc.(*net.UnixConn)
+	if !ok {
+		fc.Close()
+		return
+	}
+	defer c.Close()
 	buf := make([]byte, 16<<10)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	for {
-		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, 0)
+		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 		if err != nil || (n == 0 && oobn == 0) {
 			return
 		}
@@ -579,7 +592,7 @@ func superviseFrom(fd, pid int) {
 			if json.Unmarshal(msg[len(agent.NamespacesMsg):], &links) == nil {
 				ramifyProcs.setNamespaces(pid, links)
 			}
-			unix.Sendmsg(fd, []byte("ok"), nil, nil, unix.MSG_NOSIGNAL) //nolint:errcheck // the agent waits for it
+			c.WriteMsgUnix([]byte("ok"), nil, nil) //nolint:errcheck // the agent waits for it
 		}
 		for _, l := range agent.Rights(oob[:oobn]) {
 			go supervisor.Serve(context.Background(), l) //nolint:errcheck // ends when its processes are gone
