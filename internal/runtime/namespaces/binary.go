@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -53,12 +54,25 @@ func sealedBinary(path string, program []byte) (*os.File, error) {
 	if err := f.Chmod(0o111); err != nil {
 		return nil, fmt.Errorf("chmod ramify binary: %w", err)
 	}
-	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+	if err := seal(f); err != nil {
 		return nil, fmt.Errorf("seal ramify binary: %w", err)
 	}
 	ok = true
 	return f, nil
+}
+
+// seal seals memfd f against every change. F_SEAL_WRITE fails with EBUSY while something else holds a reference
+// to one of its pages (the kernel waits a moment for it to go): seen once on a loaded host, as a server failed to
+// start, with page scanners at work (DAMON). It is tried again a few times.
+func seal(f *os.File) error {
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	for try := 1; ; try++ {
+		_, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals)
+		if !errors.Is(err, unix.EBUSY) || try == 5 {
+			return err
+		}
+		time.Sleep(time.Duration(try) * 50 * time.Millisecond)
+	}
 }
 
 // execPath is the path through which a child of this process executes f.
