@@ -266,6 +266,9 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return fmt.Errorf("cgroups: %w", err)
 	}
+	if pr, ok := cg.(cgroups.ParentRemover); ok {
+		undo.push("remove the cgroup parent", pr.RemoveCreatedParent)
+	}
 	netw, err := network.New(ctx, network.Config{Bridge: f.bridge, CIDR: f.subnet, EgressAllow: splitList(f.egressAllow), Owner: owner,
 		// Sandboxes resolve through the image's resolv.conf (a copy of the host's for the default image).
 		Resolvers: network.ResolversFrom("/etc/resolv.conf", filepath.Join(img.Rootfs, "etc", "resolv.conf"))}, log)

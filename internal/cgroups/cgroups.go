@@ -75,6 +75,37 @@ type Renamer interface {
 	Rename(old, new string) (Cgroup, error)
 }
 
+// ParentRemover is a Manager that can remove the parent directories it created: a server whose start-up fails
+// leaves nothing behind (a server that started keeps its parent for its sandboxes and its next start).
+type ParentRemover interface {
+	// RemoveCreatedParent removes, deepest first, the parent directories that this Manager's creation made in
+	// each hierarchy. A directory that is gone is not an error; one that holds cgroups or processes is left.
+	RemoveCreatedParent() error
+}
+
+// missingDirs lists dir and its ancestors below root that do not exist, deepest first: what MkdirAll(dir) makes.
+func missingDirs(root, dir string) []string {
+	var out []string
+	for d := dir; d != root && len(d) > len(root); d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// removeDirs removes each of dirs (cgroup directories: rmdir), tolerating those already gone.
+func removeDirs(dirs []string) error {
+	var errs []error
+	for _, d := range dirs {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // MoveWarmer is a Manager whose moves can be kept fast while moves are coming. Moving a process (Add) takes the
 // kernel's cgroup thread-group lock for writing, and the first writer after the lock has gone unused for a
 // while waits for an RCU grace period (~8 ms here, the same for one hierarchy or five); a hierarchy mounted with

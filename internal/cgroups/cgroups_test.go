@@ -748,3 +748,38 @@ func TestV1Rename(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRemoveCreatedParent: a manager removes the parent directories it made (a server whose start-up failed
+// leaves no cgroup behind), and only those: a parent that existed before it stays.
+func TestRemoveCreatedParent(t *testing.T) {
+	requireRoot(t)
+	parent := testParent + "-undo/owner"
+	m, err := newV1(DefaultMount, parent, testLogger(t))
+	if err != nil {
+		t.Skipf("cgroup v1 not usable here: %v", err)
+	}
+	t.Cleanup(func() { removeDirs(m.created) }) //nolint:errcheck
+	if len(m.created) != 2*len(m.dirs) {
+		t.Fatalf("created %v for %d hierarchies, want the parent and its own parent in each", m.created, len(m.dirs))
+	}
+	again, err := newV1(DefaultMount, parent, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := again.RemoveCreatedParent(); err != nil || len(again.created) != 0 {
+		t.Fatalf("a manager of an existing parent removed %v (%v)", again.created, err)
+	}
+	for _, d := range m.dirs {
+		if _, err := os.Stat(d); err != nil {
+			t.Fatalf("parent %s gone after a manager that did not make it removed what it made", d)
+		}
+	}
+	if err := m.RemoveCreatedParent(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range m.created {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("%s still there after RemoveCreatedParent", d)
+		}
+	}
+}

@@ -30,6 +30,8 @@ type v1Manager struct {
 	// mounts maps each controller to its hierarchy's mount point.
 	mounts map[string]string
 	warm   moveWarmer
+	// created are the parent directories newV1 made, deepest first in each hierarchy (RemoveCreatedParent).
+	created []string
 }
 
 // NewV1 returns a Manager for cgroup v1 with its cgroups under parent (e.g. "ramify") in the memory, cpu,
@@ -70,6 +72,7 @@ func newV1(mount, parent string, log *slog.Logger) (*v1Manager, error) {
 		if !seen[dir] {
 			seen[dir] = true
 			m.dirs = append(m.dirs, dir)
+			m.created = append(m.created, missingDirs(mp, dir)...)
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return nil, fmt.Errorf("cgroups v1: create parent %s: %w", dir, err)
 			}
@@ -107,6 +110,9 @@ func v1Mounts() (map[string]string, error) {
 }
 
 func (m *v1Manager) Version() int { return 1 }
+
+// RemoveCreatedParent implements ParentRemover.
+func (m *v1Manager) RemoveCreatedParent() error { return removeDirs(m.created) }
 
 func (m *v1Manager) cgroup(name string) *v1Cgroup {
 	c := &v1Cgroup{name: name, ctrl: map[string]string{}}

@@ -19,8 +19,9 @@ import (
 var v2Wanted = []string{"cpu", "memory", "pids"}
 
 type v2Manager struct {
-	log    *slog.Logger
-	parent string // absolute directory of the parent cgroup
+	log     *slog.Logger
+	parent  string   // absolute directory of the parent cgroup
+	created []string // the directories NewV2 made for it, deepest first (RemoveCreatedParent)
 }
 
 // NewV2 returns a Manager for the cgroup2 file system mounted at mount (normally /sys/fs/cgroup), with its cgroups
@@ -47,6 +48,7 @@ func newV2(mount, parent string, log *slog.Logger) (*v2Manager, error) {
 		return nil, fmt.Errorf("cgroups v2: %s is not a cgroup2 mount: %w", mount, errdefs.ErrInvalid)
 	}
 	m := &v2Manager{log: log, parent: filepath.Join(mount, p)}
+	m.created = missingDirs(mount, m.parent)
 	if err := os.MkdirAll(m.parent, 0o755); err != nil {
 		return nil, fmt.Errorf("cgroups v2: create parent %s: %w", m.parent, err)
 	}
@@ -83,6 +85,9 @@ func (m *v2Manager) enableControllers(dir string) {
 }
 
 func (m *v2Manager) Version() int { return 2 }
+
+// RemoveCreatedParent implements ParentRemover.
+func (m *v2Manager) RemoveCreatedParent() error { return removeDirs(m.created) }
 
 func (m *v2Manager) cgroup(name string) *v2Cgroup {
 	return &v2Cgroup{name: name, dir: filepath.Join(m.parent, name), m: m}

@@ -117,8 +117,9 @@ func mountsUnder(dir string) []string {
 	return out
 }
 
-// A `ramify serve` that fails at start after mounting its layer image (here: on an invalid --subnet, checked by
-// the network step that comes after the layers) unmounts it and leaves no loop device attached.
+// A `ramify serve` that fails at start after mounting its layer image and making its cgroup parent (here: on an
+// invalid --subnet, checked by the network step that comes after them) unmounts it, leaves no loop device attached
+// and removes the cgroup parent it made.
 func TestFailedStartUnwindsLayerMount(t *testing.T) {
 	bin := testserver.Binary(t)
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
@@ -170,6 +171,10 @@ func TestFailedStartUnwindsLayerMount(t *testing.T) {
 	}
 	if m := mountsUnder(dataDir); len(m) != 0 {
 		t.Errorf("mounts left after the failed start: %v", m)
+	}
+	sum := sha256.Sum256([]byte(dataDir))
+	if cgs, _ := filepath.Glob("/sys/fs/cgroup/*/ramify/" + hex.EncodeToString(sum[:4])); len(cgs) != 0 {
+		t.Errorf("cgroups left after the failed start: %v", cgs)
 	}
 	// The loop device detaches itself (autoclear) when the unmount releases it; give the kernel a moment.
 	var loops []string
