@@ -103,13 +103,12 @@ func (s *Supervisor) Serve(ctx context.Context, listenerFD int) error {
 	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) }) //nolint:errcheck // pollable: see below
 	defer stop()
 
-	errDone := errors.New("every filtered task has exited")
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		var n notif // NOTIF_RECV requires a zeroed structure
-		var got bool
+		var n notif          // NOTIF_RECV requires a zeroed structure
+		var got, exited bool // a notification received; every filtered task has exited
 		var rerr error
 		werr := rc.Read(func(fd uintptr) bool {
 			// Is a notification pending? NOTIF_RECV would wait for one whatever the descriptor's mode.
@@ -139,7 +138,7 @@ func (s *Supervisor) Serve(ctx context.Context, listenerFD int) error {
 					got = true
 				}
 			case re&(unix.POLLHUP|unix.POLLERR) != 0:
-				rerr = errDone
+				exited = true
 			default:
 				return false // nothing yet: the poller wakes this goroutine when there is
 			}
@@ -150,10 +149,10 @@ func (s *Supervisor) Serve(ctx context.Context, listenerFD int) error {
 			return ctx.Err()
 		case werr != nil:
 			return fmt.Errorf("seccomp: serve: wait for a notification: %w", werr)
-		case rerr == errDone:
-			return nil
 		case rerr != nil:
 			return rerr
+		case exited:
+			return nil
 		case got:
 			s.handle(listenerFD, &n)
 		}
