@@ -72,9 +72,8 @@ type ForkTarget struct {
 	Gid      int    `json:"gid"`       // the child sandbox's group (SandboxGID), which the forked interpreter takes
 	Token    string `json:"token"`     // proves to the child agent that this interpreter is the one expected
 	Cwd      string `json:"cwd"`
-	// Cgroup is a fragment of /proc/self/cgroup the forked interpreter checks (every ramify line must show it)
-	// before it enters the child's namespaces: once told it was moved, or (an interpreter started by an older
-	// ramify, which ignores the fifth descriptor) by polling for it.
+	// Cgroup names the child's cgroup in the forked interpreter's report when the move it was told of did not
+	// happen (the supervisor refused it the child's group, which it allows only from the child's cgroup).
 	Cgroup string `json:"cgroup"`
 	// NS is the index, among the descriptors sent with fork_repl, of the first of five: the child agent's IPC,
 	// UTS, network and mount namespaces (in that order), which the forked interpreter joins (it cannot open them

@@ -574,8 +574,8 @@ func namespaceFiles(pid int) ([]*os.File, error) {
 	return out, nil
 }
 
-// cgroupMarker is the path fragment a forked interpreter checks in /proc/self/cgroup, once told it was moved,
-// before it enters its sandbox (interpreters started by an older ramify poll for it instead of being told).
+// cgroupMarker is how a forked interpreter names its child's cgroup when it reports that the move it was told of
+// did not happen.
 func cgroupMarker(id string) string { return "/" + id }
 
 // Swap implements runtime.Forker (merge_into): the parent's old processes, cgroup, network and layer are
