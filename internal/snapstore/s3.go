@@ -1,6 +1,7 @@
 package snapstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -37,7 +38,7 @@ type S3Config struct {
 
 // S3 is a Store in an S3-compatible object store.
 //
-// Put streams straight to the object's key with a multipart upload (parts of s3PartSize buffered one at a time,
+// Put streams straight to the object's key with a multipart upload (s3Parallel parts of s3PartSize in flight,
 // hence objects up to s3PartSize*10000 = 160 GiB), hashing on the way. S3 makes the object visible only when the
 // upload completes, and a failed upload is aborted, so an object is never seen torn and a failed Put leaves the
 // previous one intact. The SHA-256 is known only at the end of the stream, when S3 no longer takes metadata, so
@@ -50,8 +51,11 @@ type S3 struct {
 	prefix string // "" or ending in "/"
 }
 
-// s3PartSize is the multipart part size of Put: the memory a Put buffers.
+// s3PartSize is the multipart part size of Put.
 const s3PartSize = 16 << 20
+
+// s3Parallel is how many parts of a Put are in flight at once; it holds a buffer of s3PartSize for each.
+const s3Parallel = 4
 
 // NewS3 connects to an S3-compatible store and creates the bucket if it does not exist.
 func NewS3(ctx context.Context, c S3Config) (*S3, error) {
@@ -144,28 +148,37 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Put streams r to the object, computing its checksum on the way.
+// Put streams r to the object, computing its checksum on the way: an object that fits in one part in a single
+// request, a larger one as a multipart upload with parts in flight (s3put.go).
 func (s *S3) Put(ctx context.Context, key string, r io.Reader) (Object, error) {
 	if err := ValidateKey(key); err != nil {
 		return Object{}, err
 	}
 	h := sha256.New()
 	cr := &countingReader{r: ctxReader{ctx, r}, h: h}
-	info, err := s.client.PutObject(ctx, s.bucket, s.prefix+key, cr, -1, minio.PutObjectOptions{
-		PartSize:    s3PartSize,
-		ContentType: "application/octet-stream",
-	})
+	first := partBuffers.Get().(*[]byte)
+	defer partBuffers.Put(first)
+	n, err := io.ReadFull(cr, *first)
+	switch {
+	case err == io.EOF || err == io.ErrUnexpectedEOF:
+		_, err = s.client.PutObject(ctx, s.bucket, s.prefix+key, bytes.NewReader((*first)[:n]), int64(n), s3PutOptions)
+	case err == nil:
+		err = s.putMultipart(ctx, s.prefix+key, *first, cr, s3PutOptions)
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
 	if err != nil {
 		return Object{}, fmt.Errorf("put %s: %w", key, err)
 	}
-	if err := ctx.Err(); err != nil {
-		return Object{}, fmt.Errorf("put %s: %w", key, err)
-	}
-	if info.Size != cr.n {
-		return Object{}, fmt.Errorf("put %s: uploaded %d bytes but read %d", key, info.Size, cr.n)
-	}
 	return Object{Key: key, Size: cr.n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
 }
+
+// s3PutOptions are the options of every object Put writes.
+var s3PutOptions = minio.PutObjectOptions{ContentType: "application/octet-stream"}
+
+// partBuffers holds the first part's buffer of Puts between them.
+var partBuffers = sync.Pool{New: func() any { b := make([]byte, s3PartSize); return &b }}
 
 // copy copies object src (which must still have etag, if given) to dst with sha256 metadata, server-side.
 func (s *S3) copy(ctx context.Context, src, etag, dst, sum string) error {

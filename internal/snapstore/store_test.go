@@ -115,11 +115,11 @@ func heapPeak(fn func()) uint64 {
 	return peak - base
 }
 
-// heapLimit is the allowed heap growth while streaming a big object: a few buffers, and for S3 the one
-// multipart part being uploaded plus the HTTP client's own.
+// heapLimit is the allowed heap growth while streaming a big object: a few buffers, and for S3 the parts in
+// flight plus the HTTP client's own.
 func heapLimit(s Store) uint64 {
 	if strings.HasPrefix(s.Name(), "s3://") {
-		return 4 * s3PartSize
+		return (s3Parallel + 1) * s3PartSize
 	}
 	return 16 << 20
 }
@@ -475,6 +475,27 @@ func TestLocalStore(t *testing.T) {
 func TestS3Store(t *testing.T) {
 	s3test.Endpoint(t)
 	runStoreSuite(t, func(t *testing.T) Store { return newTestS3(t) })
+}
+
+// Objects at and around the part size: one request, one full part, parts that end exactly where the stream
+// does (no empty last part), a short last part. Each comes back byte for byte with its size and checksum.
+func TestS3PartBoundaries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	s := newTestS3(t)
+	for i, size := range []int{0, s3PartSize - 1, s3PartSize, s3PartSize + 1, 2 * s3PartSize, (s3Parallel+1)*s3PartSize + 7} {
+		data := randBytes(uint64(20+i), size)
+		key := fmt.Sprintf("edge/%d", size)
+		o := put(t, s, key, data)
+		if o.Size != int64(size) || o.SHA256 != hexSHA(data) {
+			t.Fatalf("put %d bytes = %+v", size, o)
+		}
+		if got := get(t, s, key); !bytes.Equal(got, data) {
+			t.Fatalf("get %d bytes: %d bytes back, equal %v", size, len(got), bytes.Equal(got, data))
+		}
+	}
+	noLeftovers(t, s)
 }
 
 func TestLocalSpecifics(t *testing.T) {

@@ -1,0 +1,123 @@
+package snapstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+)
+
+// An S3 Put is a multipart upload with up to s3Parallel parts in flight: the next part is read from the stream
+// while the last ones are sent. One part at a time serialized the two (the pipe from the interpreter waited
+// while a part went out, the upload while the pipe filled); an S3 service also gives several streams far more
+// than one (AWS documents parallel parts as the way to its throughput). Buffers (s3Parallel of s3PartSize) are
+// reused from part to part. When the stream or a part fails, or ctx ends, no new part is started, the parts in
+// flight are let finish (they are bounded and would otherwise race the abort: a part the server is still
+// writing when the upload is aborted can leave it behind) and then the upload is aborted.
+
+// s3PutAbortTimeout bounds the wait for parts in flight and the abort after a failed Put.
+const s3PutAbortTimeout = time.Minute
+
+// partResult is an uploaded part, or why it failed.
+type partResult struct {
+	part minio.CompletePart
+	err  error
+}
+
+// putMultipart uploads r (already read up to first, a full part) to object as a multipart upload.
+func (s *S3) putMultipart(ctx context.Context, object string, first []byte, r io.Reader, opts minio.PutObjectOptions) (err error) {
+	core := minio.Core{Client: s.client}
+	uploadID, err := core.NewMultipartUpload(ctx, s.bucket, object, opts)
+	if err != nil {
+		return fmt.Errorf("start multipart upload: %w", err)
+	}
+	// Parts run on a context that the caller's end does not cancel: they finish (or time out) before the abort.
+	partCtx, cancelParts := context.WithTimeout(context.WithoutCancel(ctx), s3PutAbortTimeout)
+	defer cancelParts()
+	free := make(chan []byte, s3Parallel)
+	for i := 1; i < s3Parallel; i++ {
+		free <- make([]byte, s3PartSize)
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		parts  []minio.CompletePart
+		failed error // the first part that failed
+	)
+	send := func(n int, buf []byte) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, perr := core.PutObjectPart(partCtx, s.bucket, object, uploadID, n, bytes.NewReader(buf), int64(len(buf)),
+				minio.PutObjectPartOptions{})
+			mu.Lock()
+			if perr != nil && failed == nil {
+				failed = fmt.Errorf("part %d: %w", n, perr)
+			}
+			parts = append(parts, minio.CompletePart{PartNumber: p.PartNumber, ETag: p.ETag})
+			mu.Unlock()
+			free <- buf[:cap(buf)]
+		}()
+	}
+	partFailed := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return failed
+	}
+	buf := first
+	for n := 1; ; n++ {
+		send(n, buf)
+		if len(buf) < s3PartSize {
+			break // the stream ended in this part
+		}
+		if n == s3MaxParts {
+			err = fmt.Errorf("object larger than %d parts of %d MiB", s3MaxParts, s3PartSize>>20)
+			break
+		}
+		select {
+		case buf = <-free:
+		case <-ctx.Done():
+		}
+		if err = errors.Join(ctx.Err(), partFailed()); err != nil {
+			break
+		}
+		k, rerr := io.ReadFull(r, buf)
+		if rerr == io.EOF {
+			free <- buf
+			break // the stream ended with the last part
+		}
+		if rerr != nil && rerr != io.ErrUnexpectedEOF {
+			free <- buf
+			err = rerr
+			break
+		}
+		buf = buf[:k]
+	}
+	wg.Wait()
+	if err == nil {
+		err = errors.Join(ctx.Err(), partFailed())
+	}
+	if err != nil {
+		if aerr := core.AbortMultipartUpload(partCtx, s.bucket, object, uploadID); aerr != nil {
+			err = errors.Join(err, fmt.Errorf("abort the upload: %w", aerr))
+		}
+		return err
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i].PartNumber < parts[j].PartNumber })
+	if _, err := core.CompleteMultipartUpload(ctx, s.bucket, object, uploadID, parts, minio.PutObjectOptions{}); err != nil {
+		if aerr := core.AbortMultipartUpload(partCtx, s.bucket, object, uploadID); aerr != nil {
+			err = errors.Join(err, fmt.Errorf("abort the upload: %w", aerr))
+		}
+		return fmt.Errorf("complete multipart upload: %w", err)
+	}
+	return nil
+}
+
+// s3MaxParts is the most parts of a multipart upload (S3's limit).
+const s3MaxParts = 10000
