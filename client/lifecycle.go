@@ -89,6 +89,16 @@ func (c *Client) lifecycle(ctx context.Context, id, op string) (*Sandbox, time.D
 	return &sb, pollAfter(h), nil
 }
 
+// PauseError is returned by WaitStatus, waiting for "paused", when the pause failed: the sandbox was not paused
+// and keeps running; Sandbox.Pause.Error says why.
+type PauseError struct {
+	Sandbox *Sandbox
+}
+
+func (e *PauseError) Error() string {
+	return fmt.Sprintf("sandbox %s was not paused and keeps running: %s", e.Sandbox.ID, e.Sandbox.Pause.Error)
+}
+
 // StatusError is returned by WaitStatus when the sandbox went to status "error".
 type StatusError struct {
 	Sandbox *Sandbox
@@ -105,7 +115,8 @@ func (e *StatusError) Error() string {
 // WaitStatus waits until the sandbox's status is want and returns it. It asks the server to answer when the
 // status changes (GET /v1/sandboxes/{id}/wait, up to 20 s per request, again until ctx ends), so it returns
 // within milliseconds of the transition. If the sandbox goes to status "error" (and want is not "error") it
-// returns the sandbox and a *StatusError. Bound the wait with ctx.
+// returns the sandbox and a *StatusError; waiting for "paused", if the pause failed (the sandbox keeps
+// running), the sandbox and a *PauseError. Bound the wait with ctx.
 func (c *Client) WaitStatus(ctx context.Context, id, want string) (*Sandbox, error) {
 	for {
 		timeout := waitChunk
@@ -122,6 +133,9 @@ func (c *Client) WaitStatus(ctx context.Context, id, want string) (*Sandbox, err
 		}
 		if sb.Status == StatusFailed {
 			return &sb, &StatusError{Sandbox: &sb}
+		}
+		if want == StatusPaused && sb.Status == StatusRunning && sb.Pause != nil && sb.Pause.Error != "" {
+			return &sb, &PauseError{Sandbox: &sb}
 		}
 		if err := ctx.Err(); err != nil {
 			return &sb, fmt.Errorf("waiting for sandbox %s to be %s (status %s): %w", id, want, sb.Status, err)

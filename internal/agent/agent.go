@@ -658,7 +658,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		m, err := a.repl.session("snapshot", req)
 		if err != nil {
-			w.emit(Event{Type: "error", Message: "save interpreter: " + err.Error()})
+			w.emit(replError("save interpreter", err))
 			return
 		}
 		w.emit(Event{Type: "ok", Skipped: append(m.Skipped, a.otherProcesses()...), Preload: m.Preload})
@@ -669,7 +669,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		m, err := a.repl.session("restore", req)
 		if err != nil {
-			w.emit(Event{Type: "error", Message: "restore interpreter: " + err.Error()})
+			w.emit(replError("restore interpreter", err))
 			return
 		}
 		w.emit(Event{Type: "ok", Skipped: m.Skipped, Read: m.Read})
@@ -688,20 +688,25 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		w.emit(Event{Type: "ok", ForkHooks: hooks})
 	case OpPreload:
 		if err := a.repl.preload(req.Modules); err != nil {
-			w.emit(Event{Type: "error", Message: "preload: " + err.Error()})
+			w.emit(replError("preload", err))
 			return
 		}
 		w.emit(Event{Type: "ok"})
 	case OpFork:
 		pids, err := a.repl.fork(req.Targets, req.files)
 		if err != nil {
-			w.emit(Event{Type: "error", Message: "fork interpreter: " + err.Error()})
+			w.emit(replError("fork interpreter", err))
 			return
 		}
 		w.emit(Event{Type: "ok", Pids: pids})
 	default:
 		w.emit(Event{Type: "error", Message: fmt.Sprintf("unknown op %q", req.Op)})
 	}
+}
+
+// replError is the answer to an interpreter call that failed with err: Lost when the interpreter was found dead.
+func replError(what string, err error) Event {
+	return Event{Type: "error", Message: what + ": " + err.Error(), Lost: isLost(err)}
 }
 
 // environ builds a process environment from the sandbox's env and per-call overrides.

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/errdefs"
 )
 
 // Client is the server's side of the agent protocol for one sandbox. It keeps a few idle connections for
@@ -35,6 +37,24 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 
 // ErrAgentGone reports that the agent could not be reached or hung up mid-call.
 var ErrAgentGone = errors.New("sandbox agent is not reachable")
+
+// ErrInterpreterLost matches (errors.Is) the error of a call that needed the sandbox's interpreter and found it
+// dead (killed, out of memory since the last call) or saw it die: its state is lost, and the next run_code
+// starts a fresh interpreter. Such an error is also errdefs.ErrConflict: the sandbox's state, not ramify, stops
+// the call (HTTP 409).
+var ErrInterpreterLost = errors.New("the sandbox's interpreter exited and its state is lost")
+
+// answerError is an agent's error answer.
+type answerError struct {
+	msg  string
+	lost bool // the interpreter's state was lost (Event.Lost)
+}
+
+func (e *answerError) Error() string { return "agent: " + e.msg }
+
+func (e *answerError) Is(target error) bool {
+	return e.lost && (target == ErrInterpreterLost || target == errdefs.ErrConflict)
+}
 
 func (c *Client) get(ctx context.Context) (*clientConn, error) {
 	c.mu.Lock()
@@ -196,7 +216,7 @@ func (c *Client) events(ctx context.Context, cc *clientConn, onEvent func(Event)
 		}
 		if ev.Terminal() {
 			if ev.Type == "error" {
-				return ev, fmt.Errorf("agent: %s", ev.Message)
+				return ev, &answerError{msg: ev.Message, lost: ev.Lost}
 			}
 			return ev, nil
 		}

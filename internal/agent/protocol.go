@@ -133,6 +133,9 @@ type Event struct {
 	ReplPid int    `json:"repl_pid,omitempty"`
 	Pids    []int  `json:"pids,omitempty"`
 	Message string `json:"message,omitempty"`
+	// error: the call needed the interpreter, which had exited (killed, out of memory) or died during it: its
+	// state is lost, and the next run starts a fresh one (the client's error is ErrInterpreterLost)
+	Lost bool `json:"interpreter_lost,omitempty"`
 
 	// ok (interrupt)
 	Interrupted *Interrupted `json:"interrupted_calls,omitempty"`

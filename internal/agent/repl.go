@@ -116,6 +116,18 @@ type repl struct {
 // exitedSinceLastCall is what a run (or call) says when the interpreter died since the last one.
 const exitedSinceLastCall = "the interpreter had exited since the last call (killed?); its state is lost and a fresh interpreter runs the next call"
 
+// lostError is the error of a call (not a run) that needed the interpreter and found it dead, or saw it die: its
+// state is lost. The agent's answer says so (Event.Lost), and the server answers such a call with a conflict.
+type lostError struct{ msg string }
+
+func (e *lostError) Error() string { return e.msg }
+
+// isLost reports whether err says the interpreter's state was lost (lostError).
+func isLost(err error) bool {
+	var l *lostError
+	return errors.As(err, &l)
+}
+
 // takeLost reports, once, that a call found the interpreter dead since the last run or call.
 func (p *repl) takeLost() bool {
 	p.mu.Lock()
@@ -721,7 +733,7 @@ func (p *repl) callFile(req map[string]any, fds ...int) (replMsg, error) {
 	p.turn <- struct{}{}
 	defer p.endTurn()
 	if p.takeLost() {
-		return replMsg{}, errors.New(exitedSinceLastCall)
+		return replMsg{}, &lostError{exitedSinceLastCall}
 	}
 	if _, err := p.ensure(); err != nil {
 		return replMsg{}, err
@@ -746,14 +758,15 @@ func (p *repl) forkHooks() (bool, error) {
 // found dead is dropped, and the next run or call says so (lost).
 func (p *repl) exchange(req map[string]any, fds ...int) (replMsg, error) {
 	if err := p.sendFile(req, fds...); err != nil {
+		// Writing to it failed: it had exited since the last call (killed, out of memory).
 		p.dropLost()
-		return replMsg{}, err
+		return replMsg{}, &lostError{exitedSinceLastCall}
 	}
 	for {
 		m, err := p.recv()
 		if err != nil {
 			p.dropLost()
-			return replMsg{}, fmt.Errorf("interpreter died during %s: %w", req["op"], err)
+			return replMsg{}, &lostError{fmt.Sprintf("the interpreter died during %s (killed, or out of memory: %v); its state is lost and a fresh interpreter runs the next call", req["op"], err)}
 		}
 		if m.Type == "result" {
 			if m.Error != nil {

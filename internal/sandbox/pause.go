@@ -109,6 +109,14 @@ func (s *Service) startLifecycle(ctx context.Context, id string, op Op, done, bu
 		return Info{}, false, err
 	}
 	s.mu.Lock()
+	if op == OpPause {
+		// A new pause: the last one's failure no longer describes the sandbox (and a wait for paused must not
+		// end on it: see pauseFailed).
+		if pi := s.pauseInfo(e); pi.Error != "" {
+			pi.Error = ""
+			s.setPauseInfo(e, pi)
+		}
+	}
 	s.setStatus(e, busy) //nolint:errcheck // admitted above; e is held exclusively
 	in := s.info(e)
 	s.mu.Unlock()

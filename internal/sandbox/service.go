@@ -526,7 +526,7 @@ func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time
 		info := s.info(e)
 		changed := s.changes(e) // woken by setStatus and retire
 		s.mu.Unlock()
-		if info.Status == want || info.Status == StatusError {
+		if info.Status == want || info.Status == StatusError || pauseFailed(info, want) {
 			return info, nil
 		}
 		select {
@@ -537,6 +537,13 @@ func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time
 		case <-changed:
 		}
 	}
+}
+
+// pauseFailed reports whether a wait for want can end because the pause it waits for failed: a failed pause
+// leaves the sandbox running with pause.error set (a new pause clears it as it starts), so it would never be
+// paused by that pause.
+func pauseFailed(info Info, want Status) bool {
+	return want == StatusPaused && info.Status == StatusRunning && info.Pause != nil && info.Pause.Error != ""
 }
 
 // ListOptions filters List.

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -40,5 +41,73 @@ func TestWaitWakesWithoutTime(t *testing.T) {
 			t.Fatalf("fake time advanced by %s", d)
 		}
 		e.svc.Close()
+	})
+}
+
+// TestWaitEndsOnAFailedPause: a wait for paused ends as soon as the pause it waits for fails (the sandbox is
+// running again, pause.error says why), whether the failure comes while it waits or came before it asked; a
+// new pause clears the old failure, so a wait for it is not ended by the last one.
+func TestWaitEndsOnAFailedPause(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create()
+	var fail atomic.Bool
+	fail.Store(true)
+	hold := make(chan struct{}, 2)
+	e.rt.SetFault(func(ctx context.Context, method, sid string) error {
+		if method == "agent:snapshot_repl" {
+			select {
+			case <-hold:
+			case <-ctx.Done():
+			}
+			if fail.Load() {
+				return errors.New("the interpreter is gone")
+			}
+		}
+		return nil
+	})
+	if _, _, err := e.svc.Pause(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan Info, 1)
+	go func() {
+		in, _ := e.svc.Wait(context.Background(), id, StatusPaused, time.Hour)
+		got <- in
+	}()
+	waitBlocked(t, "(*Service).Wait", "select")
+	hold <- struct{}{}
+	within(t, 20*time.Second, "Wait for paused after the pause failed", func() {
+		if in := <-got; in.Status != StatusRunning || in.Pause == nil || in.Pause.Error == "" {
+			t.Errorf("Wait = status %s, pause %+v; want running with the pause's error", in.Status, in.Pause)
+		}
+	})
+	within(t, 5*time.Second, "Wait for paused asked after the pause failed", func() {
+		if in, err := e.svc.Wait(context.Background(), id, StatusPaused, time.Hour); err != nil || in.Status != StatusRunning {
+			t.Errorf("Wait = %s, %v", in.Status, err)
+		}
+	})
+	// A new pause clears the failure: a wait for it waits until it is done, and sees it succeed.
+	fail.Store(false)
+	in, _, err := e.svc.Pause(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Pause != nil && in.Pause.Error != "" {
+		t.Fatalf("a new pause still shows the last one's error: %q", in.Pause.Error)
+	}
+	go func() {
+		in, _ := e.svc.Wait(context.Background(), id, StatusPaused, time.Hour)
+		got <- in
+	}()
+	waitBlocked(t, "(*Service).Wait", "select")
+	select {
+	case in := <-got:
+		t.Fatalf("the wait for the second pause ended before it finished, with status %s", in.Status)
+	case <-time.After(100 * time.Millisecond):
+	}
+	hold <- struct{}{}
+	within(t, 20*time.Second, "Wait for the second pause", func() {
+		if in := <-got; in.Status != StatusPaused {
+			t.Errorf("Wait = %s, want paused", in.Status)
+		}
 	})
 }

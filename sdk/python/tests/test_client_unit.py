@@ -29,6 +29,7 @@ from ramify import (  # noqa: E402
     Execution,
     FileNotFound,
     InvalidRequest,
+    PauseFailed,
     RamifyError,
     Sandbox,
     SandboxDefunct,
@@ -657,6 +658,20 @@ class TestPauseResume(StubTestCase):
         with self.assertRaises(Timeout):
             sb.resume(poll_timeout=0.4)
         self.assertLess(time.monotonic() - t0, 2)
+
+    def test_pause_failed(self):
+        # The server answers the wait when the pause failed: running, pause.error set. No waiting out the timeout.
+        self.stub.on("POST", SBX + "/pause", Reply(202, sandbox_json("sbx_1", status="pausing")))
+        sb = self.sandbox()
+        failed = sandbox_json("sbx_1", status="running", pause={"error": "pause failed: its state is lost"})
+        self.stub.on("GET", SBX + "/wait", Reply(200, failed))
+        t0 = time.monotonic()
+        with self.assertRaises(PauseFailed) as cm:
+            sb.pause(poll_timeout=30)
+        self.assertLess(time.monotonic() - t0, 2)
+        self.assertIn("its state is lost", str(cm.exception))
+        self.assertEqual(cm.exception.body["status"], "running")
+        self.assertEqual(len(self.stub.reqs("GET")), 1)
 
     def test_pause_conflict(self):
         self.stub.on("POST", SBX + "/pause", Reply(409, {"error": "sandbox is not running"}))

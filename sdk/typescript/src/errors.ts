@@ -66,6 +66,12 @@ export class SandboxDefunct extends SandboxNotFound {}
 export class SandboxErrorState extends RamifyError {}
 
 /**
+ * The pause waited for failed: the sandbox was not paused and keeps running (`body` holds the sandbox info, whose
+ * `pause.error` says why).
+ */
+export class PauseFailed extends RamifyError {}
+
+/**
  * The server's 404 for a sandbox: "sandbox not found", or for an id it retired "sandbox sbx_... was merged into
  * sbx_... at ..." / "sandbox sbx_... was deleted at ...". A file route's 404 for a missing path says otherwise.
  */

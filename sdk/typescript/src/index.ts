@@ -40,4 +40,5 @@ export {
   ServerUnreachable,
   SandboxDefunct,
   SandboxErrorState,
+  PauseFailed,
 } from "./errors.js";

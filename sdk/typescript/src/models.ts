@@ -20,7 +20,8 @@ export interface SandboxInfo {
   parent_id?: string | null;
   forked_from?: string | null;
   error?: string;
-  pause?: Record<string, unknown>;
+  /** What the last pause and resume reported; `error` when the last pause failed (the sandbox keeps running). */
+  pause?: { error?: string; [key: string]: unknown };
   /** Whether the sandbox's ports are reachable over HTTP, and where (`{port}` stands for the port). */
   ingress?: IngressInfo;
   /** The template the sandbox was created from, if any. */

@@ -3,6 +3,7 @@ import {
   RamifyError,
   SandboxDefunct,
   SandboxErrorState,
+  PauseFailed,
   SandboxNotFound,
   ServerError,
   TimeoutError,
@@ -572,7 +573,9 @@ export class Sandbox {
 
   /**
    * @internal Wait until the status is `target`: the server answers `GET .../wait` as soon as it is (or when it goes
-   * to `error`), so this returns within milliseconds of the transition (the 202's `X-Poll-After` is not needed).
+   * to `error`, or, waiting for `paused`, when the pause failed), so this returns within milliseconds of the
+   * transition (the 202's `X-Poll-After` is not needed). Throws `SandboxErrorState` on `error` and `PauseFailed`
+   * when the pause failed.
    */
   async _waitFor(target: string, timeoutS: number): Promise<SandboxInfo> {
     const deadline = Date.now() + timeoutS * 1000;
@@ -599,6 +602,10 @@ export class Sandbox {
           undefined,
           this.info,
         );
+      }
+      const pauseError = this.info.pause?.error;
+      if (target === "paused" && status === "running" && pauseError) {
+        throw new PauseFailed(`sandbox ${this.id} was not paused and keeps running: ${pauseError}`, undefined, this.info);
       }
     }
   }

@@ -16,6 +16,7 @@ import {
   ServerUnreachable,
   SandboxDefunct,
   SandboxErrorState,
+  PauseFailed,
   retryPolicy,
 } from "../dist/index.js";
 import { startStub, sendJson, json, info, sleep, ID, ID2, ID3 } from "./helpers/stub.js";
@@ -465,6 +466,20 @@ describe("pause and resume", () => {
         setTimeout(() => sendJson(res, 200, info(ID, "pausing")), Number(rec.query.get("timeout_s")) * 1000),
     });
     await assert.rejects(sb.pause({ pollTimeoutS: 0.3 }), TimeoutError);
+  });
+
+  test("a failed pause -> PauseFailed at once, the sandbox running", async () => {
+    const sb = await connected();
+    stub.handler = routes({
+      [`POST /v1/sandboxes/${ID}/pause`]: (rec, res) => sendJson(res, 202, info(ID, "pausing")),
+      [`GET /v1/sandboxes/${ID}/wait`]: (rec, res) =>
+        sendJson(res, 200, info(ID, "running", { pause: { error: "pause failed: its state is lost" } })),
+    });
+    const t0 = Date.now();
+    await assert.rejects(sb.pause({ pollTimeoutS: 30 }), (e) => e instanceof PauseFailed && /state is lost/.test(e.message));
+    assert.ok(Date.now() - t0 < 2000, `the failure took ${Date.now() - t0}ms`);
+    assert.equal(sb.info.status, "running");
+    assert.equal(stub.requests.length, 2);
   });
 
   test("pause of a running-only state: 409 is Conflict", async () => {

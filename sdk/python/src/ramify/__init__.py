@@ -15,6 +15,7 @@ from .exceptions import (
     FileNotFound,
     InvalidRequest,
     NotFound,
+    PauseFailed,
     RamifyError,
     SandboxDefunct,
     SandboxErrorState,
@@ -51,4 +52,5 @@ __all__ = [
     "ServerUnreachable",
     "SandboxDefunct",
     "SandboxErrorState",
+    "PauseFailed",
 ]

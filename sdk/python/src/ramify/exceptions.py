@@ -23,6 +23,7 @@ __all__ = [
     "ServerUnreachable",
     "SandboxDefunct",
     "SandboxErrorState",
+    "PauseFailed",
 ]
 
 
@@ -93,6 +94,11 @@ class SandboxDefunct(SandboxNotFound):
 
 class SandboxErrorState(RamifyError):
     """The sandbox went to status ``error`` while waiting for it (``info["error"]`` holds the reason)."""
+
+
+class PauseFailed(RamifyError):
+    """The pause waited for failed: the sandbox was not paused and keeps running (``body`` is the sandbox info;
+    ``body["pause"]["error"]`` says why)."""
 
 
 # The server's 404 for a sandbox: "sandbox not found", or for an id it retired "sandbox sbx_... was merged into

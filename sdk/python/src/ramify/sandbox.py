@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 from ._http import DEFAULT_REQUEST_TIMEOUT, HTTPClient, Response, StreamResponse, iter_ndjson
 from .exceptions import (
+    PauseFailed,
     RamifyError,
     SandboxDefunct,
     SandboxErrorState,
@@ -620,8 +621,9 @@ class Sandbox:
 
     def _wait_for(self, target: str, timeout: float) -> Dict[str, Any]:
         """Wait until the sandbox's status is ``target``: the server answers ``GET .../wait`` as soon as it is (or
-        when ``status`` goes to ``error``), so this returns within milliseconds of the transition (the 202's
-        ``X-Poll-After`` is not needed)."""
+        when ``status`` goes to ``error``, or, waiting for ``paused``, when the pause failed), so this returns
+        within milliseconds of the transition (the 202's ``X-Poll-After`` is not needed). Raises
+        :class:`SandboxErrorState` on ``error`` and :class:`PauseFailed` when the pause failed."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -649,6 +651,9 @@ class Sandbox:
                     f"sandbox {self.id} went to status 'error' while waiting for {target!r}: {reason}",
                     None, self.info,
                 )
+            pause_error = (self.info.get("pause") or {}).get("error")
+            if target == "paused" and status == "running" and pause_error:
+                raise PauseFailed(f"sandbox {self.id} was not paused and keeps running: {pause_error}", None, self.info)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
