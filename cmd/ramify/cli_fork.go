@@ -122,7 +122,7 @@ func (e *cli) lifecycle(ctx context.Context, args []string, verb, doing, want st
 	}
 	id := pos[0]
 	start := time.Now()
-	sb, pollAfter, err := call(ctx, id)
+	sb, _, err := call(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -132,14 +132,7 @@ func (e *cli) lifecycle(ctx context.Context, args []string, verb, doing, want st
 		}
 		wctx, cancel := context.WithTimeout(ctx, *waitTimeout)
 		defer cancel()
-		if pollAfter > 0 {
-			t := time.NewTimer(pollAfter)
-			select {
-			case <-wctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-		}
+		// No sleeping out the 202's X-Poll-After first: the server's wait answers at the transition.
 		sb, err = e.c.WaitStatus(wctx, id, want)
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
