@@ -161,7 +161,7 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader) (Object, error) {
 	n, err := io.ReadFull(cr, *first)
 	switch {
 	case err == io.EOF || err == io.ErrUnexpectedEOF:
-		_, err = s.client.PutObject(ctx, s.bucket, s.prefix+key, bytes.NewReader((*first)[:n]), int64(n), s3PutOptions)
+		err = s.putOne(ctx, s.prefix+key, (*first)[:n])
 	case err == nil:
 		err = s.putMultipart(ctx, s.prefix+key, *first, cr, s3PutOptions)
 	}
@@ -172,6 +172,17 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader) (Object, error) {
 		return Object{}, fmt.Errorf("put %s: %w", key, err)
 	}
 	return Object{Key: key, Size: cr.n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+// putOne stores data, at most a part, in a single request.
+func (s *S3) putOne(ctx context.Context, object string, data []byte) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watch := newStallWatch(cancel)
+	defer watch.Close()
+	defer watch.begin()()
+	_, err := s.client.PutObject(ctx, s.bucket, object, &progressReader{bytes.NewReader(data), watch}, int64(len(data)), s3PutOptions)
+	return stalled(ctx, err)
 }
 
 // s3PutOptions are the options of every object Put writes.
@@ -197,15 +208,24 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	watch := newStallWatch(cancel)
 	obj, err := s.client.GetObject(ctx, s.bucket, s.prefix+key, minio.GetObjectOptions{})
 	if err != nil {
+		watch.Close()
+		cancel(nil)
 		return nil, mapErr("get", key, err)
 	}
-	if _, err := obj.Stat(); err != nil { // sends the request
+	end := watch.begin()
+	_, err = obj.Stat() // sends the request
+	end()
+	if err != nil {
 		obj.Close()
-		return nil, mapErr("get", key, err)
+		watch.Close()
+		cancel(nil)
+		return nil, mapErr("get", key, stalled(ctx, err))
 	}
-	return obj, nil
+	return &watchedBody{rc: obj, ctx: ctx, cancel: cancel, w: watch}, nil
 }
 
 // Stat returns the object's size and its x-amz-meta-sha256.

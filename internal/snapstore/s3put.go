@@ -21,8 +21,12 @@ import (
 // flight are let finish (they are bounded and would otherwise race the abort: a part the server is still
 // writing when the upload is aborted can leave it behind) and then the upload is aborted.
 
-// s3PutAbortTimeout bounds the wait for parts in flight and the abort after a failed Put.
-const s3PutAbortTimeout = time.Minute
+// s3AbortGrace is how long the parts in flight of a failed Put may take to finish, and its abort to answer.
+var s3AbortGrace = 30 * time.Second
+
+// s3CompleteTimeout bounds the request that completes a multipart upload (a service may assemble the object
+// before it answers).
+const s3CompleteTimeout = 10 * time.Minute
 
 // partResult is an uploaded part, or why it failed.
 type partResult struct {
@@ -33,13 +37,18 @@ type partResult struct {
 // putMultipart uploads r (already read up to first, a full part) to object as a multipart upload.
 func (s *S3) putMultipart(ctx context.Context, object string, first []byte, r io.Reader, opts minio.PutObjectOptions) (err error) {
 	core := minio.Core{Client: s.client}
-	uploadID, err := core.NewMultipartUpload(ctx, s.bucket, object, opts)
+	// Parts run on a context of their own, which the caller's end does not cancel (they finish, within
+	// s3AbortGrace, before the abort) and the stall watch does.
+	partCtx, cancelParts := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelParts(nil)
+	watch := newStallWatch(cancelParts)
+	defer watch.Close()
+	end := watch.begin()
+	uploadID, err := core.NewMultipartUpload(partCtx, s.bucket, object, opts)
+	end()
 	if err != nil {
-		return fmt.Errorf("start multipart upload: %w", err)
+		return fmt.Errorf("start multipart upload: %w", stalled(partCtx, err))
 	}
-	// Parts run on a context that the caller's end does not cancel: they finish (or time out) before the abort.
-	partCtx, cancelParts := context.WithTimeout(context.WithoutCancel(ctx), s3PutAbortTimeout)
-	defer cancelParts()
 	free := make(chan []byte, s3Parallel)
 	for i := 1; i < s3Parallel; i++ {
 		free <- make([]byte, s3PartSize)
@@ -54,8 +63,10 @@ func (s *S3) putMultipart(ctx context.Context, object string, first []byte, r io
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p, perr := core.PutObjectPart(partCtx, s.bucket, object, uploadID, n, bytes.NewReader(buf), int64(len(buf)),
-				minio.PutObjectPartOptions{})
+			end := watch.begin()
+			p, perr := core.PutObjectPart(partCtx, s.bucket, object, uploadID, n, &progressReader{bytes.NewReader(buf), watch},
+				int64(len(buf)), minio.PutObjectPartOptions{})
+			end()
 			mu.Lock()
 			if perr != nil && failed == nil {
 				failed = fmt.Errorf("part %d: %w", n, perr)
@@ -83,8 +94,9 @@ func (s *S3) putMultipart(ctx context.Context, object string, first []byte, r io
 		select {
 		case buf = <-free:
 		case <-ctx.Done():
+		case <-partCtx.Done():
 		}
-		if err = errors.Join(ctx.Err(), partFailed()); err != nil {
+		if err = errors.Join(ctx.Err(), partFailed(), context.Cause(partCtx)); err != nil {
 			break
 		}
 		k, rerr := io.ReadFull(r, buf)
@@ -99,22 +111,30 @@ func (s *S3) putMultipart(ctx context.Context, object string, first []byte, r io
 		}
 		buf = buf[:k]
 	}
+	if err != nil {
+		t := time.AfterFunc(s3AbortGrace, func() { cancelParts(errors.New("the parts in flight of a failed upload took too long")) })
+		defer t.Stop()
+	}
 	wg.Wait()
 	if err == nil {
 		err = errors.Join(ctx.Err(), partFailed())
 	}
-	if err != nil {
-		if aerr := core.AbortMultipartUpload(partCtx, s.bucket, object, uploadID); aerr != nil {
+	abort := func(err error) error {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3AbortGrace)
+		defer cancel()
+		if aerr := core.AbortMultipartUpload(actx, s.bucket, object, uploadID); aerr != nil {
 			err = errors.Join(err, fmt.Errorf("abort the upload: %w", aerr))
 		}
 		return err
 	}
+	if err != nil {
+		return abort(stalled(partCtx, err))
+	}
 	sort.Slice(parts, func(i, j int) bool { return parts[i].PartNumber < parts[j].PartNumber })
-	if _, err := core.CompleteMultipartUpload(ctx, s.bucket, object, uploadID, parts, minio.PutObjectOptions{}); err != nil {
-		if aerr := core.AbortMultipartUpload(partCtx, s.bucket, object, uploadID); aerr != nil {
-			err = errors.Join(err, fmt.Errorf("abort the upload: %w", aerr))
-		}
-		return fmt.Errorf("complete multipart upload: %w", err)
+	cctx, cancel := context.WithTimeout(ctx, s3CompleteTimeout)
+	defer cancel()
+	if _, err := core.CompleteMultipartUpload(cctx, s.bucket, object, uploadID, parts, minio.PutObjectOptions{}); err != nil {
+		return abort(fmt.Errorf("complete multipart upload: %w", err))
 	}
 	return nil
 }
