@@ -1035,8 +1035,27 @@ class _PickleChunks:
         return len(b)
 
 
+def _dill():
+    """Import dill. Its import asks tempfile for the temporary directory, which probes each candidate by writing a
+    file in it: on a sandbox whose disk quota is full every probe fails and the import raises, so no session
+    could be saved (a pause failed) or loaded. The probe is skipped for the import only (TMPDIR, else /tmp), and
+    tempfile is left as the session had it."""
+    if "dill" in sys.modules:
+        return sys.modules["dill"]
+    import tempfile
+    saved = tempfile.tempdir
+    if saved is None:
+        tempfile.tempdir = os.environ.get("TMPDIR") or "/tmp"
+    try:
+        import dill
+    finally:
+        tempfile.tempdir = saved
+    return dill
+
+
 def _session_pickler():
-    import dill, importlib
+    import importlib
+    dill = _dill()
     is_installed = getattr(dill._dill, "_is_builtin_module", None)
 
     class Pickler(dill.Pickler):
@@ -1201,8 +1220,7 @@ def _restore_stream(fd):
             elif kind in (b"E", b"S"):
                 try:
                     if kind == b"E":
-                        import dill
-                        unpickler = dill.Unpickler
+                        unpickler = _dill().Unpickler
                     else:
                         unpickler = pickle.Unpickler
                     _ns[name] = unpickler(io.BytesIO(b"".join(chunks)), buffers=bufs).load()
@@ -1224,7 +1242,7 @@ def _restore_stream(fd):
 
 def _restore(directory):
     """Load what _snapshot saved into the session; return the names that failed to load."""
-    import dill
+    dill = _dill()
     with open(os.path.join(directory, "session.json")) as f:
         meta = json.load(f)
     failed = []

@@ -59,7 +59,7 @@ func (s *Service) Pause(ctx context.Context, id string) (info Info, accepted boo
 // status done (then it answers at once, accepted false), checks op against the state table and ready (if set),
 // records status busy, and runs work in the background, which holds the sandbox until it is finished: other
 // calls wait, then see the outcome.
-func (s *Service) startLifecycle(ctx context.Context, id string, op Op, done, busy Status, ready func(*entry) error, work func(*entry)) (Info, bool, error) {
+func (s *Service) startLifecycle(ctx context.Context, id string, op Op, done, busy Status, ready func(*entry) error, work func(context.Context, *entry)) (Info, bool, error) {
 	if err := s.snapshots(); err != nil {
 		return Info{}, false, err
 	}
@@ -119,12 +119,21 @@ func (s *Service) startLifecycle(ctx context.Context, id string, op Op, done, bu
 	}
 	s.setStatus(e, busy) //nolint:errcheck // admitted above; e is held exclusively
 	in := s.info(e)
+	// The work holds e until it is finished; it runs on the service's context, which Close cancels, and a
+	// delete of the sandbox too (e.abort).
+	wctx, abort := context.WithCancelCause(s.ctx)
+	e.abort = abort
 	s.mu.Unlock()
-	// The work holds e until it is finished; it runs on the service's context, which Close cancels.
 	go func() {
 		defer s.wg.Done()
 		defer release()
-		work(e)
+		defer func() {
+			s.mu.Lock()
+			e.abort = nil
+			s.mu.Unlock()
+			abort(nil)
+		}()
+		work(wctx, e)
 	}()
 	return in, true, nil
 }
@@ -138,7 +147,7 @@ func (s *Service) pauseOnTimeout(ctx context.Context, id string) error {
 // pause does the work on the service's context (Close cancels it: the pause then fails and rolls back); the
 // caller holds e.op exclusively. Its phases: write the snapshot (writeSnapshot), then commit (commitPause); a
 // failure before the commit rolls back (failPause) and the sandbox keeps running.
-func (s *Service) pause(e *entry) {
+func (s *Service) pause(ctx context.Context, e *entry) {
 	start := time.Now()
 	s.mu.Lock()
 	h, id, specJSON := e.handle, e.rec.ID, e.rec.Spec
@@ -149,8 +158,11 @@ func (s *Service) pause(e *entry) {
 		s.failPause(e, h, nil, prefix, errors.New("this runtime cannot pause sandboxes"))
 		return
 	}
-	m, err := s.writeSnapshot(s.ctx, fk, h, id, prefix, specJSON, start)
+	m, err := s.writeSnapshot(ctx, fk, h, id, prefix, specJSON, start)
 	if err != nil {
+		if c := context.Cause(ctx); c != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", c, err)
+		}
 		s.failPause(e, h, fk, prefix, err)
 		return
 	}
@@ -203,8 +215,18 @@ func (s *Service) failPause(e *entry, h runtime.Handle, fk runtime.Forker, prefi
 	s.log.Warn("pause failed; the sandbox keeps running", "sandbox", id, "err", err)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), rollbackTimeout)
 	defer cancel()
-	if err := s.cfg.Snapshots.Delete(ctx, prefix); err != nil {
-		s.log.Warn("pause failed: delete the partial snapshot", "sandbox", id, "err", err)
+	// What was written of the snapshot goes in the background: a store that failed the pause may take long to
+	// answer the delete too, and the sandbox is running again meanwhile (no record names that prefix; a
+	// restart reclaims what a failed delete leaves).
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), rollbackTimeout)
+		defer cancel()
+		if err := s.cfg.Snapshots.Delete(ctx, prefix); err != nil {
+			s.log.Warn("pause failed: delete the partial snapshot", "sandbox", id, "err", err)
+		}
+	}
+	if !s.goBackground(drop) {
+		drop()
 	}
 	if fk != nil {
 		fk.Thaw(ctx, h) //nolint:errcheck // best effort: it may not be frozen

@@ -35,13 +35,16 @@ func (s *Service) Resume(ctx context.Context, id string) (info Info, accepted bo
 // the caller holds e.op exclusively. Its phases: bring the sandbox back from its snapshot (restore), then commit
 // (commitResume); a failure marks the sandbox error with its snapshot kept, so it can be resumed again
 // (failResume).
-func (s *Service) resume(e *entry) {
+func (s *Service) resume(ctx context.Context, e *entry) {
 	start := time.Now()
 	s.mu.Lock()
 	id, prefix := e.rec.ID, e.rec.Snapshot
 	s.mu.Unlock()
-	m, h, notRestored, err := s.restore(s.ctx, e, prefix, start)
+	m, h, notRestored, err := s.restore(ctx, e, prefix, start)
 	if err != nil {
+		if c := context.Cause(ctx); c != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", c, err)
+		}
 		s.failResume(e, err)
 		return
 	}

@@ -134,6 +134,8 @@ type entry struct {
 	// many more sets of them may go unused, aheadTimer the timer that makes them (ahead.go).
 	aheadN, aheadTries int
 	aheadTimer         *time.Timer
+	// abort cancels the pause or resume running in the background, if any (a delete does: see destroy).
+	abort context.CancelCauseFunc
 }
 
 // New builds the service and reconciles the records with what is running: sandboxes that survived a restart
@@ -539,6 +541,9 @@ func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time
 	}
 }
 
+// errDeleted is why a pause or resume in progress was stopped by a delete.
+var errDeleted = errors.New("the sandbox is being deleted")
+
 // pauseFailed reports whether a wait for want can end because the pause it waits for failed: a failed pause
 // leaves the sandbox running with pause.error set (a new pause clears it as it starts), so it would never be
 // paused by that pause.
@@ -765,11 +770,23 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 
 // destroy is Delete; reason says why, to later callers of the id.
 func (s *Service) destroy(ctx context.Context, id, reason string) error {
+	// A pause or resume in progress would hold the sandbox until it ends, which a snapshot store or an
+	// interpreter that stopped answering can put off for long: the delete stops it (it rolls back) first.
+	if e, err := s.lookup(id); err == nil {
+		s.mu.Lock()
+		if e.abort != nil {
+			e.abort(errDeleted)
+		}
+		s.mu.Unlock()
+	}
 	es, release, err := s.acquire(exclusive, OpDestroy, id)
 	if err != nil {
 		return err
 	}
 	defer release()
+	// Once it holds the sandbox the delete goes to its end, whether or not its caller still waits: half a
+	// destroy would leave the sandbox listed in error.
+	ctx = context.WithoutCancel(ctx)
 	e := es[0]
 	s.mu.Lock()
 	h, snapshot := e.handle, e.rec.Snapshot

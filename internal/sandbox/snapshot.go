@@ -10,6 +10,7 @@ import (
 	"hash"
 	"io"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -108,15 +109,34 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 	type put struct {
 		obj snapstore.Object
 		err error
+		own bool // the store failed on its own, not because its end of the pipe was closed (cut)
+	}
+	// The store reads until the interpreter's end of the pipe closes. When the interpreter's save failed, or the
+	// pause is stopped, that may never come (its end left open): the store's end is closed instead (cut), which
+	// ends its read at once.
+	var cut atomic.Bool
+	unblock := func() {
+		cut.Store(true)
+		pr.Close()
 	}
 	done := make(chan put, 1)
 	go func() {
 		obj, err := s.cfg.Snapshots.Put(ctx, key, pr)
+		own := err != nil && !cut.Load()
 		pr.Close() // a failed store stops the interpreter's writes (EPIPE)
-		done <- put{obj, err}
+		done <- put{obj, err, own}
 	}()
+	stop := context.AfterFunc(ctx, unblock)
+	defer stop()
 	skipped, preload, err := c.SnapshotSession(ctx, pw)
+	if err != nil {
+		unblock()
+	}
 	p := <-done
+	if p.own {
+		// The store failed first (and the interpreter's writes with it): its error is the cause.
+		return savedSession{}, fmt.Errorf("write session.bin: %w", p.err)
+	}
 	if err != nil {
 		return savedSession{}, err
 	}
@@ -169,6 +189,10 @@ func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix strin
 		h := sha256.New()
 		n, werr := copyHashed(pw, rc, h)
 		pw.Close()
+		if werr != nil && !errors.Is(werr, errReaderGone) {
+			done <- cutShort("session.bin", n, want, werr)
+			return
+		}
 		if err := checkPart("session.bin", n, h, want); err != nil {
 			done <- err
 			return
@@ -273,8 +297,11 @@ func (s *Service) putTar(ctx context.Context, key, dir string, skip func(string)
 func (s *Service) readManifest(ctx context.Context, prefix string) (Manifest, error) {
 	var m Manifest
 	rc, err := s.cfg.Snapshots.Get(ctx, prefix+"manifest.json")
-	if err != nil {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return m, fmt.Errorf("snapshot %s has no manifest: %w", prefix, err)
+	}
+	if err != nil {
+		return m, fmt.Errorf("snapshot %s: read its manifest (the snapshot is kept: try again once the store answers): %w", prefix, err)
 	}
 	defer rc.Close()
 	b, err := io.ReadAll(io.LimitReader(rc, 16<<20))
@@ -303,7 +330,10 @@ func (s *Service) extractPart(ctx context.Context, prefix, name string, m Manife
 	_, xerr := layertar.Extract(cr, dir)
 	// Read the rest (tar padding after the end marker counts too; after a failed extract, it tells a corrupt
 	// part from a bad one).
-	io.Copy(io.Discard, cr) //nolint:errcheck
+	io.Copy(io.Discard, cr) //nolint:errcheck // cr.err has it
+	if cr.err != nil {
+		return cutShort(name, cr.n, want, cr.err)
+	}
 	if err := checkPart(name, cr.n, h, want); err != nil {
 		return err
 	}
@@ -326,13 +356,25 @@ func checkSum(name string, n int64, sum string, want Part) error {
 	return nil
 }
 
+// countingReader counts what it reads, and keeps the first read error (not the end of the stream).
 type countingReader struct {
-	r io.Reader
-	n int64
+	r   io.Reader
+	n   int64
+	err error
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if err != nil && err != io.EOF && c.err == nil {
+		c.err = err
+	}
 	return n, err
+}
+
+// cutShort is the error of a part whose reading failed after n bytes: the store, not the snapshot, failed (a
+// transfer cut off is not a corrupt part, and the snapshot must not look lost).
+func cutShort(name string, n int64, want Part, err error) error {
+	return fmt.Errorf("snapshot part %s could not be read (after %d of its %d bytes; the snapshot is kept: resume again once the store answers): %w",
+		name, n, want.Size, err)
 }

@@ -111,3 +111,32 @@ func TestWaitEndsOnAFailedPause(t *testing.T) {
 		}
 	})
 }
+
+// TestDeleteStopsAStuckPause: a pause whose session save never ends (a snapshot store or an interpreter that
+// stopped answering) does not hold a delete of the sandbox: the delete stops it, it rolls back, and the sandbox
+// is deleted at once.
+func TestDeleteStopsAStuckPause(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create()
+	stuck := make(chan struct{}, 1)
+	e.rt.SetFault(func(ctx context.Context, method, sid string) error {
+		if method == "agent:snapshot_repl" {
+			stuck <- struct{}{}
+			<-ctx.Done() // stuck until the pause is stopped
+			return ctx.Err()
+		}
+		return nil
+	})
+	if _, _, err := e.svc.Pause(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	<-stuck
+	within(t, 20*time.Second, "Delete of a sandbox whose pause is stuck", func() {
+		if err := e.svc.Delete(context.Background(), id); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+	})
+	if _, err := e.svc.Get(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("get after the delete: %v", err)
+	}
+}

@@ -217,7 +217,7 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		return nil, mapErr("get", key, err)
 	}
 	end := watch.begin()
-	_, err = obj.Stat() // sends the request
+	info, err := obj.Stat() // sends the request
 	end()
 	if err != nil {
 		obj.Close()
@@ -225,7 +225,7 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		cancel(nil)
 		return nil, mapErr("get", key, stalled(ctx, err))
 	}
-	return &watchedBody{rc: obj, ctx: ctx, cancel: cancel, w: watch}, nil
+	return &watchedBody{rc: obj, ctx: ctx, cancel: cancel, w: watch, size: info.Size}, nil
 }
 
 // Stat returns the object's size and its x-amz-meta-sha256.

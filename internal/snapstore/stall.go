@@ -86,12 +86,14 @@ func (p *progressReader) Read(b []byte) (int, error) {
 }
 
 // watchedBody is a Get's object: every read waits on the network under the watch, which cancels the request
-// (ctx) when one stalls; Close ends both.
+// (ctx) when one stalls; Close ends both. A stream that ends before the object's size is an error, not its end.
 type watchedBody struct {
 	rc     io.ReadCloser
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	w      *stallWatch
+	size   int64 // the object's, as its GET answered
+	got    int64
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
@@ -100,6 +102,10 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	end()
 	if n > 0 {
 		b.w.progress()
+		b.got += int64(n)
+	}
+	if err == io.EOF && b.got < b.size {
+		err = fmt.Errorf("the transfer ended after %d of the object's %d bytes: %w", b.got, b.size, io.ErrUnexpectedEOF)
 	}
 	if err != nil && err != io.EOF {
 		err = stalled(b.ctx, err)

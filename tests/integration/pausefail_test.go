@@ -1,0 +1,72 @@
+package integration
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+// A sandbox whose disk quota is full pauses and resumes like any other (the pause once failed there: the
+// interpreter's import of dill asks tempfile for a directory, which probes by writing a file; before the wait
+// learnt of failed pauses, that pause also held the sandbox in pausing for good).
+func TestPauseOfAFullDisk(t *testing.T) {
+	s := testserver.Start(t, "--fork-ahead", "0")
+	ctx := ctxT(t)
+	id := create(t, s, &client.CreateRequest{DiskMiB: 64})
+	value(t, s, id, "v = 'keep-me'")
+	if out := sh(t, s, id, "dd if=/dev/zero of=/root/fill bs=1M 2>&1 | tail -1; echo tail > /root/t || echo full").Stdout; !strings.Contains(out, "full") {
+		t.Fatalf("the disk did not fill: %q", out)
+	}
+	if _, _, err := s.Client.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err := s.Client.WaitStatus(ctx, id, client.StatusPaused); err != nil {
+		t.Fatalf("pause of a full disk: %+v, %v", sb, err)
+	}
+	if _, _, err := s.Client.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.WaitStatus(ctx, id, client.StatusRunning); err != nil {
+		t.Fatal(err)
+	}
+	if v := value(t, s, id, "v"); v != "'keep-me'" {
+		t.Errorf("state after the resume: %s", v)
+	}
+	if out := sh(t, s, id, "stat -c %s /root/fill").Stdout; strings.TrimSpace(out) == "0" || out == "" {
+		t.Errorf("the filled file after the resume: %q", out)
+	}
+}
+
+// A pause held up by the sandbox itself (a thread that holds the interpreter's lock in a catastrophic regular
+// expression, so the save never starts) does not make the sandbox undeletable: a delete stops the pause, which
+// rolls back, and deletes the sandbox within seconds.
+func TestDeleteStopsAPauseHeldByTheSandbox(t *testing.T) {
+	s := testserver.Start(t, "--fork-ahead", "0")
+	ctx := ctxT(t)
+	id := create(t, s, nil)
+	// The thread waits a second first, so that this run_code answers before it takes the lock for good.
+	run(t, s, id, "import re, threading, time\n"+
+		"threading.Thread(target=lambda: (time.sleep(1), re.match(r'(a+)+$', 'a' * 64 + 'b')), daemon=True).start()")
+	time.Sleep(1500 * time.Millisecond)
+	if _, _, err := s.Client.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if sb, err := s.Client.Get(ctx, id); err != nil || sb.Status != "pausing" {
+		t.Fatalf("the held pause: %+v, %v", sb, err)
+	}
+	start := time.Now()
+	if err := s.Client.Delete(ctx, id); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("the delete waited %s for the held pause", d)
+	}
+	if _, err := s.Client.Get(ctx, id); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("get after the delete: %v", err)
+	}
+}
