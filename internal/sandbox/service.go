@@ -541,6 +541,10 @@ func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time
 	}
 }
 
+// destroyTimeout bounds a destroy once it has begun (a process the kernel will not let die, a store that does
+// not answer): the sandbox is retired all the same, and what is left is logged and reclaimed at the next start.
+const destroyTimeout = 2 * time.Minute
+
 // errDeleted is why a pause or resume in progress was stopped by a delete.
 var errDeleted = errors.New("the sandbox is being deleted")
 
@@ -784,9 +788,11 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 		return err
 	}
 	defer release()
-	// Once it holds the sandbox the delete goes to its end, whether or not its caller still waits: half a
-	// destroy would leave the sandbox listed in error.
+	// Once it holds the sandbox the delete goes to its end, whether or not its caller still waits (half a
+	// destroy would leave the sandbox listed in error), within destroyTimeout.
 	ctx = context.WithoutCancel(ctx)
+	dctx, cancel := context.WithTimeout(ctx, destroyTimeout)
+	defer cancel()
 	e := es[0]
 	s.mu.Lock()
 	h, snapshot := e.handle, e.rec.Snapshot
@@ -794,7 +800,7 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 		h = runtime.Handle{ID: id, FamilyID: e.rec.FamilyID}
 	}
 	s.mu.Unlock()
-	if err := s.cfg.Runtime.Destroy(ctx, h); err != nil {
+	if err := s.cfg.Runtime.Destroy(dctx, h); err != nil {
 		s.log.Warn("destroy", "sandbox", id, "err", err)
 	}
 	gone := store.Retired{ID: id, Reason: reason, At: time.Now()}
