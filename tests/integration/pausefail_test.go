@@ -39,6 +39,26 @@ func TestPauseOfAFullDisk(t *testing.T) {
 	if out := sh(t, s, id, "stat -c %s /root/fill").Stdout; strings.TrimSpace(out) == "0" || out == "" {
 		t.Errorf("the filled file after the resume: %q", out)
 	}
+	// Its root is writable (it came back read-only once: the overlay could not make its work directory in a
+	// layer restored up to its quota): the user can make room, then write.
+	if res := sh(t, s, id, "rm /root/fill && echo ok > /root/after && cat /root/after"); res.ExitCode != 0 || strings.TrimSpace(res.Stdout) != "ok" {
+		t.Errorf("writing after the resume: %+v", res)
+	}
+	// A fork of a full sandbox gives children that can make room and write too.
+	sh(t, s, id, "dd if=/dev/zero of=/root/fill bs=1M 2>/dev/null; true")
+	kids, err := s.Client.Fork(ctx, id, 1)
+	if err != nil {
+		t.Fatalf("fork of a full disk: %v", err)
+	}
+	if res := sh(t, s, kids[0], "rm /root/fill && echo ok > /root/x && cat /root/x"); res.ExitCode != 0 || strings.TrimSpace(res.Stdout) != "ok" {
+		t.Errorf("writing in the child of a full disk: %+v", res)
+	}
+	// Both are still held to their quota (it is set once their roots are mounted).
+	for _, sbx := range []string{id, kids[0]} {
+		if out := sh(t, s, sbx, "rm -f /root/fill; dd if=/dev/zero of=/root/big bs=1M count=100 2>&1").Stdout; !strings.Contains(out, "quota") {
+			t.Errorf("%s wrote 100 MiB under a 64 MiB quota: %q", sbx, out)
+		}
+	}
 }
 
 // A pause held up by the sandbox itself (a thread that holds the interpreter's lock in a catastrophic regular

@@ -273,13 +273,16 @@ func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChil
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if c.err = r.limitLayer(c.spec.ID, c.spec.DiskMiB); c.err != nil {
-				return
-			}
 			if c.sb != nil {
 				c.err = r.giveRoot(ctx, f, c.sb, c.spec, c.dir, c.token)
 			} else {
 				c.sb, c.err = r.spawn(ctx, f, c.spec, c.dir, c.token)
+			}
+			if c.err == nil {
+				// Held to its quota only once its root is mounted: a child of a parent at its quota refers to
+				// as much, and the overlay's mount makes its work directory in the layer (at the quota, the
+				// mount would come up read-only). Nothing of the child's runs before its interpreter is moved.
+				c.err = r.limitLayer(c.spec.ID, c.spec.DiskMiB)
 			}
 			if c.err == nil {
 				// Its agent answers: the start (which waits there for the forked interpreter to attach) goes now,

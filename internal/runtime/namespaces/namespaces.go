@@ -305,6 +305,18 @@ func (r *Runtime) mountOverlay(dir string, lowers []string) (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("fsmount overlay: %w", err)
 	}
+	// overlayfs falls back to a read-only mount, with only a kernel log line, when it cannot make its work
+	// directory (a layer at its disk quota): a sandbox whose root cannot be written, whose user cannot even
+	// delete a file to make room. That is an error here, not a sandbox.
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(mfd, &st); err != nil {
+		unix.Close(mfd)
+		return -1, fmt.Errorf("statfs overlay: %w", err)
+	}
+	if st.Flags&unix.ST_RDONLY != 0 {
+		unix.Close(mfd)
+		return -1, fmt.Errorf("overlay on %s %w", dir, errOverlayReadOnly)
+	}
 	return mfd, nil
 }
 
@@ -483,14 +495,27 @@ func (r *Runtime) spawnAgent(ctx context.Context, f *family, spec runtime.Spec, 
 	return sb, nil
 }
 
-// rootMount mounts the overlay of layer dir on image's lower dirs and returns the mount's descriptor.
+// rootMount mounts the overlay of layer dir on image's lower dirs and returns the mount's descriptor. A layer at
+// its disk quota (a fork child's snapshot takes its parent's limit, and refers to as much as the parent) cannot
+// take the work directory the mount makes: its limit is lifted and the mount tried again; the caller holds the
+// layer to its quota once the root is mounted.
 func (r *Runtime) rootMount(image, dir string) (int, error) {
 	lowers, err := r.lowers(image)
 	if err != nil {
 		return -1, err
 	}
-	return r.mountOverlay(dir, lowers)
+	mfd, err := r.mountOverlay(dir, lowers)
+	if errors.Is(err, errOverlayReadOnly) {
+		if lerr := r.limitLayer(filepath.Base(dir), 0); lerr != nil {
+			return -1, errors.Join(err, lerr)
+		}
+		mfd, err = r.mountOverlay(dir, lowers)
+	}
+	return mfd, err
 }
+
+// errOverlayReadOnly: overlayfs mounted the root read-only (it could not make its work directory).
+var errOverlayReadOnly = errors.New("came up read-only (its work directory could not be made: is the layer at its disk quota?)")
 
 // connect attaches the network namespace of sandbox spec's agent (host pid hostPid, nsPid in the family), open
 // at netFD, to the bridge (on port prepared, if not ""), and returns the sandbox, whose agent may not listen yet
@@ -627,9 +652,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		if err := spec.Populate(filepath.Join(dir, "upper")); err != nil {
 			return runtime.Handle{}, fmt.Errorf("populate layer: %w", err)
 		}
-	}
-	// After Populate: a resumed layer is restored whole, then held to its quota.
-	if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
+	} else if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
 		return runtime.Handle{}, err
 	}
 	phase("populated")
@@ -667,6 +690,15 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	}
 	if err != nil {
 		return runtime.Handle{}, err
+	}
+	if spec.Populate != nil {
+		// A populated layer (a resume, a template) is held to its quota only once its root is mounted: it may
+		// be restored up to the quota, and the overlay's mount makes its work directory in the layer (at the
+		// quota, the mount would come up read-only). Nothing of the sandbox's own has run yet.
+		if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
+			r.Stop(context.Background(), sb.h) //nolint:errcheck // the undo below removes the rest
+			return runtime.Handle{}, err
+		}
 	}
 	phase("started")
 	crashpoint.Hit(crashpoint.CreateAfterSpawn)
