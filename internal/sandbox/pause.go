@@ -109,13 +109,16 @@ func (s *Service) startLifecycle(ctx context.Context, id string, op Op, done, bu
 		return Info{}, false, err
 	}
 	s.mu.Lock()
-	if op == OpPause {
+	switch op {
+	case OpPause:
 		// A new pause: the last one's failure no longer describes the sandbox (and a wait for paused must not
 		// end on it: see pauseFailed).
 		if pi := s.pauseInfo(e); pi.Error != "" {
 			pi.Error = ""
 			s.setPauseInfo(e, pi)
 		}
+	case OpResume:
+		e.rec.Error = "" // the last resume's failure: this one is under way
 	}
 	s.setStatus(e, busy) //nolint:errcheck // admitted above; e is held exclusively
 	in := s.info(e)
@@ -212,7 +215,11 @@ func (s *Service) failPause(e *entry, h runtime.Handle, fk runtime.Forker, prefi
 	s.mu.Lock()
 	id := e.rec.ID
 	s.mu.Unlock()
-	s.log.Warn("pause failed; the sandbox keeps running", "sandbox", id, "err", err)
+	if errors.Is(err, errDeleted) {
+		s.log.Info("pause stopped by a delete of the sandbox", "sandbox", id, "err", err)
+	} else {
+		s.log.Warn("pause failed; the sandbox keeps running", "sandbox", id, "err", err)
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), rollbackTimeout)
 	defer cancel()
 	// What was written of the snapshot goes in the background: a store that failed the pause may take long to

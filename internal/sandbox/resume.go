@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -117,7 +118,11 @@ func (s *Service) failResume(e *entry, err error) {
 	defer cancel()
 	s.mu.Lock()
 	id := e.rec.ID
-	s.log.Warn("resume failed; the snapshot is kept, resume may be retried", "sandbox", id, "err", err)
+	if errors.Is(err, errDeleted) {
+		s.log.Info("resume stopped by a delete of the sandbox", "sandbox", id, "err", err)
+	} else {
+		s.log.Warn("resume failed; the snapshot is kept, resume may be retried", "sandbox", id, "err", err)
+	}
 	e.rec.Error = "resume failed: " + errdefs.Message(err) // before setStatus: the error event says it
 	if err := s.setStatus(e, StatusError); err != nil {
 		s.log.Error("resume failed", "sandbox", id, "err", err)

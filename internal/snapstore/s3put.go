@@ -21,8 +21,12 @@ import (
 // flight are let finish (they are bounded and would otherwise race the abort: a part the server is still
 // writing when the upload is aborted can leave it behind) and then the upload is aborted.
 
-// s3AbortGrace is how long the parts in flight of a failed Put may take to finish, and its abort to answer.
-var s3AbortGrace = 30 * time.Second
+// s3AbortGrace is how long the parts in flight of a failed Put may take to finish, and its abort to answer;
+// s3AbortStall how long they may go without a byte moving meanwhile (a service that stopped answering).
+var (
+	s3AbortGrace = 30 * time.Second
+	s3AbortStall = 5 * time.Second
+)
 
 // s3CompleteTimeout bounds the request that completes a multipart upload (a service may assemble the object
 // before it answers).
@@ -112,6 +116,9 @@ func (s *S3) putMultipart(ctx context.Context, object string, first []byte, r io
 		buf = buf[:k]
 	}
 	if err != nil {
+		// The parts in flight finish before the abort, so that none lands after it: while bytes move, within
+		// s3AbortGrace.
+		watch.tighten(s3AbortStall)
 		t := time.AfterFunc(s3AbortGrace, func() { cancelParts(errors.New("the parts in flight of a failed upload took too long")) })
 		defer t.Stop()
 	}
@@ -120,9 +127,19 @@ func (s *S3) putMultipart(ctx context.Context, object string, first []byte, r io
 		err = errors.Join(ctx.Err(), partFailed())
 	}
 	abort := func(err error) error {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s3AbortGrace)
-		defer cancel()
-		if aerr := core.AbortMultipartUpload(actx, s.bucket, object, uploadID); aerr != nil {
+		grace := s3AbortGrace
+		do := func() error {
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+			defer cancel()
+			return core.AbortMultipartUpload(actx, s.bucket, object, uploadID)
+		}
+		if errors.Is(context.Cause(partCtx), errStalled) {
+			// The service stopped answering: the abort is tried in the background (the start of the next
+			// server aborts uploads a day old), not waited on by the failed Put.
+			go do() //nolint:errcheck // best effort
+			return err
+		}
+		if aerr := do(); aerr != nil {
 			err = errors.Join(err, fmt.Errorf("abort the upload: %w", aerr))
 		}
 		return err

@@ -25,6 +25,7 @@ var errStalled = errors.New("the S3 service stopped answering")
 type stallWatch struct {
 	last   atomic.Int64 // when progress was last made, in UnixNano
 	busy   atomic.Int32 // operations waiting on the network now
+	limit  atomic.Int64 // the stall limit now (tighten), a time.Duration
 	cancel context.CancelCauseFunc
 	stop   chan struct{}
 }
@@ -32,15 +33,17 @@ type stallWatch struct {
 func newStallWatch(cancel context.CancelCauseFunc) *stallWatch {
 	w := &stallWatch{cancel: cancel, stop: make(chan struct{})}
 	w.progress()
-	limit := s3Stall
+	w.limit.Store(int64(s3Stall))
+	tick := min(s3Stall/8, 500*time.Millisecond)
 	go func() {
-		t := time.NewTicker(limit / 8)
+		t := time.NewTicker(tick)
 		defer t.Stop()
 		for {
 			select {
 			case <-w.stop:
 				return
 			case <-t.C:
+				limit := time.Duration(w.limit.Load())
 				if w.busy.Load() > 0 && time.Since(time.Unix(0, w.last.Load())) > limit {
 					w.cancel(fmt.Errorf("%w: no byte moved for %v", errStalled, limit))
 					return
@@ -49,6 +52,14 @@ func newStallWatch(cancel context.CancelCauseFunc) *stallWatch {
 		}
 	}()
 	return w
+}
+
+// tighten lowers the stall limit to d: the transfer has failed, and what is still in flight is only waited for
+// while bytes move.
+func (w *stallWatch) tighten(d time.Duration) {
+	if d < time.Duration(w.limit.Load()) {
+		w.limit.Store(int64(d))
+	}
 }
 
 func (w *stallWatch) progress() { w.last.Store(time.Now().UnixNano()) }

@@ -157,4 +157,20 @@ func TestS3StallIsAbandoned(t *testing.T) {
 	if o := put(t, s, "again", want); o.Size != int64(len(want)) {
 		t.Fatalf("put after the service came back: %+v", o)
 	}
+
+	// A Put its caller cancels while the service has stopped answering (a delete of a sandbox whose pause is
+	// stuck) returns within the short stall limit of a failed Put, not the long one, nor after waiting on the
+	// abort.
+	s3Stall, s3AbortStall = 30*time.Second, time.Second
+	defer func() { s3AbortStall = 5 * time.Second }()
+	proxy.stall(true, 20<<20)
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { time.Sleep(500 * time.Millisecond); cancel() }()
+	start = time.Now()
+	_, err = s.Put(cctx, "cancelled", randReader(3, 200<<20))
+	took = time.Since(start)
+	proxy.unstall()
+	if err == nil || took > 3*time.Second {
+		t.Fatalf("a cancelled put to a service that stopped answering: %v after %v", err, took)
+	}
 }
