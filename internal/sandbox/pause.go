@@ -223,18 +223,8 @@ func (s *Service) failPause(e *entry, h runtime.Handle, fk runtime.Forker, prefi
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), rollbackTimeout)
 	defer cancel()
 	// What was written of the snapshot goes in the background: a store that failed the pause may take long to
-	// answer the delete too, and the sandbox is running again meanwhile (no record names that prefix; a
-	// restart reclaims what a failed delete leaves).
-	drop := func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), rollbackTimeout)
-		defer cancel()
-		if err := s.cfg.Snapshots.Delete(ctx, prefix); err != nil {
-			s.log.Warn("pause failed: delete the partial snapshot", "sandbox", id, "err", err)
-		}
-	}
-	if !s.goBackground(drop) {
-		drop()
-	}
+	// answer the delete too, and the sandbox is running again meanwhile (no record names that prefix).
+	s.dropSnapshot(prefix)
 	if fk != nil {
 		fk.Thaw(ctx, h) //nolint:errcheck // best effort: it may not be frozen
 	}
