@@ -163,9 +163,7 @@ func (s *Service) pause(ctx context.Context, e *entry) {
 	}
 	m, err := s.writeSnapshot(ctx, fk, h, id, prefix, specJSON, start)
 	if err != nil {
-		if c := context.Cause(ctx); c != nil && ctx.Err() != nil {
-			err = fmt.Errorf("%w (%v)", c, err)
-		}
+		err = stoppedBy(ctx, err)
 		s.failPause(e, h, fk, prefix, err)
 		return
 	}
@@ -206,6 +204,15 @@ func (s *Service) writeSnapshot(ctx context.Context, fk runtime.Forker, h runtim
 		return Manifest{}, fmt.Errorf("write manifest: %w", err)
 	}
 	return m, nil
+}
+
+// stoppedBy returns err of a pause or resume whose context ended with a cause (a delete: errDeleted) as that
+// cause, err in parentheses, so that its callers can tell (errors.Is) and users read why it stopped.
+func stoppedBy(ctx context.Context, err error) error {
+	if c := context.Cause(ctx); c != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", c, err)
+	}
+	return err
 }
 
 // failPause undoes a pause that failed before its commit: what was written of the snapshot is deleted, the

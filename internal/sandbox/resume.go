@@ -43,9 +43,7 @@ func (s *Service) resume(ctx context.Context, e *entry) {
 	s.mu.Unlock()
 	m, h, notRestored, err := s.restore(ctx, e, prefix, start)
 	if err != nil {
-		if c := context.Cause(ctx); c != nil && ctx.Err() != nil {
-			err = fmt.Errorf("%w (%v)", c, err)
-		}
+		err = stoppedBy(ctx, err)
 		s.failResume(e, err)
 		return
 	}
