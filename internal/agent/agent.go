@@ -69,6 +69,7 @@ func Main(args []string) error {
 	if err := HardenSelf(3); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	reserveThreads(ReservedThreads) // before anything of the sandbox's can fill its tasks limit (threads.go)
 	// Until its sandbox is started the agent's heap holds set-up garbage only (its config, the root's set-up, the
 	// interpreter's attach): collecting it as it grows (GOGC=50, from the init) put several GC cycles on the path
 	// of the fork or create that claims the agent, ~1.6 ms of CPU per child. The collector waits until the start
@@ -706,7 +707,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 
 // replError is the answer to an interpreter call that failed with err: Lost when the interpreter was found dead.
 func replError(what string, err error) Event {
-	return Event{Type: "error", Message: what + ": " + err.Error(), Lost: isLost(err)}
+	return Event{Type: "error", Message: what + ": " + err.Error(), Lost: isLost(err), TasksFull: isTasksFull(err)}
 }
 
 // environ builds a process environment from the sandbox's env and per-call overrides.

@@ -44,16 +44,29 @@ var ErrAgentGone = errors.New("sandbox agent is not reachable")
 // the call (HTTP 409).
 var ErrInterpreterLost = errors.New("the sandbox's interpreter exited and its state is lost")
 
+// ErrTasksFull matches (errors.Is) the error of a fork whose sandbox's tasks limit (max_procs) was full, so that
+// its interpreter could not fork. It is also errdefs.ErrConflict: the sandbox's state stops the call (HTTP 409).
+var ErrTasksFull = errors.New("the sandbox's tasks limit is full")
+
 // answerError is an agent's error answer.
 type answerError struct {
 	msg  string
 	lost bool // the interpreter's state was lost (Event.Lost)
+	full bool // the sandbox's tasks limit was full (Event.TasksFull)
 }
 
 func (e *answerError) Error() string { return "agent: " + e.msg }
 
 func (e *answerError) Is(target error) bool {
-	return e.lost && (target == ErrInterpreterLost || target == errdefs.ErrConflict)
+	switch target {
+	case ErrInterpreterLost:
+		return e.lost
+	case ErrTasksFull:
+		return e.full
+	case errdefs.ErrConflict:
+		return e.lost || e.full
+	}
+	return false
 }
 
 func (c *Client) get(ctx context.Context) (*clientConn, error) {
@@ -216,7 +229,7 @@ func (c *Client) events(ctx context.Context, cc *clientConn, onEvent func(Event)
 		}
 		if ev.Terminal() {
 			if ev.Type == "error" {
-				return ev, &answerError{msg: ev.Message, lost: ev.Lost}
+				return ev, &answerError{msg: ev.Message, lost: ev.Lost, full: ev.TasksFull}
 			}
 			return ev, nil
 		}

@@ -121,6 +121,9 @@ func (a *Agent) startCommand(argv []string, req Request) (*execRun, Event) {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return nil, Event{Type: "exit", ExitCode: 127, Stderr: msg + "\n"}
 		}
+		if errors.Is(err, unix.EAGAIN) {
+			msg += " (the sandbox's tasks limit, max_procs, is full: end some of its processes)"
+		}
 		return nil, Event{Type: "exit", ExitCode: 126, Stderr: msg + "\n"}
 	}
 	os.WriteFile("/proc/"+itoa(cmd.Process.Pid)+"/oom_score_adj", []byte("500"), 0) //nolint:errcheck // best effort
@@ -162,12 +165,12 @@ func (r *execRun) wait(ctx context.Context, timeoutS float64) (werr error, timed
 		timeout = t.C
 	}
 	if timeout == nil && ctx.Done() == nil {
-		return r.cmd.Wait(), false
+		return waitExit(r.cmd), false
 	}
 	// Before the command can be reaped: the tree reads its start time now (see newProcTree).
 	tree := newProcTree("/proc", r.cmd.Process.Pid, r.token)
 	waited := make(chan error, 1)
-	go func() { waited <- r.cmd.Wait() }()
+	go func() { waited <- waitExit(r.cmd) }()
 	stopTracking := tree.track()
 	defer stopTracking()
 	select {

@@ -136,6 +136,9 @@ type Event struct {
 	// error: the call needed the interpreter, which had exited (killed, out of memory) or died during it: its
 	// state is lost, and the next run starts a fresh one (the client's error is ErrInterpreterLost)
 	Lost bool `json:"interpreter_lost,omitempty"`
+	// error (fork_repl): the sandbox's tasks limit was full, so the interpreter could not fork (the client's error
+	// is ErrTasksFull)
+	TasksFull bool `json:"tasks_full,omitempty"`
 
 	// ok (interrupt)
 	Interrupted *Interrupted `json:"interrupted_calls,omitempty"`

@@ -122,6 +122,18 @@ type lostError struct{ msg string }
 
 func (e *lostError) Error() string { return e.msg }
 
+// tasksFullError is a fork that the interpreter could not make: os.fork failed with EAGAIN, its sandbox's tasks
+// limit (max_procs) being full.
+type tasksFullError struct{ msg string }
+
+func (e *tasksFullError) Error() string { return e.msg }
+
+// isTasksFull reports whether err is a tasksFullError.
+func isTasksFull(err error) bool {
+	var f *tasksFullError
+	return errors.As(err, &f)
+}
+
 // isLost reports whether err says the interpreter's state was lost (lostError).
 func isLost(err error) bool {
 	var l *lostError
@@ -214,7 +226,7 @@ func (p *repl) spawn() (int, error) {
 		conn.Close()
 		return 0, fmt.Errorf("start python3: %w", err)
 	}
-	go cmd.Wait() //nolint:errcheck // the exit is seen as EOF on conn
+	go waitExit(cmd) //nolint:errcheck // the exit is seen as EOF on conn
 	r := bufio.NewReaderSize(conn, 64<<10)
 	// The first message is "ready" with the interpreter's seccomp listener attached.
 	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
@@ -791,6 +803,9 @@ func (p *repl) fork(targets []ForkTarget, files []*os.File) ([]int, error) {
 		fds[i] = int(f.Fd())
 	}
 	m, err := p.callFile(map[string]any{"op": "fork", "targets": targets}, fds...)
+	if err != nil && m.Error != nil && m.Error.Name == "BlockingIOError" {
+		return nil, &tasksFullError{"the sandbox's tasks limit (max_procs) is full: its interpreter could not fork (" + m.Error.Value + "); end some of its processes and fork again"}
+	}
 	return m.Pids, err
 }
 

@@ -59,7 +59,7 @@ func (a *Agent) session(c *net.UnixConn, r io.Reader, req Request) {
 	err = writeEvent(c, Event{Type: "ok", Pid: cmd.Process.Pid}, unix.UnixRights(fds...))
 	closeFiles(ours)
 	if err != nil {
-		cmd.Wait() //nolint:errcheck // killed by the deferred kill first
+		waitExit(cmd) //nolint:errcheck // killed by the deferred kill first
 		return
 	}
 	hangup := make(chan struct{})
@@ -68,7 +68,7 @@ func (a *Agent) session(c *net.UnixConn, r io.Reader, req Request) {
 		close(hangup)
 	}()
 	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
+	go func() { waited <- waitExit(cmd) }()
 	select {
 	case werr := <-waited:
 		if writeEvent(c, Event{Type: "exit", ExitCode: exitCode(werr)}, nil) == nil {

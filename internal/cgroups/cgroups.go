@@ -141,6 +141,31 @@ type Cgroup interface {
 	Stats() (Stats, error)
 	// Update applies new limits to a live cgroup.
 	Update(l Limits) error
+	// TasksLimit reads the tasks limit (Limits.Pids; 0 = unlimited).
+	TasksLimit() (int64, error)
+	// SetTasksLimit sets the tasks limit (Limits.Pids; 0 = unlimited) alone, leaving the others as they are.
+	SetTasksLimit(n int64) error
+}
+
+// tasksLimit is the value of pids.max for a Limits.Pids of n.
+func tasksLimit(n int64) string {
+	if n > 0 {
+		return strconv.FormatInt(n, 10)
+	}
+	return "max"
+}
+
+// readTasksLimit reads pids.max at path as a Limits.Pids.
+func readTasksLimit(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "max" {
+		return 0, nil
+	}
+	return strconv.ParseInt(v, 10, 64)
 }
 
 // Detect returns a v2 Manager when /sys/fs/cgroup is a cgroup2 mount with controllers available, else a v1

@@ -570,6 +570,18 @@ func TestV1PidsLimit(t *testing.T) {
 	if err := cg.Kill(ctxTimeout(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+	// The tasks limit alone, up and back (a fork raises its parent's for its copies), and unlimited.
+	for _, n := range []int64{25, 20, 0, 20} {
+		if err := cg.SetTasksLimit(n); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := cg.TasksLimit(); err != nil || got != n {
+			t.Errorf("TasksLimit after SetTasksLimit(%d) = %d, %v", n, got, err)
+		}
+	}
+	if err := cg.SetTasksLimit(-1); err == nil {
+		t.Error("SetTasksLimit(-1) accepted")
+	}
 }
 
 func TestV2Lifecycle(t *testing.T) {

@@ -252,11 +252,25 @@ func (c *v1Cgroup) apply(l Limits) error {
 		return err
 	}
 
-	pids := "max"
-	if l.Pids > 0 {
-		pids = strconv.FormatInt(l.Pids, 10)
+	return writeFile(c.file("pids", "pids.max"), tasksLimit(l.Pids))
+}
+
+func (c *v1Cgroup) TasksLimit() (int64, error) {
+	n, err := readTasksLimit(c.file("pids", "pids.max"))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup %s: tasks limit: %w", c.name, err)
 	}
-	return writeFile(c.file("pids", "pids.max"), pids)
+	return n, nil
+}
+
+func (c *v1Cgroup) SetTasksLimit(n int64) error {
+	if n < 0 {
+		return fmt.Errorf("cgroup %s: tasks limit %d: %w", c.name, n, errdefs.ErrInvalid)
+	}
+	if err := writeFile(c.file("pids", "pids.max"), tasksLimit(n)); err != nil {
+		return fmt.Errorf("cgroup %s: tasks limit: %w", c.name, err)
+	}
+	return nil
 }
 
 func (c *v1Cgroup) Add(pid int) error {

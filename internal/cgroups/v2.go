@@ -127,10 +127,7 @@ func (m *v2Manager) apply(c *v2Cgroup, l Limits) error {
 		// Like v1's memsw limit equal to the memory limit: no swap on top of the memory limit.
 		mem, swap = strconv.FormatInt(l.MemoryBytes, 10), "0"
 	}
-	pids := "max"
-	if l.Pids > 0 {
-		pids = strconv.FormatInt(l.Pids, 10)
-	}
+	pids := tasksLimit(l.Pids)
 	for _, w := range []struct {
 		file, value string
 		limited     bool
@@ -189,6 +186,24 @@ func (c *v2Cgroup) Update(l Limits) error {
 	}
 	if err := c.m.apply(c, l); err != nil {
 		return fmt.Errorf("update cgroup %s: %w", c.name, err)
+	}
+	return nil
+}
+
+func (c *v2Cgroup) TasksLimit() (int64, error) {
+	n, err := readTasksLimit(c.file("pids.max"))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup %s: tasks limit: %w", c.name, err)
+	}
+	return n, nil
+}
+
+func (c *v2Cgroup) SetTasksLimit(n int64) error {
+	if n < 0 {
+		return fmt.Errorf("cgroup %s: tasks limit %d: %w", c.name, n, errdefs.ErrInvalid)
+	}
+	if err := writeFile(c.file("pids.max"), tasksLimit(n)); err != nil {
+		return fmt.Errorf("cgroup %s: tasks limit: %w", c.name, err)
 	}
 	return nil
 }

@@ -2,11 +2,14 @@ package security
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/agent"
@@ -255,5 +258,112 @@ PY`)
 	}
 	if v := s.Value(t, id, "1 + 1"); v != "2" {
 		t.Errorf("the server's own calls: %q", v)
+	}
+}
+
+// grabTasks is code that keeps its sandbox's tasks limit full: whenever a task ends, it forks another (a fork
+// bomb that never lets go, or a process pool sized past max_procs).
+const grabTasks = `import os, time
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(600)
+            os._exit(0)
+    except OSError:
+        time.sleep(0.0005)
+`
+
+// A sandbox survives code that fills its tasks limit (max_procs) and keeps it full: its agent, whose threads
+// count against the same limit, never needs a new one (the Go runtime ends a process that cannot start a
+// thread), so the calls made meanwhile are answered, the interpreter keeps its state, and once the code is
+// killed the sandbox works as before. Before, the agent died as the exec that started such code waited for its
+// command (a thread blocked in waitid) and the sandbox was restarted, its interpreter's state lost. The same for
+// a fork child, whose agent was started ahead as a spare. The limit is the sandbox's own: its agent's threads do
+// not count against max_procs.
+func TestSandboxSurvivesItsFullTasksLimit(t *testing.T) {
+	s := testserver.Start(t)
+	parent := s.Create(t, &client.CreateRequest{MaxProcs: 16})
+	// max_procs is what the sandbox's code gets, the interpreter included: 15 more processes start.
+	if out := s.Sh(t, parent, "for i in $(seq 14); do sleep 30 & done; sleep 0.2; pgrep -c -x sleep; pkill -x sleep").Stdout; out != "14\n" {
+		t.Fatalf("14 processes beside the interpreter and the shell under max_procs 16: %q", out)
+	}
+	// usage.pids counts what max_procs limits: the interpreter, not the agent's threads.
+	if info, err := s.Client.Get(testserver.Ctx(t), parent); err != nil || info.Usage == nil || info.Usage.Pids != 1 {
+		t.Errorf("usage of an idle sandbox: %+v, %v; want 1 task (its interpreter)", info.Usage, err)
+	}
+	s.Value(t, parent, "x = 'kept'")
+	kid := s.Fork(t, parent, 1)[0]
+	for _, id := range []string{parent, kid} {
+		if _, err := s.Client.WriteFile(testserver.Ctx(t), id, "/root/grab.py", strings.NewReader(grabTasks), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// The exec that starts the grabber waits for its shell while the limit fills: what killed the agent.
+		if r := s.Sh(t, id, "setsid python3 /root/grab.py >/dev/null 2>&1 & sleep 1; echo started"); r.Stdout != "started\n" && r.ExitCode == 0 {
+			t.Fatalf("%s: starting the grabber: %+v", id, r)
+		}
+		if r := s.Sh(t, id, "echo no room"); r.ExitCode == 0 || !strings.Contains(r.Stderr, "tasks limit, max_procs, is full") {
+			t.Fatalf("%s: the tasks limit is not full (an exec started): %+v", id, r)
+		}
+		// Calls of every kind at once while the limit stays full.
+		var wg sync.WaitGroup
+		errs := make(chan error, 24)
+		for i := range 24 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx := testserver.Ctx(t)
+				var err error
+				switch i % 3 {
+				case 0:
+					var ex *client.Execution
+					if ex, err = s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "import time; time.sleep(0.2); x"}); err == nil && (ex.Error != nil || ex.Value == nil || *ex.Value != "'kept'") {
+						err = fmt.Errorf("run_code: %+v %+v", ex, ex.Error)
+					}
+				case 1:
+					_, err = s.Client.Exec(ctx, id, client.ExecRequest{Cmd: "true"}) // fails to start: no room
+				case 2:
+					p := fmt.Sprintf("/root/f%d", i)
+					if _, err = s.Client.WriteFile(ctx, id, p, strings.NewReader(strings.Repeat("x", 1<<20)), 0o644); err == nil {
+						var rc io.ReadCloser
+						if rc, err = s.Client.ReadFile(ctx, id, p); err == nil {
+							_, err = io.Copy(io.Discard, rc)
+							rc.Close()
+						}
+					}
+				}
+				if err != nil {
+					errs <- fmt.Errorf("call %d: %w", i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("%s with its tasks limit full: %v", id, err)
+		}
+		// A fork needs a task per child in the parent for a moment: none is free, so it is refused as a conflict
+		// (the sandbox's state), not an error of ramify's, and leaves nothing behind.
+		if _, err := s.Client.Fork(testserver.Ctx(t), id, 2); err == nil {
+			t.Fatalf("%s: a fork with its tasks limit full succeeded", id)
+		} else if ae, ok := err.(*client.APIError); !ok || ae.StatusCode != 409 || !strings.Contains(ae.Message, "tasks limit (max_procs) is full") {
+			t.Errorf("%s: fork with its tasks limit full: %v, want a 409 that says so", id, err)
+		}
+		// The interpreter was never restarted: its state is there, and it can clear the sandbox of the grabber.
+		if v := s.Value(t, id, "import os, signal; os.kill(-1, signal.SIGKILL); x"); v != "'kept'" {
+			t.Fatalf("%s: the interpreter's state after its tasks limit was full: %q", id, v)
+		}
+		waitFor(t, 10*time.Second, func() bool { return s.Sh(t, id, "echo room").Stdout == "room\n" })
+		if info, err := s.Client.Get(testserver.Ctx(t), id); err != nil || info.Status != "running" || info.Error != "" {
+			t.Fatalf("%s: after its tasks limit was full: %+v %v", id, info, err)
+		}
+	}
+	// The copies of a fork are the parent's tasks until moved, on top of its max_procs: 32 children of a sandbox
+	// whose max_procs is 16.
+	kids := s.Fork(t, parent, 32)
+	if v := s.Value(t, kids[31], "x"); v != "'kept'" {
+		t.Errorf("the 32nd child of a max_procs 16 parent: %q", v)
+	}
+	if strings.Contains(s.Log(), "sandbox restarted") {
+		t.Errorf("a sandbox was restarted:\n%s", s.Log())
 	}
 }

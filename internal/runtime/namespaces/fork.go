@@ -81,7 +81,8 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 		return res, err
 	}
 	// 2. Each child's agent given its root (a seated spare) or spawned, and 3. the parent's interpreter forked
-	// once per child.
+	// once per child, its copies tasks of the parent's until they are moved: room is made for them.
+	defer roomForCopies(psb, len(kids))()
 	pids, moved, err := r.spawnAndFork(ctx, f, pc, kids, start)
 	defer func() { closeFiles(moved) }() // a forked interpreter whose pipe closes unwritten exits
 	if err != nil {
@@ -108,6 +109,22 @@ func (r *Runtime) Fork(ctx context.Context, parent runtime.Handle, children []ru
 	res.Total = time.Since(start)
 	r.refillSpares(f, len(kids), limitsOf(kids[0].spec), true)
 	return res, nil
+}
+
+// roomForCopies raises the parent's tasks limit by n, the copies of its interpreter a fork makes, which count as
+// its tasks from the fork until each is moved into its child's cgroup; the returned function puts the limit
+// back. Without it a parent had to keep n of its max_procs free to fork n children (a max_procs of 16 could not
+// fork 32). The parent is held by its fork: nothing else changes its limit meanwhile. Best effort: with the
+// limit unchanged, a fork that finds no room fails as it would have (ErrTasksFull).
+func roomForCopies(psb *sandbox, n int) (restore func()) {
+	limit, err := psb.cg.TasksLimit()
+	if err != nil || limit == 0 {
+		return func() {}
+	}
+	if err := psb.cg.SetTasksLimit(limit + int64(n)); err != nil {
+		return func() {}
+	}
+	return func() { psb.cg.SetTasksLimit(limit) } //nolint:errcheck // a limit left higher by n is the lesser harm
 }
 
 // forkChild is one child of a fork being made.

@@ -345,8 +345,10 @@ func prepareLayer(dir string) error {
 	return nil
 }
 
+// limitsOf is the cgroup limits of a sandbox of spec s: its tasks limit is max_procs for the sandbox's code
+// plus its agent's threads (agent.Tasks), so that neither can take the other's.
 func limitsOf(s runtime.Spec) cgroups.Limits {
-	return cgroups.Limits{CPUs: s.VCPU, MemoryBytes: int64(s.MemMiB) << 20, Pids: int64(s.MaxProcs)}
+	return cgroups.Limits{CPUs: s.VCPU, MemoryBytes: int64(s.MemMiB) << 20, Pids: int64(s.MaxProcs) + agent.Tasks}
 }
 
 // startRequest is what a sandbox of spec's agent is started with: spec's environment and working directory, and
@@ -953,7 +955,13 @@ func (r *Runtime) Usage(h runtime.Handle) (runtime.Usage, error) {
 	if err != nil {
 		return runtime.Usage{}, err
 	}
-	u := runtime.Usage{MemoryBytes: st.MemoryBytes, Pids: st.Pids, OOMKills: st.OOMKills, CPUNanos: st.CPUNanos,
+	// The tasks max_procs limits: the cgroup's less the agent's threads, which have an allowance of their own
+	// (limitsOf).
+	pids := st.Pids
+	if n, err := threadCount(sb.h.AgentPid); err == nil && uint64(n) <= pids {
+		pids -= uint64(n)
+	}
+	u := runtime.Usage{MemoryBytes: st.MemoryBytes, Pids: pids, OOMKills: st.OOMKills, CPUNanos: st.CPUNanos,
 		DiskBytes: -1, DiskLimitBytes: -1}
 	if lim, ok := layer.LimiterOf(r.cfg.Layers); ok {
 		if u.DiskBytes, u.DiskLimitBytes, err = lim.DiskUsage(h.Layer()); err != nil {

@@ -150,21 +150,35 @@ func childPids(proc string) []int {
 
 // nsPidOf returns pid's pid in its innermost PID namespace (the last NSpid field), or 0.
 func nsPidOf(pid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
+	f := statusField(pid, "NSpid")
+	if len(f) == 0 {
 		return 0
 	}
+	n, _ := strconv.Atoi(f[len(f)-1])
+	return n
+}
+
+// threadCount returns how many threads process pid has (its Threads field).
+func threadCount(pid int) (int, error) {
+	f := statusField(pid, "Threads")
+	if len(f) != 1 {
+		return 0, fmt.Errorf("threads of process %d: not found", pid)
+	}
+	return strconv.Atoi(f[0])
+}
+
+// statusField returns the words of field name in /proc/<pid>/status; nil if there is none.
+func statusField(pid int, name string) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return nil
+	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "NSpid:") {
-			f := strings.Fields(line[len("NSpid:"):])
-			if len(f) == 0 {
-				return 0
-			}
-			n, _ := strconv.Atoi(f[len(f)-1])
-			return n
+		if k, v, ok := strings.Cut(line, ":"); ok && k == name {
+			return strings.Fields(v)
 		}
 	}
-	return 0
+	return nil
 }
 
 // openNetNS opens the network namespace of process pid (a host pid), close-on-exec.
