@@ -25,6 +25,7 @@ const (
 	MergeAfterCommit      = "merge-after-commit"       // the merged records are written, the runtime has not swapped
 	MergeAfterSwap        = "merge-after-swap"         // the records are written and the runtime swapped
 	ForkPausedAfterCopies = "fork-paused-after-copies" // a paused sandbox's snapshot is copied for each child, no record
+	DestroyAfterRetire    = "destroy-after-retire"     // a deleted sandbox's record is gone, its processes and files not
 )
 
 var at = os.Getenv(Env)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/agent"
+	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/files"
@@ -800,12 +801,17 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 		h = runtime.Handle{ID: id, FamilyID: e.rec.FamilyID}
 	}
 	s.mu.Unlock()
-	if err := s.cfg.Runtime.Destroy(dctx, h); err != nil {
-		s.log.Warn("destroy", "sandbox", id, "err", err)
-	}
+	// The record goes first: it is the delete's commit point. A server that dies from here on finishes the delete
+	// as it starts (what no record owns is reclaimed: processes, cgroup, veth, layer, snapshot); the other way
+	// round, it found the record of a half-destroyed sandbox and listed it in error. A store that cannot retire
+	// it fails the delete with nothing done.
 	gone := store.Retired{ID: id, Reason: reason, At: time.Now()}
 	if err := s.cfg.Store.Retire(ctx, id, gone.Reason, gone.At); err != nil {
 		return err
+	}
+	crashpoint.Hit(crashpoint.DestroyAfterRetire)
+	if err := s.cfg.Runtime.Destroy(dctx, h); err != nil {
+		s.log.Warn("destroy", "sandbox", id, "err", err)
 	}
 	s.mu.Lock()
 	s.retire(e)

@@ -251,6 +251,32 @@ func TestCrashMidOperationLeavesNothingBehind(t *testing.T) {
 		checkNoLeftovers(t, s, expect{snapshots: []string{big}})
 	})
 
+	t.Run("delete", func(t *testing.T) {
+		// A running sandbox with a fork sibling (its family lives on: its agent is a stray in it) and a paused
+		// one (its snapshot stays in the store): the delete's record is gone when the server dies, and the
+		// restart removes the rest. Before, the record went last: the restart listed a half-deleted sandbox
+		// in error ("lost when the server restarted").
+		kids, err := s.Client.Fork(ctx, keep, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pauseAndWait(t, s, kids[1])
+		for i, id := range kids {
+			crashDuring(t, s, crashpoint.DestroyAfterRetire, func(ctx context.Context) error { return s.Client.Delete(ctx, id) })
+			if sb, err := s.Client.Get(ctx, id); err == nil {
+				t.Fatalf("%s after a restart that cut its delete: %+v", id, sb)
+			} else if !strings.Contains(err.Error(), "deleted") {
+				t.Errorf("%s after a restart that cut its delete: %v, want a 404 that says it was deleted", id, err)
+			}
+			snapshots := []string{big}
+			if i == 0 {
+				snapshots = append(snapshots, kids[1]) // paused, not deleted yet
+			}
+			checkNoLeftovers(t, s, expect{snapshots: snapshots})
+		}
+		alive(keep)
+	})
+
 	t.Run("merge", func(t *testing.T) {
 		for i, point := range []string{crashpoint.MergeAfterCommit, crashpoint.MergeAfterSwap} {
 			kids, err := s.Client.Fork(ctx, keep, 1)

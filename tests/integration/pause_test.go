@@ -447,3 +447,37 @@ named = {"dill": b"__main__", "__builtin__": "dill"}  # names in data: loaded wi
 		t.Fatalf("session's own functions and classes after resume: %s", v)
 	}
 }
+
+// Deleting a paused fork child while its parent resumes leaves the parent's resume alone. The child's record
+// keeps the name of the family it was paused in, the parent's old family; the resumed parent starts a new
+// family, which used to take that same name, and the delete, working from the child's record, took the new
+// family for the child's and ended it with the resume half done ("sandbox agent is not reachable"). Without
+// families started ahead, so that the resume starts its own.
+func TestDeleteOfAPausedChildSparesItsParentsResume(t *testing.T) {
+	s := testserver.Start(t, "--prestart-families", "0")
+	ctx := ctxT(t)
+	parent := create(t, s, nil)
+	value(t, s, parent, "v = 7")
+	for i, delay := range []time.Duration{0, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond} {
+		kids, err := s.Client.Fork(ctx, parent, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pauseAndWait(t, s, kids[0])
+		pauseAndWait(t, s, parent) // its family ends here: the child's record names it
+		if _, _, err := s.Client.Resume(ctx, parent); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(delay)
+		if err := s.Client.Delete(ctx, kids[0]); err != nil {
+			t.Fatalf("round %d: delete the paused child: %v", i, err)
+		}
+		sb, err := s.Client.WaitStatus(ctx, parent, "running")
+		if err != nil || sb.Status != "running" {
+			t.Fatalf("round %d: the parent's resume, the child deleted %s after it began: %v %+v", i, delay, err, sb)
+		}
+		if v := value(t, s, parent, "v"); v != "7" {
+			t.Fatalf("round %d: the resumed parent's state: %q", i, v)
+		}
+	}
+}

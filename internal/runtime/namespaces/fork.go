@@ -634,9 +634,11 @@ func (r *Runtime) Swap(ctx context.Context, parent, winner runtime.Handle) (runt
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+	retired := r.retire(parent.Layer()) // the old state's resources are named after the id it was created with
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
+		defer retired()
 		r.teardown(psb)
 		if dead != nil {
 			dead.kill()

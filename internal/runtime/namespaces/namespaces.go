@@ -87,6 +87,10 @@ type Runtime struct {
 	live      liveness // pidfds of the inits and agents, for Lost (guarded by mu)
 
 	bg sync.WaitGroup // clean-up finishing in the background (after a merge)
+	// retiring has, for each sandbox id whose resources (layer, cgroup, veth) a merge is removing in the
+	// background, a channel closed once they are gone: a sandbox created under that id (the merged sandbox
+	// resumed) waits for it, or the clean-up would remove the new sandbox's resources of the same names.
+	retiring map[string]chan struct{}
 
 	pre   prestartPool // families started ahead of need
 	ahead aheadBudget  // families holding spares ahead of their first fork
@@ -614,17 +618,12 @@ func (r *Runtime) sandboxCgroup(spec runtime.Spec, pooled placedSpare, hostPid i
 	return cg, nil
 }
 
-// newFamilyID names a new family after the sandbox it starts with: fam_<id>, or, when a family of that name still
-// lives (a resumed sandbox whose fork children run on in its old family, a revived one), fam_<id>_r<time>.
+// newFamilyID names a new family after the sandbox it starts with, and uniquely: fam_<id>_<random>. A name is
+// never used twice: a sandbox's records keep its family's name after the family has ended (a paused sandbox's
+// handle, a sandbox lost in a restart), and a delete working from such a handle would take a later family of
+// the same name for its own and end it (a resumed sandbox's, whose fork children were paused in its old one).
 func (r *Runtime) newFamilyID(sandboxID string) string {
-	id := "fam_" + strings.TrimPrefix(sandboxID, "sbx_")
-	r.mu.Lock()
-	_, taken := r.families[id]
-	r.mu.Unlock()
-	if _, err := r.cfg.Cgroups.Load(id); taken || err == nil {
-		id = fmt.Sprintf("%s_r%d", id, time.Now().UnixNano())
-	}
-	return id
+	return "fam_" + strings.TrimPrefix(sandboxID, "sbx_") + "_" + newToken()[:8]
 }
 
 // Create implements runtime.Runtime.
@@ -639,6 +638,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	t0 := time.Now()
 	phase := func(name string) {
 		r.log.Debug("create phase", "sandbox", spec.ID, "phase", name, "ms", msSince(t0))
+	}
+	if err := r.awaitRetired(ctx, spec.ID); err != nil {
+		return runtime.Handle{}, err
 	}
 	dir, err := r.cfg.Layers.Create(ctx, spec.ID)
 	if err != nil {
@@ -749,6 +751,42 @@ func (r *Runtime) teardown(sb *sandbox) {
 	if sb.netFD > 0 {
 		unix.Close(sb.netFD)
 		sb.netFD = -1
+	}
+}
+
+// retire marks id's resources as being removed in the background until the returned function is called
+// (awaitRetired).
+func (r *Runtime) retire(id string) (done func()) {
+	ch := make(chan struct{})
+	r.mu.Lock()
+	if r.retiring == nil {
+		r.retiring = map[string]chan struct{}{}
+	}
+	r.retiring[id] = ch
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		if r.retiring[id] == ch {
+			delete(r.retiring, id)
+		}
+		r.mu.Unlock()
+		close(ch)
+	}
+}
+
+// awaitRetired waits until no background clean-up is removing resources named after id (retire).
+func (r *Runtime) awaitRetired(ctx context.Context, id string) error {
+	r.mu.Lock()
+	ch := r.retiring[id]
+	r.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("create %s: waiting for the clean-up of its earlier resources: %w", id, ctx.Err())
 	}
 }
 
