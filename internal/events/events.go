@@ -27,6 +27,7 @@ const (
 	Resumed     = "resumed"      // the resume finished (bytes, ms)
 	Destroyed   = "destroyed"    // the sandbox is gone (reason)
 	Error       = "error"        // the sandbox's status became error (error)
+	Restarted   = "restarted"    // ramify's processes for a running sandbox died and it was restarted: files kept, interpreter state lost (reason)
 	// Missed is sent (without an id) to a follower whose Last-Event-ID is older than the history or unknown to
 	// this server (e.g. from before a restart): events between it and the first event that follows were lost.
 	Missed = "missed"
@@ -49,7 +50,7 @@ type Event struct {
 	Ms       float64  `json:"ms,omitempty"`       // how long the operation took
 	PauseMs  float64  `json:"pause_ms,omitempty"` // forked: how long the parent was frozen
 	Bytes    int64    `json:"bytes,omitempty"`    // paused, resumed: the snapshot's size
-	Reason   string   `json:"reason,omitempty"`   // destroyed: why
+	Reason   string   `json:"reason,omitempty"`   // destroyed, restarted: why
 	Error    string   `json:"error,omitempty"`    // error, pause_failed: what went wrong
 	// Missed: the Last-Event-ID the follower gave, and the oldest id still held.
 	After  uint64 `json:"after,omitempty"`

@@ -159,6 +159,10 @@ type Forker interface {
 type Stiller interface {
 	// Stillness fingerprints what could change h's interpreter or files without a call through the runtime.
 	Stillness(ctx context.Context, h Handle) (Stillness, error)
+	// Intact reports (nil) that h's agent, family init and interpreter all still run: a child made ahead is
+	// handed to a fork only then (killed from the host, its interpreter would answer InterpreterDied, its agent
+	// not at all).
+	Intact(h Handle) error
 }
 
 // Stillness is a running sandbox's fingerprint (Stiller). Two equal marks taken at two moments mean that no

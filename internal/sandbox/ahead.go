@@ -327,6 +327,18 @@ func (s *Service) forkFromAhead(ctx context.Context, e *entry, spec CreateReques
 	}
 	kids, extra := a.kids[:n], a.kids[n:]
 	s.dropKids(extra, false)
+	// Each child must still run as it was made: one whose interpreter or agent was killed since (from the host)
+	// would answer InterpreterDied or nothing, and the health watcher sees that only at its next look.
+	for _, k := range kids {
+		s.mu.Lock()
+		h := k.handle
+		s.mu.Unlock()
+		if err := st.Intact(h); err != nil {
+			s.log.Warn("children made ahead dropped: one of them was lost", "sandbox", id, "child", h.ID, "err", err)
+			s.dropKids(kids, false)
+			return out, false, nil
+		}
+	}
 	// The parent's spec as it is now: a keepalive since may have changed its timeout, which children inherit
 	// (whatever the runtime was given, limits, env, cwd, network, only calls that drop them change).
 	specJSON, _ := json.Marshal(spec)

@@ -3,8 +3,10 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 
+	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/runtime"
 )
 
@@ -63,6 +65,8 @@ func (s *Service) heal(h runtime.Healer, l runtime.Lost) {
 	} else {
 		hj, _ := json.Marshal(nh)
 		e.handle, e.rec.Handle = nh, hj
+		e.lostState = fmt.Sprintf("ramify's processes for this sandbox died (%s) and it was restarted at %s: its interpreter's state is lost, its files are kept; the code did not run",
+			l.Reason, time.Now().UTC().Format(time.RFC3339))
 	}
 	rec := e.rec
 	s.mu.Unlock()
@@ -75,4 +79,5 @@ func (s *Service) heal(h runtime.Healer, l runtime.Lost) {
 	}
 	s.log.Warn("sandbox restarted: its interpreter's state is lost, its files are kept", "sandbox", rec.ID,
 		"reason", l.Reason, "ms", time.Since(start).Milliseconds())
+	s.emit(events.Event{Type: events.Restarted, Sandbox: rec.ID, Family: rec.FamilyID, Status: rec.Status, Reason: l.Reason})
 }

@@ -137,6 +137,9 @@ type entry struct {
 	aheadTimer         *time.Timer
 	// abort cancels the pause or resume running in the background, if any (a delete does: see destroy).
 	abort context.CancelCauseFunc
+	// lostState says why the sandbox's interpreter state was lost by a restart of its processes (health.go), until
+	// the next run_code reports it (as it reports an interpreter that died between calls) instead of running.
+	lostState string
 }
 
 // New builds the service and reconciles the records with what is running: sandboxes that survived a restart
@@ -891,6 +894,13 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 		return Execution{}, err
 	}
 	defer done()
+	s.mu.Lock()
+	lost := e.lostState
+	e.lostState = ""
+	s.mu.Unlock()
+	if lost != "" {
+		return Execution{Error: &agent.ExecError{Name: "InterpreterDied", Value: lost}, Results: []agent.Result{}}, nil
+	}
 	c, err := s.cfg.Runtime.Agent(e.rec.ID)
 	if err != nil {
 		return Execution{}, err

@@ -2,8 +2,12 @@ package integration
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -331,5 +335,48 @@ func TestForkAheadChildrenLeaveNothingBehind(t *testing.T) {
 		if got := value(t, s, p, "x + 1"); got != "42" {
 			t.Fatalf("after the restart: x + 1 = %s", got)
 		}
+	}
+}
+
+// Children made ahead whose interpreter or agent was killed since (from the host: the OOM killer, an admin) are
+// not handed to the fork: it makes its children at the call instead, and each starts from the parent's state.
+// Before, the fork answered made_ahead with children whose first run_code said InterpreterDied (or whose agent
+// did not answer), until the health watcher's next look.
+func TestForkAheadChildrenKilledAreNotHandedOut(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0")
+	p := create(t, s, nil)
+	value(t, s, p, "x = 41; 1")
+	for _, victim := range []string{"python3", "agent"} {
+		kids, _ := forkRaw(t, s, p, 2)
+		deleteAll(t, s, kids)
+		waitAheadReady(t, s, 2, 60*time.Second)
+		killed := 0
+		for _, cg := range s.Inventory().Cgroups {
+			if !strings.HasPrefix(cg, "sbx_") || cg == p {
+				continue
+			}
+			procs, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids/ramify", s.Owner(), cg, "cgroup.procs"))
+			if err != nil {
+				t.Skipf("cgroup v1 only: %v", err)
+			}
+			for _, f := range strings.Fields(string(procs)) {
+				pid, _ := strconv.Atoi(f)
+				comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+				if (strings.TrimSpace(string(comm)) == "python3") == (victim == "python3") {
+					syscall.Kill(pid, syscall.SIGKILL)
+					killed++
+				}
+			}
+		}
+		if killed != 2 {
+			t.Fatalf("%s: killed %d processes of children made ahead, want 2", victim, killed)
+		}
+		kids, ahead := forkRaw(t, s, p, 2)
+		for _, k := range kids {
+			if got := value(t, s, k, "x + 1"); got != "42" {
+				t.Errorf("%s killed in the children made ahead: a fork child (made_ahead %v) has x + 1 = %s", victim, ahead, got)
+			}
+		}
+		deleteAll(t, s, kids)
 	}
 }

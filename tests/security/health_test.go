@@ -1,6 +1,7 @@
 package security
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -44,8 +45,27 @@ func TestLostAgentIsRestored(t *testing.T) {
 		if out != "kept\n" {
 			t.Errorf("%s: files after the restart: %q", sb, out)
 		}
+		// A restarted event says so (the history, from an id the server never gave: all of it).
+		restarted := ""
+		ectx, cancel := context.WithTimeout(testserver.Ctx(t), 5*time.Second)
+		s.Client.Events(ectx, client.EventsOptions{Sandbox: sb, After: 1 << 62}, func(ev client.LifecycleEvent) error { //nolint:errcheck // ends at the event or the timeout
+			if ev.Type == "restarted" {
+				restarted = ev.Reason
+				cancel()
+			}
+			return nil
+		})
+		cancel()
+		if !strings.Contains(restarted, "died") {
+			t.Errorf("%s: no restarted event saying what died (reason %q)", sb, restarted)
+		}
 		if p := testserver.AgentPid(sb); p == 0 || p == agentPid {
 			t.Errorf("%s: agent after the restart: %d (killed: %d)", sb, p, agentPid)
+		}
+		// The state's loss is reported, as an interpreter that died between calls is, before the fresh
+		// interpreter runs anything: the code of that call does not run.
+		if ex := s.Run(t, sb, "x = 2"); ex.Error == nil || ex.Error.Name != "InterpreterDied" || !strings.Contains(ex.Error.Value, "was restarted") {
+			t.Errorf("%s: the first run_code after the restart: %+v %+v, want InterpreterDied saying it was restarted", sb, ex, ex.Error)
 		}
 		if ex := s.Run(t, sb, "x"); ex.Error == nil || ex.Error.Name != "NameError" {
 			t.Errorf("%s: a restarted sandbox runs a fresh interpreter: %+v", sb, ex)
@@ -62,10 +82,18 @@ func TestLostAgentIsRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, sb := range append(kids, parent) {
+		died := false
 		waitFor(t, 10*time.Second, func() bool {
 			ex, err := s.Client.RunCode(testserver.Ctx(t), sb, client.RunCodeRequest{Code: "'ok'"})
+			died = died || err == nil && ex.Error != nil && ex.Error.Name == "InterpreterDied"
 			return err == nil && ex.Error == nil && ex.Value != nil && *ex.Value == "'ok'"
 		})
+		if !died {
+			t.Errorf("%s: restarted after its family init died, and no run_code said its state was lost", sb)
+		}
+	}
+	if ev := s.Log(); strings.Count(ev, "sandbox restarted") < 5 {
+		t.Errorf("restarts logged: %d, want 5", strings.Count(ev, "sandbox restarted"))
 	}
 }
 

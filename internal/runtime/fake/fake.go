@@ -78,6 +78,14 @@ var (
 	_ runtime.ResumePreparer = (*Runtime)(nil)
 )
 
+// Intact implements runtime.Stiller: a sandbox the fake runs is intact.
+func (r *Runtime) Intact(h runtime.Handle) error {
+	if r.Get(h.ID) == nil {
+		return errors.New("fake: no such sandbox")
+	}
+	return nil
+}
+
 // Stillness implements runtime.Stiller: the mark moves with every call the sandbox's interpreter runs and with
 // every Stir.
 func (r *Runtime) Stillness(ctx context.Context, h runtime.Handle) (runtime.Stillness, error) {

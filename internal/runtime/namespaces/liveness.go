@@ -19,13 +19,25 @@ type liveness struct {
 	fds map[procKey]int
 }
 
-// dead reports, for each key, whether its process is gone. Pidfds of processes no longer asked about are closed.
+// dead reports, for each key, whether its process is gone. Pidfds of processes no longer asked about are closed:
+// keys is every process still watched.
 func (l *liveness) dead(keys []procKey) map[procKey]bool {
+	out, want := l.check(keys)
+	for k, fd := range l.fds {
+		if !want[k] {
+			unix.Close(fd)
+			delete(l.fds, k)
+		}
+	}
+	return out
+}
+
+// check is dead for some of the processes watched: it closes no other's pidfd.
+func (l *liveness) check(keys []procKey) (out, want map[procKey]bool) {
 	if l.fds == nil {
 		l.fds = map[procKey]int{}
 	}
-	out := map[procKey]bool{}
-	want := map[procKey]bool{}
+	out, want = map[procKey]bool{}, map[procKey]bool{}
 	var polled []unix.PollFd
 	var order []procKey
 	for _, k := range keys {
@@ -61,13 +73,7 @@ func (l *liveness) dead(keys []procKey) map[procKey]bool {
 			out[order[i]] = p.Revents&(unix.POLLIN|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
 		}
 	}
-	for k, fd := range l.fds {
-		if !want[k] {
-			unix.Close(fd)
-			delete(l.fds, k)
-		}
-	}
-	return out
+	return out, want
 }
 
 // close releases every pidfd.

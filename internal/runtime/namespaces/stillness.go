@@ -3,9 +3,11 @@ package namespaces
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
@@ -50,6 +52,35 @@ func (r *Runtime) Stillness(ctx context.Context, h runtime.Handle) (runtime.Stil
 		Mark: fmt.Sprintf("%v %d %v", procs, int64(st.CPUNanos)-int64(agentNs), aio),
 		Busy: len(procs) > 2 || aio, // its agent and its interpreter, with no AIO context
 	}, nil
+}
+
+// Intact implements runtime.Stiller: the agent and the family init have not exited (their pidfds, as Lost
+// sees them), and the sandbox's cgroup holds a process besides its agent (its interpreter: a child made ahead
+// runs nothing else).
+func (r *Runtime) Intact(h runtime.Handle) error {
+	r.mu.Lock()
+	sb := r.sandboxes[h.ID]
+	var dead map[procKey]bool
+	if sb != nil {
+		dead, _ = r.live.check([]procKey{{sb.h.InitPid, sb.h.InitStart}, {sb.h.AgentPid, sb.h.AgentStart}})
+	}
+	r.mu.Unlock()
+	switch {
+	case sb == nil:
+		return errdefs.New(errdefs.ErrConflict, "sandbox is not running")
+	case dead[procKey{sb.h.InitPid, sb.h.InitStart}]:
+		return errors.New("its family init died")
+	case dead[procKey{sb.h.AgentPid, sb.h.AgentStart}]:
+		return errors.New("its agent died")
+	}
+	procs, err := sb.cg.Procs()
+	if err != nil {
+		return fmt.Errorf("intact %s: %w", h.ID, err)
+	}
+	if !slices.ContainsFunc(procs, func(p int) bool { return p != sb.h.AgentPid }) {
+		return errors.New("its interpreter died")
+	}
+	return nil
 }
 
 // hasAIO reports whether process pid has a Linux AIO context (its ring is mapped as "/[aio]"), or may have one
