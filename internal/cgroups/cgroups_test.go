@@ -795,3 +795,40 @@ func TestRemoveCreatedParent(t *testing.T) {
 		}
 	}
 }
+
+// A cgroup left in some hierarchies only (a server killed between Create's, Rename's or Delete's per-hierarchy
+// steps) is listed, loads, and is killed and removed, a process in it included: reclaim found only the freezer's.
+func TestV1PartialCgroupIsReclaimable(t *testing.T) {
+	m := newTestV1(t)
+	cg, err := m.Create("partial", Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startIn(t, []string{"/bin/sleep", "60"}, cg)
+	c := cg.(*v1Cgroup)
+	// The process leaves the freezer's directory (back to the hierarchy's root), which then goes.
+	if err := os.WriteFile(filepath.Join(DefaultMount, "freezer", "cgroup.procs"), []byte(strconv.Itoa(p.cmd.Process.Pid)), 0o644); err != nil {
+		t.Skipf("cannot move a process in the freezer hierarchy: %v", err)
+	}
+	if err := os.Remove(c.ctrl["freezer"]); err != nil {
+		t.Fatal(err)
+	}
+	names, err := m.List()
+	if err != nil || !slices.Contains(names, "partial") {
+		t.Fatalf("List = %v, %v: the cgroup without a freezer directory is missing", names, err)
+	}
+	got, err := m.Load("partial")
+	if err != nil {
+		t.Fatalf("Load of a cgroup without a freezer directory: %v", err)
+	}
+	if err := got.Kill(ctxTimeout(t, 10*time.Second)); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	if err := got.Delete(); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if names, _ := m.List(); slices.Contains(names, "partial") {
+		t.Fatalf("still listed after Delete: %v", names)
+	}
+	p.wait(t, 10*time.Second) //nolint:errcheck // killed
+}

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -178,17 +180,31 @@ func (m *v1Manager) Load(name string) (Cgroup, error) {
 		return nil, fmt.Errorf("load cgroup: %w", err)
 	}
 	c := m.cgroup(name)
-	if !exists(c.ctrl["freezer"]) {
+	// In any hierarchy: a server killed between two of Create's (or Delete's, or Rename's) per-hierarchy steps
+	// leaves a cgroup in some of them only, which reclaim must still find, load and remove.
+	if !slices.ContainsFunc(c.dirs, exists) {
 		return nil, fmt.Errorf("load cgroup %s: %w", name, errdefs.ErrNotFound)
 	}
 	return c, nil
 }
 
+// List implements Manager: the cgroups in any hierarchy (see Load).
 func (m *v1Manager) List() ([]string, error) {
-	names, err := listDirs(m.ctrl["freezer"])
-	if err != nil {
-		return nil, fmt.Errorf("list cgroups: %w", err)
+	seen := map[string]bool{}
+	var names []string
+	for _, dir := range m.dirs {
+		got, err := listDirs(dir)
+		if err != nil {
+			return nil, fmt.Errorf("list cgroups: %w", err)
+		}
+		for _, n := range got {
+			if !seen[n] {
+				seen[n] = true
+				names = append(names, n)
+			}
+		}
 	}
+	sort.Strings(names)
 	return names, nil
 }
 
@@ -345,6 +361,11 @@ func (c *v1Cgroup) Thaw(ctx context.Context) error {
 func (c *v1Cgroup) Kill(ctx context.Context) error {
 	for {
 		pids, err := c.Procs()
+		if errors.Is(err, errdefs.ErrNotFound) && slices.ContainsFunc(c.dirs, exists) {
+			// Not in the freezer's hierarchy (left half made or half removed): nothing there to freeze, so
+			// whatever the other hierarchies hold is killed as it is.
+			return c.killUnfrozen(ctx)
+		}
 		if err != nil {
 			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
 		}
@@ -363,6 +384,22 @@ func (c *v1Cgroup) Kill(ctx context.Context) error {
 		err = killPids(pids)
 		c.thawAfterFailure() // always thaw, even if ctx has ended
 		if err != nil {
+			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
+		}
+		if err := waitEmpty(ctx, c.procsAnywhere, time.Second); err != nil {
+			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
+		}
+	}
+}
+
+// killUnfrozen kills the processes of a cgroup that has no freezer directory, until none is left.
+func (c *v1Cgroup) killUnfrozen(ctx context.Context) error {
+	for {
+		pids, _ := c.procsAnywhere()
+		if len(pids) == 0 {
+			return nil
+		}
+		if err := killPids(pids); err != nil {
 			return fmt.Errorf("cgroup %s: kill: %w", c.name, err)
 		}
 		if err := waitEmpty(ctx, c.procsAnywhere, time.Second); err != nil {

@@ -44,6 +44,9 @@ const (
 	aheadTries = 2
 	// aheadSettle separates the two marks taken once children are made: the parent must be still across it.
 	aheadSettle = 5 * time.Millisecond
+	// aheadTimeout bounds the making of a set (it holds the parent: its calls, a delete, the health watcher
+	// wait): a family's init stopped from the host would otherwise hold it for as long.
+	aheadTimeout = 20 * time.Second
 )
 
 // ahead is a sandbox's children made ahead.
@@ -182,7 +185,19 @@ func (s *Service) makeAhead(e *entry) {
 			s.mu.Unlock()
 		}
 	}()
-	ctx := s.ctx
+	// A delete of the parent stops the making (destroy calls e.abort), as it stops a pause.
+	actx, abort := context.WithCancelCause(s.ctx)
+	ctx, cancel := context.WithTimeout(actx, aheadTimeout)
+	defer cancel()
+	s.mu.Lock()
+	e.abort = abort
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		e.abort = nil
+		s.mu.Unlock()
+		abort(nil)
+	}()
 	if before, err := st.Stillness(ctx, parent); err != nil || before.Busy {
 		s.log.Debug("no children made ahead", "sandbox", id, "busy", before.Busy, "err", err)
 		return

@@ -27,8 +27,32 @@ func (s *Service) watchHealth(h runtime.Healer) {
 		case <-t.C:
 		}
 		for _, l := range h.Lost() {
-			s.heal(h, l)
+			s.healAside(h, l)
 		}
+	}
+}
+
+// healAside heals l in a goroutine of its own, unless one heals it already: a sandbox held up (its family's init
+// stopped from the host, say) delays no other's restart.
+func (s *Service) healAside(h runtime.Healer, l runtime.Lost) {
+	id := l.Handle.ID
+	s.mu.Lock()
+	if s.healing == nil {
+		s.healing = map[string]bool{}
+	}
+	busy := s.healing[id]
+	s.healing[id] = true
+	s.mu.Unlock()
+	if busy {
+		return
+	}
+	done := func() {
+		s.mu.Lock()
+		delete(s.healing, id)
+		s.mu.Unlock()
+	}
+	if !s.goBackground(func() { defer done(); s.heal(h, l) }) {
+		done()
 	}
 }
 

@@ -69,6 +69,9 @@ func (s *Service) claimWarm(ctx context.Context, spec CreateRequest) (Info, bool
 	return s.claimFrom(ctx, &s.warm, spec)
 }
 
+// claimTimeout bounds the configuration of a claimed warm sandbox (~1 ms when its agent answers).
+const claimTimeout = 10 * time.Second
+
 // claimFrom is claimWarm from the pool *pool (guarded by s.mu): the plain pool, or a template's.
 func (s *Service) claimFrom(ctx context.Context, pool *[]*entry, spec CreateRequest) (Info, bool) {
 	s.mu.Lock()
@@ -90,7 +93,11 @@ func (s *Service) claimFrom(ctx context.Context, pool *[]*entry, spec CreateRequ
 	}
 	defer release()
 	start := time.Now()
-	if err := s.cfg.Runtime.Configure(ctx, h, runtime.Spec{ID: h.ID, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
+	// Bounded: a warm sandbox whose agent does not answer (stopped from the host) is dropped, and the create
+	// starts one cold, instead of waiting for it.
+	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	defer cancel()
+	if err := s.cfg.Runtime.Configure(cctx, h, runtime.Spec{ID: h.ID, VCPU: spec.VCPU, MemMiB: spec.MemMiB,
 		MaxProcs: spec.MaxProcs, DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
 		Egress: spec.Egress}); err != nil {
 		s.log.Warn("warm pool: claim failed, starting cold", "sandbox", h.ID, "err", err)

@@ -112,6 +112,8 @@ type Service struct {
 
 	imgMu    sync.RWMutex    // images.go: shared by creates on named images, exclusive by removal
 	building map[string]bool // guarded by mu: named images being built
+
+	healing map[string]bool // guarded by mu: sandboxes the health watcher is restarting (health.go)
 }
 
 // entry is the in-memory state of one sandbox.

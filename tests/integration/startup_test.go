@@ -232,3 +232,36 @@ func TestSandboxesRunTheGuestProgram(t *testing.T) {
 		check("family init", pid)
 	}
 }
+
+// A sandbox whose agent does not answer (stopped from the host) does not hold up the server's start: it is
+// recovered as it runs, the other sandboxes answer as soon as the server is up, and it answers again once its
+// agent runs again. Before, the start waited on its agent's ping for as long as it was stopped.
+func TestStartNotHeldUpByAStoppedAgent(t *testing.T) {
+	s := testserver.Start(t)
+	stuck := create(t, s, nil)
+	value(t, s, stuck, "x = 1")
+	other := create(t, s, nil)
+	value(t, s, other, "y = 2")
+	pid := testserver.AgentPid(stuck)
+	if pid == 0 {
+		t.Fatal("no agent found")
+	}
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Kill(pid, unix.SIGCONT) //nolint:errcheck // on a failure before the one below
+	start := time.Now()
+	s.Restart()
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("the server took %v to start with a stopped agent", took)
+	}
+	if got := value(t, s, other, "y"); got != "2" {
+		t.Fatalf("another sandbox after the restart: y = %s", got)
+	}
+	if err := unix.Kill(pid, unix.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, s, stuck, "x"); got != "1" {
+		t.Fatalf("the sandbox whose agent was stopped, once it runs again: x = %s", got)
+	}
+}

@@ -872,7 +872,15 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	}
 	sb := &sandbox{h: h, netFD: netFD, cg: cg}
 	sb.client = agent.NewClient(r.dialer(netFD))
-	if _, err := sb.client.Ping(ctx); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, recoverPingTimeout)
+	_, err = sb.client.Ping(pctx)
+	cancel()
+	switch {
+	case err != nil && pctx.Err() != nil && ctx.Err() == nil && alive(h.AgentPid, h.AgentStart):
+		// Alive but silent (stopped from the host, say): it is recovered as it runs, and calls wait for it as
+		// they would have before the restart; the server's start does not.
+		r.log.Warn("recovered a sandbox whose agent does not answer", "sandbox", h.ID, "waited", recoverPingTimeout)
+	case err != nil:
 		unix.Close(netFD)
 		return fmt.Errorf("agent does not answer: %w", err)
 	}
@@ -891,6 +899,10 @@ func (r *Runtime) Recover(ctx context.Context, h runtime.Handle) error {
 	r.sandboxes[h.ID] = sb
 	return nil
 }
+
+// recoverPingTimeout bounds Recover's wait for a sandbox's agent to answer: the server's start recovers its
+// sandboxes one by one, and one agent that does not answer must not hold up the others.
+const recoverPingTimeout = 5 * time.Second
 
 // KillOrphanFamily kills a family init that no recorded sandbox refers to.
 func (r *Runtime) KillOrphanFamily(pid int, start uint64) {
