@@ -87,6 +87,7 @@ type Manager struct {
 	nftMu     sync.Mutex // serialises batches on nft and guards ports and names
 	nft       *nftables.Conn
 	sets      nftSets
+	policy    nftPolicy // what the tables hold besides the ports' elements (guard puts them back)
 	resolvers []netip.Addr
 	ports     map[string]*port // by host veth
 	namesMu   sync.Mutex

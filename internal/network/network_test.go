@@ -773,3 +773,61 @@ func binaryIP(ip net.IP) uint32 {
 	b := ip.To4()
 	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 }
+
+// Tables another program removed (`nft flush ruleset`, as `systemctl restart nftables` does on Debian) are put
+// back within a guard period or two, with every port's pin and egress policy: before, the sandboxes lost their
+// isolation for good (the host and each other reachable, no spoofing check) and new ports failed.
+func TestTablesRemovedAreRestored(t *testing.T) {
+	m := newTestManager(t, nil)
+	ns := newNetns(t)
+	ip, err := m.Allocate(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	veth := VethName("sbx_0123456789abcdef0123456789abcdee")
+	t.Cleanup(func() { _ = m.Detach(veth) })
+	if err := m.Attach(context.Background(), int(ns), ip, veth, nil); err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	ln := listenGreeter(t, m.Gateway().String())
+	if err := dialFrom(ns, ln.Addr().String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial the host under the default policy: %v, want connection refused", err)
+	}
+	for _, family := range []string{"ip", "bridge"} {
+		if out, err := exec.Command("nft", "delete", "table", family, testTable).CombinedOutput(); err != nil {
+			t.Fatalf("nft delete table %s %s: %v %s", family, testTable, err, out)
+		}
+	}
+	if err := dialFrom(ns, ln.Addr().String()); err != nil {
+		t.Logf("dial the host right after the tables went: %v (the guard was quicker)", err)
+	}
+	deadline := time.Now().Add(3 * guardEvery)
+	for {
+		m.nftMu.Lock()
+		intact := m.tablesIntact()
+		m.nftMu.Unlock()
+		if intact {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the tables were not restored within %v", 3*guardEvery)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := dialFrom(ns, ln.Addr().String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("dial the host once the tables are back: %v, want connection refused", err)
+	}
+	m.nftMu.Lock()
+	pins, err := m.nft.GetSetElements(m.sets.pins)
+	m.nftMu.Unlock()
+	if err != nil || len(pins) != 1 {
+		t.Errorf("pins after the restore: %d, %v; want the port's", len(pins), err)
+	}
+	// New policies and ports work again.
+	if err := m.SetEgress(context.Background(), veth, []string{ln.Addr().String()}); err != nil {
+		t.Fatalf("SetEgress after the restore: %v", err)
+	}
+	if err := dialFrom(ns, ln.Addr().String()); err != nil {
+		t.Errorf("dial the opened host port after the restore: %v", err)
+	}
+}

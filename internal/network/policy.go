@@ -67,14 +67,13 @@ func (m *Manager) initNFT(opened []netip.Prefix) error {
 			keep[name] = append(keep[name], el)
 		}
 	}
-	sets, err := ensureNFT(c, nftPolicy{table: m.table, bridge: m.bridge, cidr: m.pool.network, opened: opened,
-		resolvers: m.resolvers}, keep)
+	m.policy = nftPolicy{table: m.table, bridge: m.bridge, cidr: m.pool.network, opened: opened, resolvers: m.resolvers}
+	sets, err := ensureNFT(c, m.policy, keep)
 	if err != nil && len(keep) > 0 {
 		// The old elements did not fit the new sets (an upgrade changed them): start without them.
 		m.log.Warn("nftables: could not keep the running sandboxes' elements", "err", err)
 		m.ports = map[string]*port{}
-		sets, err = ensureNFT(c, nftPolicy{table: m.table, bridge: m.bridge, cidr: m.pool.network, opened: opened,
-			resolvers: m.resolvers}, nil)
+		sets, err = ensureNFT(c, m.policy, nil)
 	}
 	if err != nil {
 		c.CloseLasting() //nolint:errcheck
@@ -279,13 +278,10 @@ func (m *Manager) replace(old []*port, np *port) error {
 	}
 	gs := []*group{{set: m.sets.pins}, {set: m.sets.members}, {set: m.sets.custom}, {set: m.sets.anyS}, {set: m.sets.port}}
 	collect := func(p *port, into func(g *group) *[]nftables.SetElement) {
-		*into(gs[0]) = append(*into(gs[0]), p.pin)
-		*into(gs[1]) = append(*into(gs[1]), nftables.SetElement{Key: ifname(p.veth)})
-		if p.custom {
-			*into(gs[2]) = append(*into(gs[2]), nftables.SetElement{Key: p.ip.AsSlice()})
+		els := portElements(p)
+		for _, g := range gs {
+			*into(g) = append(*into(g), els[g.set.Name]...)
 		}
-		*into(gs[3]) = append(*into(gs[3]), p.anyE...)
-		*into(gs[4]) = append(*into(gs[4]), p.portE...)
 	}
 	for _, p := range old {
 		collect(p, func(g *group) *[]nftables.SetElement { return &g.have })
@@ -318,6 +314,64 @@ func (m *Manager) replace(old []*port, np *port) error {
 		return fmt.Errorf("nftables elements: %w", err)
 	}
 	return nil
+}
+
+// portElements is p's elements in each set, by set name.
+func portElements(p *port) map[string][]nftables.SetElement {
+	out := map[string][]nftables.SetElement{
+		setPins:    {p.pin},
+		setMembers: {{Key: ifname(p.veth)}},
+		setAny:     p.anyE,
+		setPort:    p.portE,
+	}
+	if p.custom {
+		out[setCustom] = []nftables.SetElement{{Key: p.ip.AsSlice()}}
+	}
+	return out
+}
+
+// guardEvery is how often the Manager checks that its nftables tables are still in place.
+const guardEvery = time.Second
+
+// guard puts the tables back, with every port's pin and policy, when another program removed them: `systemctl
+// restart nftables` on Debian loads /etc/nftables.conf, which begins with "flush ruleset", and a firewall
+// manager may do the same. Without the tables every sandbox can reach the host and the other sandboxes, spoof
+// its address, and has no egress policy; new ports fail to get their elements. Called from refreshLoop.
+func (m *Manager) guard() {
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	if m.tablesIntact() {
+		return
+	}
+	keep := map[string][]nftables.SetElement{}
+	for _, p := range m.ports {
+		for name, els := range portElements(p) {
+			keep[name] = append(keep[name], els...)
+		}
+	}
+	sets, err := ensureNFT(m.nft, m.policy, keep)
+	if err != nil {
+		m.log.Error("nftables: the sandboxes' tables were removed by another program and could not be restored", "table", m.table, "err", err)
+		return
+	}
+	m.sets = sets
+	m.log.Warn("nftables: the sandboxes' tables were removed or changed by another program (nft flush ruleset?): restored",
+		"table", m.table, "ports", len(m.ports))
+}
+
+// tablesIntact reports whether both tables and their chains are there. Called with nftMu held.
+func (m *Manager) tablesIntact() bool {
+	t := &nftables.Table{Name: m.table, Family: nftables.TableFamilyIPv4}
+	bt := &nftables.Table{Name: m.table, Family: nftables.TableFamilyBridge}
+	for _, c := range []struct {
+		t     *nftables.Table
+		chain string
+	}{{bt, chainPorts}, {t, chainPostrouting}, {t, chainDeny}, {t, chainEgress}, {t, chainForward}, {t, chainInput}} {
+		if _, err := m.nft.ListChain(c.t, c.chain); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // deleteEach removes p's elements one batch each; an element that is not there is not an error. Called with
@@ -389,13 +443,17 @@ func (m *Manager) refreshLoop(every time.Duration) {
 	defer close(m.done)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	g := time.NewTicker(guardEvery)
+	defer g.Stop()
 	for {
 		select {
 		case <-m.stop:
 			return
+		case <-g.C:
+			m.guard()
 		case <-t.C:
+			m.refresh()
 		}
-		m.refresh()
 	}
 }
 
