@@ -571,6 +571,8 @@ func (p *repl) runMsg(ctx context.Context, msg map[string]any, timeoutS float64,
 
 	var timedOut bool
 	var timer, killTimer *time.Timer
+	// interrupt is the one way a run's code is interrupted (the call's timeout, the caller going away, POST
+	// /interrupt ending ctx): at most one SIGINT per run, and killTimer says whether it was sent.
 	interrupt := func(timeout bool) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -632,8 +634,11 @@ func (p *repl) runMsg(ctx context.Context, msg map[string]any, timeoutS float64,
 		case "result":
 			stop()
 			p.mu.Lock()
-			to := timedOut
+			to, sigint := timedOut, killTimer != nil
 			p.mu.Unlock()
+			if sigint {
+				p.discardSigint()
+			}
 			if to && m.Error != nil && m.Error.Name == "KeyboardInterrupt" {
 				m.Error.Name = "TimeoutError"
 				m.Error.Value = fmt.Sprintf("execution exceeded %gs and was interrupted", limitS)
@@ -653,6 +658,28 @@ func (p *repl) runMsg(ctx context.Context, msg map[string]any, timeoutS float64,
 			return ev
 		}
 	}
+}
+
+// discardSigint has the interpreter drop a SIGINT that an interrupt of the run that just ended left pending in
+// it (repl.py's discard_sigint), so that it cannot hit the next run. The interpreter blocks SIGINT except while a
+// cell's code runs, and drops one pending when the code ends (_block_sigint); but the agent counts the run as
+// running until it has read its result, and an interrupt sent between the two (the caller went away, the
+// timeout or POST /interrupt came, just as the cell ended) stayed pending, blocked, until the next cell let
+// SIGINT through: that cell failed at once with a KeyboardInterrupt, its code not run.
+//
+// The order makes it exact. runMsg calls it once stop() has set running to false, and before endTurn: interrupt
+// sends its SIGINT holding p.mu and only while running, so every SIGINT aimed at this run was sent (kill
+// returned: the signal is pending in the interpreter, which blocks it) before the request below is written, and
+// the interpreter, which reads requests in order, drops it before anything else; an interrupt sent later finds
+// running false and sends nothing. The next run sets running (and so may be interrupted) only once it holds the
+// turn, after this exchange is over: an interrupt aimed at it is never dropped here. A run the agent did not
+// interrupt costs nothing more.
+//
+// An interpreter found dead here is dropped, and the next run or call says so (lost), as one killed after its
+// result was read. An interpreter that does not know the op (one started by an older binary and kept across an
+// upgrade) answers with an error, which changes nothing.
+func (p *repl) discardSigint() {
+	p.exchange(map[string]any{"op": "discard_sigint"}) //nolint:errcheck // see above
 }
 
 // resultList collects a call's rich results within resultsLimit: one that does not fit becomes a text/plain

@@ -455,6 +455,17 @@ def _block_sigint():
         pass
 
 
+def _discard_sigint():
+    """Drop a SIGINT pending (blocked) in this process: one that the agent sent to interrupt the last run after
+    that run's code had ended and _block_sigint had run. The agent asks for it after a run it interrupted, before
+    the next run may start (discardSigint in repl.go), so that the next cell does not get it as soon as it lets
+    SIGINT through. Returns how many were dropped (0 or 1: a signal's instances do not queue)."""
+    n = 0
+    while signal.sigtimedwait({signal.SIGINT}, 0) is not None:
+        n += 1
+    return n
+
+
 def _end_output(n):
     """Mark the end of run n's fd-level output (subprocesses, C code) on both pipes, so that the agent can tell
     it has read all of it before it answers."""
@@ -1330,6 +1341,8 @@ def _serve():
                     resp["read"] = digest
             elif op == "restore":  # a snapshot made before session streams: one pickle file per variable
                 resp = {"type": "result", "skipped": _restore(req["dir"])}
+            elif op == "discard_sigint":  # the agent interrupted the last run: see _discard_sigint
+                resp = {"type": "result", "value": repr(_discard_sigint())}
             elif op == "ping":
                 resp = {"type": "result", "pid": os.getpid()}
             elif op == "fork_check":

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -129,5 +131,120 @@ func TestInterrupt(t *testing.T) {
 		wantError(t, code, body, 400, "what must be")
 		code, body = raw(t, s, "POST", "/v1/sandboxes/sbx_missing/interrupt", s.Key, nil)
 		wantError(t, code, body, 404, "")
+	})
+}
+
+// An interrupt that comes as a cell's code has just ended (the interpreter blocks SIGINT again there) but before
+// the agent has its result stops nothing, and must not hit the next cell either: that cell used to fail at once
+// with a KeyboardInterrupt, its code not run. The cell here widens that window to seconds: its sys.stdout's
+// flush, which the interpreter calls after the code, says so and sleeps. Each way a run is interrupted: its
+// timeout, its caller going away, POST /interrupt. An interrupt aimed at the next cell still stops it.
+func TestInterruptAsCellEndsSparesNextCell(t *testing.T) {
+	s := testserver.Start(t)
+	id := create(t, s, nil)
+	ctx := ctxT(t)
+	value(t, s, id, "1") // the interpreter started, its first run's costs paid
+	const ended = "cell code ended"
+	late := func(sleepS float64) string {
+		return fmt.Sprintf(`import sys, time
+class _Late:
+    def __init__(self, out):
+        self.out = out
+    def write(self, s):
+        return self.out.write(s)
+    def flush(self):  # called once the cell's code is done, SIGINT blocked again
+        self.out.write(%q + "\n")
+        time.sleep(%g)
+sys.stdout = _Late(sys.stdout)
+`, ended, sleepS)
+	}
+	// runLate runs a late cell, calling at once when it says its code ended, and returns its answer.
+	runLate := func(ctx context.Context, sleepS float64, timeoutS *int, at func()) (*client.Execution, error) {
+		var once bool
+		return s.Client.RunCodeStream(ctx, id, client.RunCodeRequest{Code: late(sleepS), TimeoutS: timeoutS},
+			func(ev client.Event) {
+				if !once && strings.Contains(ev.Data, ended) {
+					once = true
+					at()
+				}
+			})
+	}
+	next := func(t *testing.T) {
+		t.Helper()
+		ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "'next cell ran'"})
+		if err != nil || ex.Error != nil || ex.Value == nil || *ex.Value != "'next cell ran'" {
+			if ex != nil && ex.Error != nil {
+				t.Fatalf("the next run_code failed: %s: %s\n%s", ex.Error.Name, ex.Error.Value, ex.Error.Traceback)
+			}
+			t.Fatalf("the next run_code answered %+v, %v", ex, err)
+		}
+	}
+
+	t.Run("Timeout", func(t *testing.T) {
+		ex, err := runLate(ctx, 3, client.Int(1), func() {})
+		if err != nil || ex.Error != nil {
+			t.Fatalf("the late cell answered %+v, %v", ex, err)
+		}
+		next(t)
+	})
+
+	t.Run("CallerGoesAway", func(t *testing.T) {
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if _, err := runLate(cctx, 2, nil, cancel); err == nil {
+			t.Fatal("the abandoned run_code answered")
+		}
+		next(t) // queued behind the abandoned cell, which ends ~2 s after it was interrupted
+	})
+
+	t.Run("Interrupt", func(t *testing.T) {
+		interrupted := make(chan client.Interrupted, 1)
+		ex, err := runLate(ctx, 1, nil, func() {
+			n, err := s.Client.Interrupt(ctx, id, client.InterruptRunCode)
+			if err != nil {
+				t.Errorf("interrupt: %v", err)
+			}
+			interrupted <- n
+		})
+		select {
+		case n := <-interrupted:
+			if n.RunCode != 1 {
+				t.Fatalf("interrupt: %+v; want one run_code", n)
+			}
+		default:
+			t.Fatalf("the late cell never said its code ended: %+v, %v", ex, err)
+		}
+		if err != nil || ex.Error != nil {
+			t.Fatalf("the late cell answered %+v, %v", ex, err)
+		}
+		next(t)
+		// The next interrupt is not lost: it stops the cell it was sent to.
+		done := make(chan *client.Execution, 1)
+		started := make(chan struct{})
+		go func() {
+			var once bool
+			ex, err := s.Client.RunCodeStream(ctx, id, client.RunCodeRequest{
+				Code: "import time\nprint('started', flush=True)\nwhile True: time.sleep(0.05)"}, func(client.Event) {
+				if !once {
+					once = true
+					close(started)
+				}
+			})
+			if err != nil {
+				t.Errorf("run_code: %v", err)
+			}
+			if !once {
+				close(started)
+			}
+			done <- ex
+		}()
+		<-started
+		if n, err := s.Client.Interrupt(ctx, id, client.InterruptRunCode); err != nil || n.RunCode != 1 {
+			t.Fatalf("interrupt: %+v, %v; want one run_code", n, err)
+		}
+		if ex := <-done; ex == nil || ex.Error == nil || ex.Error.Name != "KeyboardInterrupt" || !ex.Interrupted {
+			t.Fatalf("the interrupted run_code answered %+v", ex)
+		}
+		next(t)
 	})
 }
