@@ -139,6 +139,8 @@ type entry struct {
 	aheadTimer         *time.Timer
 	// abort cancels the pause or resume running in the background, if any (a delete does: see destroy).
 	abort context.CancelCauseFunc
+	// uses cancels the calls holding the sandbox shared (use), for a delete to stop them.
+	uses map[*int]context.CancelCauseFunc
 	// lostState says why the sandbox's interpreter state was lost by a restart of its processes (health.go), until
 	// the next run_code reports it (as it reports an interpreter that died between calls) instead of running.
 	lostState string
@@ -787,6 +789,9 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 		if e.abort != nil {
 			e.abort(errDeleted)
 		}
+		for _, stop := range e.uses { // run_code, exec and the like in flight (use)
+			stop(errDeleted)
+		}
 		s.mu.Unlock()
 	}
 	es, release, err := s.acquire(exclusive, OpDestroy, id)
@@ -830,13 +835,39 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 	return nil
 }
 
-// use takes a shared hold on a running sandbox for run_code, exec and files.
-func (s *Service) use(id string) (*entry, func(), error) {
+// use takes a shared hold on a running sandbox for run_code, exec and files. The returned context is ctx, ended
+// by a delete of the sandbox (with errDeleted as its cause): a delete stops the calls in flight, which would
+// otherwise hold it for as long as they run (code in an endless loop, up to its timeout or for ever).
+func (s *Service) use(ctx context.Context, id string) (context.Context, *entry, func(), error) {
 	es, release, err := s.acquire(shared, OpUse, id)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return es[0], release, nil
+	e := es[0]
+	uctx, cancel := context.WithCancelCause(ctx)
+	key := new(int)
+	s.mu.Lock()
+	if e.uses == nil {
+		e.uses = map[*int]context.CancelCauseFunc{}
+	}
+	e.uses[key] = cancel
+	s.mu.Unlock()
+	return uctx, e, func() {
+		s.mu.Lock()
+		delete(e.uses, key)
+		s.mu.Unlock()
+		cancel(nil)
+		release()
+	}, nil
+}
+
+// deletedDuring returns err of a call on sandbox id made under ctx (use) as a clear conflict when a delete of the
+// sandbox stopped it, else err as it is.
+func deletedDuring(ctx context.Context, id string, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), errDeleted) {
+		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %s was deleted while the call ran", id))
+	}
+	return err
 }
 
 // RunCodeRequest is the body of run_code.
@@ -891,7 +922,7 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 	if err != nil {
 		return Execution{}, err
 	}
-	e, done, err := s.use(id)
+	ctx, e, done, err := s.use(ctx, id)
 	if err != nil {
 		return Execution{}, err
 	}
@@ -910,7 +941,7 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 	s.prepareFork(e)
 	ev, err := c.RunCode(ctx, agent.RunCodeRequest{Code: req.Code, Env: req.Env, TimeoutS: timeout}, forward(onOutput))
 	if err != nil {
-		return Execution{}, fmt.Errorf("run_code in %s: %w", id, err)
+		return Execution{}, fmt.Errorf("run_code in %s: %w", id, deletedDuring(ctx, id, err))
 	}
 	results := ev.Results
 	if results == nil {
@@ -985,7 +1016,7 @@ func (s *Service) Exec(ctx context.Context, id string, req ExecRequest, onOutput
 	if err != nil {
 		return ExecResult{}, err
 	}
-	e, done, err := s.use(id)
+	ctx, e, done, err := s.use(ctx, id)
 	if err != nil {
 		return ExecResult{}, err
 	}
@@ -997,7 +1028,7 @@ func (s *Service) Exec(ctx context.Context, id string, req ExecRequest, onOutput
 	ev, err := c.Exec(ctx, agent.ExecRequest{Cmd: req.Cmd, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd,
 		TimeoutS: timeout, Stdin: req.Stdin}, forward(onOutput))
 	if err != nil {
-		return ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
+		return ExecResult{}, fmt.Errorf("exec in %s: %w", id, deletedDuring(ctx, id, err))
 	}
 	return ExecResult{ExitCode: ev.ExitCode, Stdout: ev.Stdout, Stderr: ev.Stderr, TimedOut: ev.TimedOut,
 		Interrupted: ev.WasInterrupted}, nil
@@ -1013,7 +1044,7 @@ func (s *Service) Interrupt(ctx context.Context, id, what string) (agent.Interru
 		return agent.Interrupted{}, invalid("what must be %q, %q or omitted (both), not %q",
 			agent.InterruptRunCode, agent.InterruptExec, what)
 	}
-	e, done, err := s.use(id)
+	ctx, e, done, err := s.use(ctx, id)
 	if err != nil {
 		return agent.Interrupted{}, err
 	}
@@ -1031,7 +1062,7 @@ func (s *Service) Interrupt(ctx context.Context, id, what string) (agent.Interru
 
 // Files opens the sandbox's file system for the files API; call release when done.
 func (s *Service) Files(ctx context.Context, id string) (*files.FS, func(), error) {
-	e, done, err := s.use(id)
+	_, e, done, err := s.use(ctx, id)
 	if err != nil {
 		return nil, nil, err
 	}

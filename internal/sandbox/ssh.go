@@ -190,7 +190,7 @@ func (s *Service) Session(ctx context.Context, id string, r agent.SessionRequest
 			return nil, err
 		}
 	}
-	e, done, err := s.use(id)
+	_, e, done, err := s.use(ctx, id) // the session outlives the hold: it keeps ctx
 	if err != nil {
 		return nil, err
 	}

@@ -49,3 +49,41 @@ func TestAbandonedCallsStop(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// A delete stops the calls in flight on its sandbox instead of waiting for them: code in an endless loop and a
+// command that never ends (both without a timeout of their own, as an agent's runaway code is) answer 409 that
+// the sandbox was deleted, the delete answers at once, and nothing is left. Before, the delete waited for them
+// (the run_code's default timeout, 300 s; for ever for an exec without one).
+func TestDeleteStopsCallsInFlight(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0")
+	ctx := ctxT(t)
+	id := create(t, s, nil)
+	errs := make(chan error, 2)
+	go func() {
+		_, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "while True: pass"})
+		errs <- err
+	}()
+	go func() {
+		_, err := s.Client.Exec(ctx, id, client.ExecRequest{Cmd: "sleep 1000"})
+		errs <- err
+	}()
+	time.Sleep(time.Second) // both running
+	start := time.Now()
+	if err := s.Client.Delete(ctx, id); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the delete took %v with calls in flight", took)
+	}
+	for range 2 {
+		select {
+		case err := <-errs:
+			if ae, ok := err.(*client.APIError); !ok || ae.StatusCode != 409 || !strings.Contains(ae.Message, "was deleted while the call ran") {
+				t.Errorf("a call in flight during the delete: %v, want 409 saying the sandbox was deleted", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a call in flight did not answer after the delete")
+		}
+	}
+	checkNoLeftovers(t, s, expect{})
+}
