@@ -498,9 +498,10 @@ func (l *Local) List(ctx context.Context, prefix string) ([]Object, error) {
 	return out, nil
 }
 
-// RemoveTemps removes every temporary file of an unfinished Put, Copy or checksum record, and returns how many
-// there were. Only for a store no other process writes to (the data directory's own, at start-up): another
-// writer's temporary files would go too.
+// RemoveTemps removes every temporary file of an unfinished Put, Copy or checksum record, and the empty
+// directories a Delete cut short left (its objects removed, not yet their directories), and returns how many
+// files there were. Only for a store no other process writes to (the data directory's own, at start-up):
+// another writer's temporary files would go too.
 func (l *Local) RemoveTemps() (int, error) {
 	ents, err := os.ReadDir(path.Join(l.dir, tmpDir))
 	if err != nil {
@@ -515,7 +516,36 @@ func (l *Local) RemoveTemps() (int, error) {
 		}
 		n++
 	}
+	for _, top := range []string{objectsDir, sidecarDir} {
+		errs = append(errs, l.pruneEmptyDirs(top))
+	}
 	return n, errors.Join(errs...)
+}
+
+// pruneEmptyDirs removes the empty directories below top (deepest first, so that a directory holding only empty
+// ones goes too); top stays.
+func (l *Local) pruneEmptyDirs(top string) error {
+	var dirs []string
+	err := fs.WalkDir(l.root.FS(), top, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() && p != top {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("prune empty directories: %w", err)
+	}
+	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+	for _, d := range dirs {
+		_ = l.root.Remove(d) // one that is not empty stays
+	}
+	return nil
 }
 
 // tmpObjects lists the temporary files of unfinished Puts (for tests).

@@ -683,3 +683,31 @@ func TestLocalReadAhead(t *testing.T) {
 		t.Fatalf("goroutines %d before 20 readers closed early, %d after", before, after)
 	}
 }
+
+// A Delete cut short (its objects removed, not their directories) leaves empty directories that no List sees:
+// RemoveTemps, run as a server with its own store starts, prunes them and leaves every object's.
+func TestLocalRemoveTempsPrunesEmptyDirs(t *testing.T) {
+	l := newTestLocal(t)
+	ctx := context.Background()
+	for _, k := range []string{"sbx_a/1/session.bin", "sbx_b/1/session.bin", "sbx_b/2/layer.tar"} {
+		if _, err := l.Put(ctx, k, strings.NewReader("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []string{"sbx_a/1/session.bin", "sbx_b/1/session.bin"} { // as a cut Delete leaves them
+		if err := os.Remove(filepath.Join(l.dir, objectsDir, k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.RemoveTemps(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"sbx_a", "sbx_b/1"} {
+		if _, err := os.Stat(filepath.Join(l.dir, objectsDir, d)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("empty directory %s left: %v", d, err)
+		}
+	}
+	if objs, err := l.List(ctx, ""); err != nil || len(objs) != 1 || objs[0].Key != "sbx_b/2/layer.tar" {
+		t.Errorf("objects after RemoveTemps: %+v, %v; want sbx_b/2/layer.tar alone", objs, err)
+	}
+}
