@@ -35,8 +35,18 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 	return &Client{dial: dial}
 }
 
-// ErrAgentGone reports that the agent could not be reached or hung up mid-call.
-var ErrAgentGone = errors.New("sandbox agent is not reachable")
+// ErrAgentGone reports that the agent could not be reached or hung up mid-call. It is also
+// errdefs.ErrUnavailable (HTTP 503): an agent that died is restarted by the health watcher within a second
+// (its sandbox's interpreter state lost, which the next run_code reports), so the call may be made again.
+var ErrAgentGone error = agentGone{}
+
+type agentGone struct{}
+
+func (agentGone) Error() string {
+	return "sandbox agent is not reachable (killed, or being restarted: try again in a second)"
+}
+
+func (agentGone) Is(target error) bool { return target == errdefs.ErrUnavailable }
 
 // ErrInterpreterLost matches (errors.Is) the error of a call that needed the sandbox's interpreter and found it
 // dead (killed, out of memory since the last call) or saw it die: its state is lost, and the next run_code

@@ -38,6 +38,8 @@ func TestLostAgentIsRestored(t *testing.T) {
 			r, err := s.Client.Exec(testserver.Ctx(t), sb, client.ExecRequest{Cmd: "cat /root/f.txt"})
 			if err == nil {
 				out = r.Stdout
+			} else if ae, ok := err.(*client.APIError); !ok || ae.StatusCode != 503 {
+				t.Errorf("%s: a call before the restart: %v, want 503 (the agent is gone, try again)", sb, err)
 			}
 			return err == nil
 		})
@@ -78,10 +80,17 @@ func TestLostAgentIsRestored(t *testing.T) {
 	parent := s.Create(t, nil)
 	kids := s.Fork(t, parent, 2)
 	initPid := familyInit(t, parent)
+	agents := map[string]int{}
+	for _, sb := range append(kids, parent) {
+		agents[sb] = testserver.AgentPid(sb)
+	}
 	if err := syscall.Kill(initPid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	for _, sb := range append(kids, parent) {
+		// The init's death takes its PID namespace's processes with it, a moment later on a loaded machine: a
+		// call made before that would still reach the old interpreter. Wait for the restart's new agent.
+		waitFor(t, 10*time.Second, func() bool { p := testserver.AgentPid(sb); return p != 0 && p != agents[sb] })
 		died := false
 		waitFor(t, 10*time.Second, func() bool {
 			ex, err := s.Client.RunCode(testserver.Ctx(t), sb, client.RunCodeRequest{Code: "'ok'"})
