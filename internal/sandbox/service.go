@@ -905,6 +905,31 @@ func timeoutOf(t *float64) (float64, error) {
 	return *t, nil
 }
 
+// agentGrace is how long past a call's own timeout_s the server waits for the agent's answer: the agent answers
+// at the timeout (its code interrupted, or its command killed), or 10 s later when the code ignored the interrupt
+// (the interpreter killed). An agent that says nothing by then is not running (stopped from the host, say).
+const agentGrace = 15 * time.Second
+
+// errAgentSilent ends a call whose agent did not answer within its timeout and agentGrace.
+var errAgentSilent = errors.New("the sandbox's agent did not answer within the call's timeout_s")
+
+// withAgentDeadline bounds a call with timeout_s timeout (0: none, and no bound) to timeout + agentGrace.
+func withAgentDeadline(ctx context.Context, timeout float64) (context.Context, context.CancelFunc) {
+	if timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeoutCause(ctx, time.Duration(timeout*float64(time.Second))+agentGrace, errAgentSilent)
+}
+
+// callError is err of a call on sandbox id made under ctx (use, withAgentDeadline), said plainly when a delete
+// or the agent's silence ended it.
+func callError(ctx context.Context, id string, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), errAgentSilent) {
+		return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf("%v and %v more (stopped from the host?); the sandbox is left as it is", errAgentSilent, agentGrace))
+	}
+	return deletedDuring(ctx, id, err)
+}
+
 // OutputEvent is a chunk of streamed output, or (run_code) a rich result as it is displayed.
 type OutputEvent struct {
 	Type string `json:"type"` // stdout, stderr or display_data
@@ -939,9 +964,11 @@ func (s *Service) RunCode(ctx context.Context, id string, req RunCodeRequest, on
 		return Execution{}, err
 	}
 	s.prepareFork(e)
+	ctx, cancel := withAgentDeadline(ctx, timeout)
+	defer cancel()
 	ev, err := c.RunCode(ctx, agent.RunCodeRequest{Code: req.Code, Env: req.Env, TimeoutS: timeout}, forward(onOutput))
 	if err != nil {
-		return Execution{}, fmt.Errorf("run_code in %s: %w", id, deletedDuring(ctx, id, err))
+		return Execution{}, fmt.Errorf("run_code in %s: %w", id, callError(ctx, id, err))
 	}
 	results := ev.Results
 	if results == nil {
@@ -1025,10 +1052,12 @@ func (s *Service) Exec(ctx context.Context, id string, req ExecRequest, onOutput
 	if err != nil {
 		return ExecResult{}, err
 	}
+	ctx, cancel := withAgentDeadline(ctx, timeout)
+	defer cancel()
 	ev, err := c.Exec(ctx, agent.ExecRequest{Cmd: req.Cmd, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd,
 		TimeoutS: timeout, Stdin: req.Stdin}, forward(onOutput))
 	if err != nil {
-		return ExecResult{}, fmt.Errorf("exec in %s: %w", id, deletedDuring(ctx, id, err))
+		return ExecResult{}, fmt.Errorf("exec in %s: %w", id, callError(ctx, id, err))
 	}
 	return ExecResult{ExitCode: ev.ExitCode, Stdout: ev.Stdout, Stderr: ev.Stderr, TimedOut: ev.TimedOut,
 		Interrupted: ev.WasInterrupted}, nil

@@ -351,6 +351,7 @@ func TestForkAheadChildrenKilledAreNotHandedOut(t *testing.T) {
 		deleteAll(t, s, kids)
 		waitAheadReady(t, s, 2, 60*time.Second)
 		killed := 0
+		var pids []int
 		for _, cg := range s.Inventory().Cgroups {
 			if !strings.HasPrefix(cg, "sbx_") || cg == p {
 				continue
@@ -364,6 +365,7 @@ func TestForkAheadChildrenKilledAreNotHandedOut(t *testing.T) {
 				comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 				if (strings.TrimSpace(string(comm)) == "python3") == (victim == "python3") {
 					syscall.Kill(pid, syscall.SIGKILL)
+					pids = append(pids, pid)
 					killed++
 				}
 			}
@@ -371,6 +373,11 @@ func TestForkAheadChildrenKilledAreNotHandedOut(t *testing.T) {
 		if killed != 2 {
 			t.Fatalf("%s: killed %d processes of children made ahead, want 2", victim, killed)
 		}
+		// Dead, not only signalled (on a loaded machine a SIGKILLed process runs on for a moment): a fork racing
+		// a kill that has not taken effect yet cannot see it.
+		waitUntil(t, 10*time.Second, func() bool { return len(deadOrGone(pids)) == len(pids) }, func() string {
+			return fmt.Sprintf("killed processes %v still running", pids)
+		})
 		kids, ahead := forkRaw(t, s, p, 2)
 		for _, k := range kids {
 			if got := value(t, s, k, "x + 1"); got != "42" {
@@ -379,4 +386,16 @@ func TestForkAheadChildrenKilledAreNotHandedOut(t *testing.T) {
 		}
 		deleteAll(t, s, kids)
 	}
+}
+
+// deadOrGone returns those of pids whose process has exited (a zombie, or reaped).
+func deadOrGone(pids []int) []int {
+	var out []int
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if i := strings.LastIndexByte(string(b), ')'); err != nil || i > 0 && i+2 < len(b) && b[i+2] == 'Z' {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
@@ -86,4 +88,47 @@ func TestDeleteStopsCallsInFlight(t *testing.T) {
 		}
 	}
 	checkNoLeftovers(t, s, expect{})
+}
+
+// A call to a sandbox whose agent is stopped (SIGSTOP from the host) ends at its timeout_s and a grace, with a
+// 503 that says the agent did not answer, instead of waiting until the agent runs again; the sandbox is left as
+// it is and answers once its agent runs.
+func TestCallsToAStoppedAgentEndAfterTheirTimeout(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0")
+	ctx := ctxT(t)
+	id := create(t, s, nil)
+	value(t, s, id, "x = 1")
+	pid := testserver.AgentPid(id)
+	if pid == 0 {
+		t.Fatal("no agent found")
+	}
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Kill(pid, unix.SIGCONT) //nolint:errcheck // on a failure before the one below
+	start := time.Now()
+	errs := make(chan error, 2)
+	go func() {
+		_, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "x", TimeoutS: client.Int(1)})
+		errs <- err
+	}()
+	go func() {
+		_, err := s.Client.Exec(ctx, id, client.ExecRequest{Cmd: "true", TimeoutS: client.Int(1)})
+		errs <- err
+	}()
+	for range 2 {
+		err := <-errs
+		if ae, ok := err.(*client.APIError); !ok || ae.StatusCode != 503 || !strings.Contains(ae.Message, "did not answer") {
+			t.Errorf("a call to a stopped agent: %v, want a 503 saying it did not answer", err)
+		}
+	}
+	if took := time.Since(start); took > 40*time.Second {
+		t.Errorf("the calls to a stopped agent took %v", took)
+	}
+	if err := unix.Kill(pid, unix.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if got := value(t, s, id, "x"); got != "1" {
+		t.Fatalf("once its agent runs again: x = %s", got)
+	}
 }

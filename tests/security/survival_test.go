@@ -341,10 +341,14 @@ func TestSandboxSurvivesItsFullTasksLimit(t *testing.T) {
 		for err := range errs {
 			t.Errorf("%s with its tasks limit full: %v", id, err)
 		}
-		// A fork needs a task per child in the parent for a moment: none is free, so it is refused as a conflict
-		// (the sandbox's state), not an error of ramify's, and leaves nothing behind.
-		if _, err := s.Client.Fork(testserver.Ctx(t), id, 2); err == nil {
-			t.Fatalf("%s: a fork with its tasks limit full succeeded", id)
+		// A fork needs a task per child in the parent for a moment. Room is made for them on top of the limit,
+		// but the grabber races the interpreter for it: the fork either gets it, or is refused as a conflict (the
+		// sandbox's state), not an error of ramify's, and leaves nothing behind.
+		if kids, err := s.Client.Fork(testserver.Ctx(t), id, 2); err == nil {
+			t.Logf("%s: the fork got the room made for its copies before the grabber", id)
+			for _, k := range kids {
+				s.Client.Delete(testserver.Ctx(t), k) //nolint:errcheck // checked by the server's clean-up
+			}
 		} else if ae, ok := err.(*client.APIError); !ok || ae.StatusCode != 409 || !strings.Contains(ae.Message, "tasks limit (max_procs) is full") {
 			t.Errorf("%s: fork with its tasks limit full: %v, want a 409 that says so", id, err)
 		}
