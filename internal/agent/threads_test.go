@@ -79,7 +79,7 @@ func TestWaitExitHoldsNoThread(t *testing.T) {
 	blocked := func(waiter func(*exec.Cmd) error) int {
 		var wg sync.WaitGroup
 		for range n {
-			c := exec.Command("sleep", "0.4")
+			c := exec.Command("sleep", "1.5")
 			if err := c.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -91,8 +91,9 @@ func TestWaitExitHoldsNoThread(t *testing.T) {
 				}
 			}()
 		}
-		time.Sleep(200 * time.Millisecond)
 		defer wg.Wait()
+		// Every waiter has had ample time to block (the commands run for 1.5 s): count them.
+		time.Sleep(500 * time.Millisecond)
 		return threadsInWaitid(t)
 	}
 	if got := blocked(waitExit); got != 0 {
