@@ -15,6 +15,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
@@ -198,6 +199,10 @@ func statusOf(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.ENOSPC):
+		// A sandbox's disk quota (disk_mib) or the host's disk is full: nothing the server did wrong, and
+		// nothing a retry changes until files are removed.
+		return http.StatusInsufficientStorage
 	}
 	return http.StatusInternalServerError
 }

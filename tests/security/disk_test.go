@@ -163,6 +163,12 @@ func TestDiskQuota(t *testing.T) {
 
 		// Fill it with dd: stopped at the quota.
 		diskWantQuotaHit(t, "dd", diskFill(t, s, a.ID, "/root/big", 3*diskQuota))
+		// A file written through the API then is a 507 (insufficient storage) that says why, not a 500.
+		if _, err := s.Client.WriteFile(diskCtx(t), a.ID, "/root/api.bin", bytes.NewReader(make([]byte, 4<<20)), 0o644); err == nil {
+			t.Errorf("a files PUT into a full sandbox succeeded")
+		} else if ae, ok := err.(*client.APIError); !ok || ae.StatusCode != http.StatusInsufficientStorage || !strings.Contains(ae.Message, "quota") {
+			t.Errorf("a files PUT into a full sandbox: %v, want 507 saying the quota is exceeded", err)
+		}
 		// From Python too: the interpreter sees EDQUOT as an OSError.
 		ex, err := s.Client.RunCode(diskCtx(t), a.ID, client.RunCodeRequest{Code: `
 import errno, os
