@@ -553,7 +553,8 @@ func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time
 // not answer): the sandbox is retired all the same, and what is left is logged and reclaimed at the next start.
 const destroyTimeout = 2 * time.Minute
 
-// errDeleted is why a pause or resume in progress was stopped by a delete.
+// errDeleted is why a delete stopped work on its sandbox: a pause or resume in progress, children being made
+// ahead, the calls in flight (use).
 var errDeleted = errors.New("the sandbox is being deleted")
 
 // pauseFailed reports whether a wait for want can end because the pause it waits for failed: a failed pause
@@ -861,15 +862,6 @@ func (s *Service) use(ctx context.Context, id string) (context.Context, *entry, 
 	}, nil
 }
 
-// deletedDuring returns err of a call on sandbox id made under ctx (use) as a clear conflict when a delete of the
-// sandbox stopped it, else err as it is.
-func deletedDuring(ctx context.Context, id string, err error) error {
-	if err != nil && errors.Is(context.Cause(ctx), errDeleted) {
-		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %s was deleted while the call ran", id))
-	}
-	return err
-}
-
 // RunCodeRequest is the body of run_code.
 type RunCodeRequest struct {
 	Code string `json:"code"`
@@ -922,12 +914,18 @@ func withAgentDeadline(ctx context.Context, timeout float64) (context.Context, c
 }
 
 // callError is err of a call on sandbox id made under ctx (use, withAgentDeadline), said plainly when a delete
-// or the agent's silence ended it.
+// of the sandbox (a conflict) or the agent's silence (unavailable) ended it, else err as it is.
 func callError(ctx context.Context, id string, err error) error {
-	if err != nil && errors.Is(context.Cause(ctx), errAgentSilent) {
-		return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf("%v and %v more (stopped from the host?); the sandbox is left as it is", errAgentSilent, agentGrace))
+	if err == nil {
+		return nil
 	}
-	return deletedDuring(ctx, id, err)
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errAgentSilent):
+		return errdefs.New(errdefs.ErrUnavailable, fmt.Sprintf("%v and %v more (stopped from the host?); the sandbox is left as it is", errAgentSilent, agentGrace))
+	case errors.Is(cause, errDeleted):
+		return errdefs.New(errdefs.ErrConflict, fmt.Sprintf("sandbox %s was deleted while the call ran", id))
+	}
+	return err
 }
 
 // OutputEvent is a chunk of streamed output, or (run_code) a rich result as it is displayed.
