@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
@@ -98,14 +96,7 @@ func TestCallsToAStoppedAgentEndAfterTheirTimeout(t *testing.T) {
 	ctx := ctxT(t)
 	id := create(t, s, nil)
 	value(t, s, id, "x = 1")
-	pid := testserver.AgentPid(id)
-	if pid == 0 {
-		t.Fatal("no agent found")
-	}
-	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Kill(pid, unix.SIGCONT) //nolint:errcheck // on a failure before the one below
+	cont := stopAgent(t, id)
 	start := time.Now()
 	errs := make(chan error, 2)
 	go func() {
@@ -125,9 +116,7 @@ func TestCallsToAStoppedAgentEndAfterTheirTimeout(t *testing.T) {
 	if took := time.Since(start); took > 40*time.Second {
 		t.Errorf("the calls to a stopped agent took %v", took)
 	}
-	if err := unix.Kill(pid, unix.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
+	cont()
 	if got := value(t, s, id, "x"); got != "1" {
 		t.Fatalf("once its agent runs again: x = %s", got)
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
@@ -110,4 +112,24 @@ func sortedLines(out string) string {
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
+}
+
+// stopAgent stops sandbox id's agent (SIGSTOP, as from the host) and returns the function that lets it run
+// again; it also runs, once more and harmlessly, when the test ends, whatever happened.
+func stopAgent(t *testing.T, id string) (cont func()) {
+	t.Helper()
+	pid := testserver.AgentPid(id)
+	if pid == 0 {
+		t.Fatalf("%s: no agent found", id)
+	}
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Kill(pid, unix.SIGCONT) }) //nolint:errcheck // on a failure before cont
+	return func() {
+		t.Helper()
+		if err := unix.Kill(pid, unix.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

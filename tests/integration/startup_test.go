@@ -242,14 +242,7 @@ func TestStartNotHeldUpByAStoppedAgent(t *testing.T) {
 	value(t, s, stuck, "x = 1")
 	other := create(t, s, nil)
 	value(t, s, other, "y = 2")
-	pid := testserver.AgentPid(stuck)
-	if pid == 0 {
-		t.Fatal("no agent found")
-	}
-	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Kill(pid, unix.SIGCONT) //nolint:errcheck // on a failure before the one below
+	cont := stopAgent(t, stuck)
 	start := time.Now()
 	s.Restart()
 	if took := time.Since(start); took > 30*time.Second {
@@ -258,9 +251,7 @@ func TestStartNotHeldUpByAStoppedAgent(t *testing.T) {
 	if got := value(t, s, other, "y"); got != "2" {
 		t.Fatalf("another sandbox after the restart: y = %s", got)
 	}
-	if err := unix.Kill(pid, unix.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
+	cont()
 	if got := value(t, s, stuck, "x"); got != "1" {
 		t.Fatalf("the sandbox whose agent was stopped, once it runs again: x = %s", got)
 	}
