@@ -15,6 +15,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -139,13 +140,22 @@ type progressBody struct {
 	rc   *http.ResponseController
 	idle time.Duration
 	done bool
+
+	mu      sync.Mutex
+	stopped bool // stop: the body is not read any further
 }
 
 func (b *progressBody) Read(p []byte) (int, error) {
 	if b.done {
 		return b.ReadCloser.Read(p)
 	}
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return 0, errTransferStopped
+	}
 	b.rc.SetReadDeadline(time.Now().Add(b.idle)) //nolint:errcheck // supported: checked when armed
+	b.mu.Unlock()
 	n, err := b.ReadCloser.Read(p)
 	if err == io.EOF {
 		b.done = true
@@ -156,6 +166,15 @@ func (b *progressBody) Read(p []byte) (int, error) {
 		err = errBodyTimeout
 	}
 	return n, err
+}
+
+// stop ends the body's reading from another goroutine (a delete of the sandbox it is written to): a read under
+// way fails at once, later ones at their start. The connection is not read again.
+func (b *progressBody) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
+	b.rc.SetReadDeadline(time.Unix(1, 0)) //nolint:errcheck // as in Read
 }
 
 // errBodyTimeout is a request body that made no progress for the body idle timeout: 408.

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -242,3 +243,95 @@ func TestAuthHeaders(t *testing.T) {
 		}
 	}
 }
+
+// A download the client stops reading ends after the idle timeout (its handler returns, so the files call's
+// hold on its sandbox ends), and stop ends one at once; a download read steadily is never cut off, and a
+// response finished leaves no deadline on its connection for the next one.
+func TestTransferWriterDeadlines(t *testing.T) {
+	var idle atomic.Int64
+	idle.Store(int64(300 * time.Millisecond))
+	ended := make(chan error, 1)
+	var stopNow chan struct{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tw := &transferWriter{ResponseWriter: w, rc: http.NewResponseController(w), idle: time.Duration(idle.Load())}
+		defer tw.done()
+		if r.URL.Path == "/stop" {
+			go func() { <-stopNow; tw.stop() }()
+		}
+		n := 64 << 20
+		if r.URL.Path == "/small" {
+			n = 1 << 20
+		}
+		_, err := io.Copy(tw, io.LimitReader(zeros{}, int64(n)))
+		ended <- err
+	}))
+	defer srv.Close()
+	stalled := func(path string) net.Conn {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.(*net.TCPConn).SetReadBuffer(4096)
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path)
+		return c
+	}
+	// Stalled: cut off after the idle timeout.
+	c := stalled("/big")
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Errorf("a download the client never read ended without an error")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a download the client never read was not cut off")
+	}
+	c.Close()
+	// Stopped: at once, long before the idle timeout would.
+	idle.Store(int64(time.Hour))
+	stopNow = make(chan struct{})
+	c = stalled("/stop")
+	time.Sleep(200 * time.Millisecond) // the client's buffers full, the handler blocked in a write
+	close(stopNow)
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Errorf("a stopped download ended without an error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stopped download did not end")
+	}
+	c.Close()
+	// Read steadily (slower than one idle timeout in all), then a second response on the same connection that
+	// starts after more than the idle timeout: neither is cut off.
+	idle.Store(int64(200 * time.Millisecond))
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	for i := range 2 {
+		resp, err := hc.Get(srv.URL + "/small")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got int
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := resp.Body.Read(buf)
+			got += n
+			if err != nil {
+				break
+			}
+			if i == 0 {
+				time.Sleep(10 * time.Millisecond) // ~16 reads of 64 KiB: ~0.2 s in all, each well within idle
+			}
+		}
+		resp.Body.Close()
+		if err := <-ended; err != nil || got != 1<<20 {
+			t.Errorf("response %d: %d bytes, handler's error %v", i, got, err)
+		}
+		time.Sleep(400 * time.Millisecond) // twice the idle timeout
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }

@@ -1,35 +1,99 @@
 package api
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/files"
 )
 
-// withFS resolves the path query parameter and opens the sandbox's file system for the duration of fn.
-func (s *Server) withFS(w http.ResponseWriter, r *http.Request, fn func(fs *files.FS, p string) error) {
+// withFS resolves the path query parameter and opens the sandbox's file system for the duration of fn, which
+// writes its response through the w it is given. A transfer that makes no progress for the body idle timeout
+// ends (an upload that stops coming, a download the client stops reading), and a delete of the sandbox ends it
+// at once: neither holds the sandbox back.
+func (s *Server) withFS(w http.ResponseWriter, r *http.Request, fn func(fs *files.FS, w http.ResponseWriter, p string) error) {
 	p, err := files.CleanPath(r.URL.Query().Get("path"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	fs, release, err := s.svc.Files(r.Context(), r.PathValue("id"))
+	fc, err := s.svc.Files(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	defer release()
-	if err := fn(fs, p); err != nil {
-		writeError(w, err)
+	defer fc.Release()
+	tw := &transferWriter{ResponseWriter: w, rc: http.NewResponseController(w), idle: s.bodyIdle}
+	defer tw.done()
+	body, _ := r.Body.(*progressBody)
+	fc.OnStop(func() {
+		if body != nil {
+			body.stop()
+		}
+		tw.stop()
+	})
+	if err := fn(fc.FS, tw, p); err != nil {
+		writeError(w, fc.Err(err))
 	}
 }
 
+// transferWriter writes a files response: it moves the connection's write deadline forward at every write, so
+// that a client that stops reading a download is cut off after the idle timeout rather than holding its
+// sandbox for ever, and clears it when the handler is done (net/http sets none of its own, so a deadline left
+// set would cut a later response on the same connection). stop ends a transfer under way at once.
+type transferWriter struct {
+	http.ResponseWriter
+	rc   *http.ResponseController
+	idle time.Duration
+
+	mu      sync.Mutex
+	started bool // the response's body has begun
+	stopped bool
+}
+
+func (t *transferWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	if t.stopped {
+		t.mu.Unlock()
+		return 0, errTransferStopped
+	}
+	t.started = true
+	t.rc.SetWriteDeadline(time.Now().Add(t.idle)) //nolint:errcheck // a connection without deadlines is not cut
+	t.mu.Unlock()
+	return t.ResponseWriter.Write(p)
+}
+
+// stop ends the response's transfer: a write under way fails at once, later ones at their start. A response
+// not begun is left alone: its handler's error answer still goes out.
+func (t *transferWriter) stop() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stopped = true
+	if t.started {
+		t.rc.SetWriteDeadline(time.Unix(1, 0)) //nolint:errcheck // as in Write
+	}
+}
+
+func (t *transferWriter) done() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.started && !t.stopped {
+		t.rc.SetWriteDeadline(time.Time{}) //nolint:errcheck // as in Write
+	}
+}
+
+func (t *transferWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+var errTransferStopped = errors.New("transfer stopped")
+
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
-	s.withFS(w, r, func(fs *files.FS, p string) error {
+	s.withFS(w, r, func(fs *files.FS, w http.ResponseWriter, p string) error {
 		f, e, err := fs.OpenRead(p)
 		if err != nil {
 			return err
@@ -53,7 +117,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		}
 		mode = os.FileMode(v&0o777) | unixSpecial(v)
 	}
-	s.withFS(w, r, func(fs *files.FS, p string) error {
+	s.withFS(w, r, func(fs *files.FS, w http.ResponseWriter, p string) error {
 		n, err := fs.Write(p, r.Body, mode)
 		if err != nil {
 			return err
@@ -79,7 +143,7 @@ func unixSpecial(v uint64) os.FileMode {
 
 func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 	recursive := r.URL.Query().Get("recursive") == "true"
-	s.withFS(w, r, func(fs *files.FS, p string) error {
+	s.withFS(w, r, func(fs *files.FS, w http.ResponseWriter, p string) error {
 		if err := fs.Remove(p, recursive); err != nil {
 			return err
 		}
@@ -89,7 +153,7 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
-	s.withFS(w, r, func(fs *files.FS, p string) error {
+	s.withFS(w, r, func(fs *files.FS, w http.ResponseWriter, p string) error {
 		entries, err := fs.List(p)
 		if err != nil {
 			return err
@@ -103,7 +167,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
-	s.withFS(w, r, func(fs *files.FS, p string) error {
+	s.withFS(w, r, func(fs *files.FS, w http.ResponseWriter, p string) error {
 		e, err := fs.Stat(p)
 		if err != nil {
 			return err
@@ -126,7 +190,7 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 	q.Set("path", req.Path)
 	r.URL.RawQuery = q.Encode()
 	parents := req.Parents == nil || *req.Parents
-	s.withFS(w, r, func(fs *files.FS, p string) error {
+	s.withFS(w, r, func(fs *files.FS, w http.ResponseWriter, p string) error {
 		e, err := fs.Mkdir(p, parents)
 		if err != nil {
 			return err
@@ -137,7 +201,7 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request) {
-	s.withFS(w, r, func(fs *files.FS, p string) error {
+	s.withFS(w, r, func(fs *files.FS, w http.ResponseWriter, p string) error {
 		// Opened before the 200 goes out: a refusal (/proc, not a directory, missing) is still an error response.
 		a, err := fs.OpenArchive(p)
 		if err != nil {
@@ -152,7 +216,7 @@ func (s *Server) downloadArchive(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) uploadArchive(w http.ResponseWriter, r *http.Request) {
-	s.withFS(w, r, func(fs *files.FS, p string) error {
+	s.withFS(w, r, func(fs *files.FS, w http.ResponseWriter, p string) error {
 		n, err := fs.ExtractTar(p, r.Body)
 		if err != nil {
 			return err

@@ -215,12 +215,12 @@ func checkExec(req sandbox.ExecRequest) error {
 
 // checkCwd answers 400 unless cwd is a directory in sandbox id's file system (symlinks followed inside it).
 func (s *Server) checkCwd(r *http.Request, id, cwd string) error {
-	fs, release, err := s.svc.Files(r.Context(), id)
+	fc, err := s.svc.Files(r.Context(), id)
 	if err != nil {
 		return err
 	}
-	defer release()
-	if err := fs.CheckDir(cwd); err != nil {
+	defer fc.Release()
+	if err := fc.CheckDir(cwd); err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
 			return errdefs.New(errdefs.ErrInvalid, "cwd "+cwd+" is not a directory in the sandbox")
 		}

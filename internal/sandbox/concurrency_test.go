@@ -137,9 +137,9 @@ func concurrentCallers(t *testing.T, change func(*Config), idle bool) {
 					case 1:
 						_, err = e.svc.Exec(ctx, a, ExecRequest{Cmd: "true"}, nil)
 					case 2:
-						var release func()
-						if _, release, err = e.svc.Files(ctx, a); err == nil {
-							release()
+						var fc *FileCall
+						if fc, err = e.svc.Files(ctx, a); err == nil {
+							fc.Release()
 						}
 					case 3:
 						_, err = e.svc.ForkWith(ctx, a, 1+r.IntN(2), r.IntN(2) == 0)

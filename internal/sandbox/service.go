@@ -1087,18 +1087,60 @@ func (s *Service) Interrupt(ctx context.Context, id, what string) (agent.Interru
 	return n, nil
 }
 
-// Files opens the sandbox's file system for the files API; call release when done.
-func (s *Service) Files(ctx context.Context, id string) (*files.FS, func(), error) {
-	_, e, done, err := s.use(ctx, id)
+// FileCall is a files API call's hold on a running sandbox's file system (Files). A delete of the sandbox stops
+// it: what OnStop arranged runs, so that the call's I/O with a client (an upload that trickles, a download the
+// client does not read) ends instead of holding the delete back; Err then says the sandbox was deleted.
+type FileCall struct {
+	*files.FS
+	id   string
+	ctx  context.Context // ended by a delete of the sandbox (use)
+	mu   sync.Mutex
+	stop []func() // one per OnStop: keeps its f from running, or waits for it
+	done func()
+}
+
+// Files opens the sandbox's file system for the files API; call Release when done.
+func (s *Service) Files(ctx context.Context, id string) (*FileCall, error) {
+	uctx, e, done, err := s.use(ctx, id)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	fs, err := files.Open(s.cfg.Runtime.RootPath(e.handle), s.cfg.HostUID, s.cfg.HostGID)
 	if err != nil {
 		done()
-		return nil, nil, fmt.Errorf("open file system of %s: %w", id, err)
+		return nil, fmt.Errorf("open file system of %s: %w", id, err)
 	}
-	return fs, func() { fs.Close(); done() }, nil
+	return &FileCall{FS: fs, id: id, ctx: uctx, done: done}, nil
+}
+
+// OnStop has f run, on a goroutine of its own, if a delete of the sandbox stops the call before Release; f
+// unblocks the call's I/O. Release waits for an f that has begun.
+func (c *FileCall) OnStop(f func()) {
+	ran := make(chan struct{})
+	stop := context.AfterFunc(c.ctx, func() { defer close(ran); f() })
+	c.mu.Lock()
+	c.stop = append(c.stop, func() {
+		if !stop() {
+			<-ran
+		}
+	})
+	c.mu.Unlock()
+}
+
+// Err is err of the call, said plainly (a conflict) if a delete of the sandbox stopped it.
+func (c *FileCall) Err(err error) error { return callError(c.ctx, c.id, err) }
+
+// Release ends the call's hold: after it, nothing OnStop arranged runs.
+func (c *FileCall) Release() {
+	c.mu.Lock()
+	stops := c.stop
+	c.stop = nil
+	c.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
+	c.FS.Close()
+	c.done()
 }
 
 func parseIP(s string) net.IP { return net.ParseIP(s) }

@@ -24,12 +24,11 @@ func TestLifecycle(t *testing.T) {
 	if err != nil || res.ExitCode != 3 {
 		t.Fatalf("exec: %+v %v", res, err)
 	}
-	fs, release, err := e.svc.Files(ctx, a)
+	fc, err := e.svc.Files(ctx, a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	release()
-	_ = fs
+	fc.Release()
 	upper := e.rt.UpperDir(e.rt.Get(a).Handle())
 	os.MkdirAll(filepath.Join(upper, "root"), 0o755)
 	os.WriteFile(filepath.Join(upper, "root", "f"), []byte("one"), 0o644)

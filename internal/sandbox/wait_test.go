@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -139,4 +140,38 @@ func TestDeleteStopsAStuckPause(t *testing.T) {
 	if _, err := e.svc.Get(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("get after the delete: %v", err)
 	}
+}
+
+// TestDeleteStopsAFilesCall: a files call holds its sandbox for as long as its transfer runs, which a client
+// decides; a delete runs what the call arranged with OnStop (the API ends the transfer's I/O), waits for the call
+// to release, and the call's error then says the sandbox was deleted. A call released first runs nothing.
+func TestDeleteStopsAFilesCall(t *testing.T) {
+	e := newEnv(t, nil)
+	id := e.create()
+	done, err := e.svc.Files(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done.OnStop(func() { t.Errorf("OnStop ran for a call released before any delete") })
+	done.Release()
+
+	fc, err := e.svc.Files(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	fc.OnStop(func() { close(stopped) })
+	go func() { // the transfer: ends when stopped, then releases
+		<-stopped
+		if err := fc.Err(errors.New("read: i/o timeout")); !errors.Is(err, errdefs.ErrConflict) ||
+			!strings.Contains(err.Error(), "was deleted while the call ran") {
+			t.Errorf("the stopped call's error: %v", err)
+		}
+		fc.Release()
+	}()
+	within(t, 20*time.Second, "Delete of a sandbox with a files call in flight", func() {
+		if err := e.svc.Delete(context.Background(), id); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+	})
 }

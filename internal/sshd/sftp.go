@@ -31,11 +31,11 @@ type fsHandlers struct {
 }
 
 func (h *fsHandlers) open() (*files.FS, func(), error) {
-	fs, release, err := h.svc.Files(context.Background(), h.id)
+	fc, err := h.svc.Files(context.Background(), h.id)
 	if err != nil {
 		return nil, nil, sftpErr(err)
 	}
-	return fs, release, nil
+	return fc.FS, fc.Release, nil
 }
 
 // sftpErr maps a files API error to what sftp reports: no such file, or a failure with the error's text.
@@ -66,15 +66,19 @@ func (h *fsHandlers) Fileread(r *sftp.Request) (io.ReaderAt, error) {
 // Filewrite opens a file for writing: it replaces the file (the files API's atomic write) with what is written,
 // in order from offset 0, once the client closes it.
 func (h *fsHandlers) Filewrite(r *sftp.Request) (io.WriterAt, error) {
-	fs, release, err := h.open()
+	fc, err := h.svc.Files(context.Background(), h.id)
 	if err != nil {
-		return nil, err
+		return nil, sftpErr(err)
 	}
+	fs, release := fc.FS, fc.Release
 	if e, err := fs.Stat(r.Filepath); err == nil && e.Type == "dir" {
 		release()
 		return nil, fmt.Errorf("%s is a directory", r.Filepath)
 	}
 	pr, pw := io.Pipe()
+	// The upload holds the sandbox until the client closes the file: a delete of the sandbox ends it first (a
+	// client that stalls would otherwise hold the delete for ever).
+	fc.OnStop(func() { pr.CloseWithError(fc.Err(context.Canceled)) })
 	w := &orderedWriter{pw: pw, pending: map[int64][]byte{}, done: make(chan error, 1)}
 	mode := os.FileMode(0o644)
 	if a := r.Attributes(); a != nil && r.AttrFlags().Permissions {

@@ -24,7 +24,6 @@ import (
 
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/errdefs"
-	"github.com/ramify-dev/ramify/internal/files"
 	"github.com/ramify-dev/ramify/internal/sandbox"
 )
 
@@ -32,7 +31,7 @@ import (
 type Sandboxes interface {
 	SSHAccess(id string) (sandbox.SSHAccess, error)
 	Session(ctx context.Context, id string, r agent.SessionRequest) (*agent.Session, error)
-	Files(ctx context.Context, id string) (*files.FS, func(), error)
+	Files(ctx context.Context, id string) (*sandbox.FileCall, error)
 }
 
 // HostKeyFile is the host key's file name under the server's key directory.

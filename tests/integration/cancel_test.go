@@ -1,7 +1,12 @@
 package integration
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +89,67 @@ func TestDeleteStopsCallsInFlight(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a call in flight did not answer after the delete")
 		}
+	}
+	checkNoLeftovers(t, s, expect{})
+}
+
+// A delete stops the files transfers in flight on its sandbox: a download the client does not read and an upload
+// that trickles (each holds the sandbox for as long as it runs, which a client can make for ever) end, the
+// upload answering 409 that the sandbox was deleted, and the delete answers at once. Before, it waited as long
+// as the client kept them going.
+func TestDeleteStopsFileTransfers(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0")
+	ctx := ctxT(t)
+	id := create(t, s, nil)
+	if r := sh(t, s, id, "head -c 64000000 /dev/zero > /root/big && echo ok"); strings.TrimSpace(r.Stdout) != "ok" {
+		t.Fatalf("write the file to download: %+v", r)
+	}
+	addr := strings.TrimPrefix(s.URL, "http://")
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.(*net.TCPConn).SetReadBuffer(4096)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	down := dial() // never read
+	fmt.Fprintf(down, "GET /v1/sandboxes/%s/files?path=/root/big HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", id, s.Key)
+	up := dial()
+	fmt.Fprintf(up, "PUT /v1/sandboxes/%s/files?path=/root/up HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 100000000\r\n\r\n", id, s.Key)
+	trickle := make(chan struct{})
+	go func() { // a kilobyte every 100 ms: the body idle timeout never fires
+		for {
+			select {
+			case <-trickle:
+				return
+			case <-time.After(100 * time.Millisecond):
+				if _, err := up.Write(make([]byte, 1000)); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	defer close(trickle)
+	time.Sleep(1500 * time.Millisecond) // both under way
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a hang fails here, not at the test's timeout
+	defer cancel()
+	if err := s.Client.Delete(dctx, id); err != nil {
+		t.Fatalf("delete with files transfers in flight: %v after %v", err, time.Since(start))
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the delete took %v with files transfers in flight", took)
+	}
+	up.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(up), nil)
+	if err != nil {
+		t.Fatalf("the upload in flight got no answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 409 || !strings.Contains(string(b), "was deleted while the call ran") {
+		t.Errorf("the upload in flight: %d %s, want 409 saying the sandbox was deleted", resp.StatusCode, b)
 	}
 	checkNoLeftovers(t, s, expect{})
 }

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bytes"
+	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"io"
 	"os"
@@ -14,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pkg/sftp"
+	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 
 	"github.com/ramify-dev/ramify/client"
@@ -399,4 +403,55 @@ func (o *ptyOutput) want(t *testing.T, s string) {
 		}
 		o.waitChange(time.Second)
 	}
+}
+
+// A delete ends an sftp upload in flight: the upload holds the sandbox until its client closes the file, and a
+// client that stalls (or never closes) held the delete for as long. The delete answers at once, and the
+// client's close of the file fails: nothing is written.
+func TestDeleteStopsAStalledSFTPUpload(t *testing.T) {
+	s := testserver.Start(t, "--warm-pool", "0", "--ssh-listen", "127.0.0.1:0")
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
+	id := create(t, s, &client.CreateRequest{SSHPubkeys: []string{pub}})
+	sb, err := s.Client.Get(ctxT(t), id)
+	if err != nil || sb.SSH == nil {
+		t.Fatalf("ssh info: %+v %v", sb.SSH, err)
+	}
+	port := strings.Fields(sb.SSH.Command)[2]
+	conn, err := ssh.Dial("tcp", "127.0.0.1:"+port, &ssh.ClientConfig{User: id, Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		HostKeyCallback: ssh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sc, err := sftp.NewClient(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	f, err := sc.Create("/root/stalled.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatalf("the upload's first MiB: %v", err)
+	}
+	// ... and then nothing more: the client neither writes nor closes.
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctxT(t), 30*time.Second)
+	defer cancel()
+	if err := s.Client.Delete(dctx, id); err != nil {
+		t.Fatalf("delete with an sftp upload in flight: %v after %v", err, time.Since(start))
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the delete took %v with an sftp upload in flight", took)
+	}
+	if err := f.Close(); err == nil {
+		t.Errorf("closing the upload of a deleted sandbox succeeded")
+	}
+	checkNoLeftovers(t, s, expect{})
 }
