@@ -76,10 +76,11 @@ func (h *fsHandlers) Filewrite(r *sftp.Request) (io.WriterAt, error) {
 		return nil, fmt.Errorf("%s is a directory", r.Filepath)
 	}
 	pr, pw := io.Pipe()
-	// The upload holds the sandbox until the client closes the file: a delete of the sandbox ends it first (a
-	// client that stalls would otherwise hold the delete for ever).
+	// The upload holds the sandbox until the client closes the file: a delete of the sandbox ends it first, and
+	// so does a client that sends nothing for uploadIdle (either would otherwise hold a delete or a pause for
+	// ever).
 	fc.OnStop(func() { pr.CloseWithError(fc.Err(context.Canceled)) })
-	w := &orderedWriter{pw: pw, pending: map[int64][]byte{}, done: make(chan error, 1)}
+	w := newUpload(pw)
 	mode := os.FileMode(0o644)
 	if a := r.Attributes(); a != nil && r.AttrFlags().Permissions {
 		mode = a.FileMode().Perm()
@@ -92,6 +93,7 @@ func (h *fsHandlers) Filewrite(r *sftp.Request) (io.WriterAt, error) {
 	h.mu.Unlock()
 	go func() {
 		defer release()
+		defer w.idle.Stop()
 		_, err := fs.Write(r.Filepath, pr, mode)
 		pr.CloseWithError(err) // a failed write stops the client's next WriteAt
 		h.mu.Lock()
@@ -112,6 +114,7 @@ func (h *fsHandlers) Filewrite(r *sftp.Request) (io.WriterAt, error) {
 type orderedWriter struct {
 	mu      sync.Mutex
 	pw      *io.PipeWriter
+	idle    *time.Timer // ends the upload when the client sends nothing for uploadIdle (nil: never)
 	next    int64
 	pending map[int64][]byte
 	done    chan error
@@ -121,6 +124,23 @@ type orderedWriter struct {
 	mtime *time.Time
 }
 
+func newOrderedWriter(pw *io.PipeWriter) *orderedWriter {
+	return &orderedWriter{pw: pw, pending: map[int64][]byte{}, done: make(chan error, 1)}
+}
+
+// newUpload is the writer of an upload into pw: the pipe's reader gets errUploadIdle once the client has sent
+// nothing for uploadIdle.
+func newUpload(pw *io.PipeWriter) *orderedWriter {
+	w := newOrderedWriter(pw)
+	w.idle = time.AfterFunc(uploadIdle, func() { pw.CloseWithError(errUploadIdle) })
+	return w
+}
+
+// uploadIdle bounds how long an sftp upload may receive nothing: as long as the API's body idle timeout.
+var uploadIdle = 30 * time.Second
+
+var errUploadIdle = fmt.Errorf("upload received nothing for %v", uploadIdle)
+
 // maxPending bounds the bytes held for chunks that came early (OpenSSH keeps at most 64 requests of 32 KiB in
 // flight).
 const maxPending = 16 << 20
@@ -128,6 +148,9 @@ const maxPending = 16 << 20
 func (w *orderedWriter) WriteAt(p []byte, off int64) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.idle != nil {
+		w.idle.Reset(uploadIdle) // one that fired has closed the pipe: the write below fails
+	}
 	if off != w.next {
 		if off < w.next {
 			return 0, sftp.ErrSSHFxOpUnsupported // rewriting what was written
@@ -163,6 +186,9 @@ func (w *orderedWriter) WriteAt(p []byte, off int64) (int, error) {
 // Close ends the write; it answers the files API's result: the file is in place when it returns nil.
 func (w *orderedWriter) Close() error {
 	w.mu.Lock()
+	if w.idle != nil {
+		w.idle.Stop()
+	}
 	if w.closed {
 		w.mu.Unlock()
 		return nil

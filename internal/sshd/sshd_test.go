@@ -3,6 +3,7 @@ package sshd
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -44,7 +45,7 @@ func TestOrderedWriterReordersAndRefusesGaps(t *testing.T) {
 	run := func(writes [][2]any) error {
 		got.Reset()
 		pr, pw := io.Pipe()
-		w := &orderedWriter{pw: pw, pending: map[int64][]byte{}, done: make(chan error, 1)}
+		w := newOrderedWriter(pw)
 		go func() {
 			_, err := got.ReadFrom(pr)
 			w.done <- err
@@ -125,5 +126,46 @@ func TestSilentClientsAreBounded(t *testing.T) {
 			t.Fatalf("no handshake after the silent clients left: %q %v", line, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// An sftp upload whose client sends nothing for uploadIdle ends (its pipe fails, so the files write gives up
+// and the sandbox is released); one that keeps sending, however slowly in all, is not cut off.
+func TestUploadIdleEnds(t *testing.T) {
+	defer func(d time.Duration) { uploadIdle = d }(uploadIdle)
+	uploadIdle = 150 * time.Millisecond
+	for _, steady := range []bool{false, true} {
+		pr, pw := io.Pipe()
+		w := newUpload(pw)
+		read := make(chan error, 1)
+		go func() {
+			_, err := io.Copy(io.Discard, pr)
+			read <- err
+		}()
+		var off int64
+		for deadline := time.Now().Add(5 * uploadIdle); steady && time.Now().Before(deadline); {
+			if _, err := w.WriteAt(make([]byte, 100), off); err != nil {
+				t.Fatalf("a steady upload failed: %v", err)
+			}
+			off += 100
+			time.Sleep(uploadIdle / 5)
+		}
+		if steady {
+			w.done <- nil // what the files write would answer
+			w.Close()
+		}
+		select {
+		case err := <-read:
+			if steady && err != nil || !steady && !errors.Is(err, errUploadIdle) {
+				t.Errorf("steady %v: the upload's read ended with %v", steady, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("steady %v: a silent upload was not ended", steady)
+		}
+		if !steady {
+			if _, err := w.WriteAt([]byte("late"), 0); err == nil {
+				t.Errorf("a write after the idle end succeeded")
+			}
+		}
 	}
 }
