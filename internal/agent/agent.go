@@ -657,7 +657,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: "snapshot_repl needs a stream"})
 			return
 		}
-		m, err := a.repl.session("snapshot", req)
+		m, err := a.repl.snapshot(ctx, req)
 		if err != nil {
 			w.emit(replError("save interpreter", err))
 			return

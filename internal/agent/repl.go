@@ -845,6 +845,34 @@ func (p *repl) session(op string, req Request) (replMsg, error) {
 	return p.call(map[string]any{"op": op, "dir": req.Dir})
 }
 
+// stuckGrace is how long an interpreter has to answer a session save its caller gave up on (which closed the
+// stream, so a live interpreter fails its next write and answers at once) before it is taken for stuck.
+var stuckGrace = 5 * time.Second
+
+// snapshot saves the session into req's stream (session). If ctx ends first (the server gave up: the interpreter
+// sent nothing for long, or the pause was stopped) and the interpreter still does not answer within stuckGrace,
+// it is stuck (code in the sandbox holds the GIL in C code and never lets go): it is killed, so that the
+// sandbox's next call gets a fresh interpreter that says the state was lost, instead of every later call
+// waiting behind the save for ever.
+func (p *repl) snapshot(ctx context.Context, req Request) (replMsg, error) {
+	answered := make(chan struct{})
+	defer close(answered)
+	pid := p.currentPid() // the interpreter asked: never one started after it
+	stop := context.AfterFunc(ctx, func() {
+		select {
+		case <-answered:
+		case <-time.After(stuckGrace):
+			p.mu.Lock()
+			if p.pid > 0 && p.pid == pid {
+				syscall.Kill(p.pid, syscall.SIGKILL) //nolint:errcheck // gone already: the save answers anyway
+			}
+			p.mu.Unlock()
+		}
+	})
+	defer stop()
+	return p.session("snapshot", req)
+}
+
 // preload imports modules in the interpreter (see Client.Preload).
 func (p *repl) preload(modules []string) error {
 	_, err := p.call(map[string]any{"op": "preload", "modules": modules})

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -106,6 +107,16 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 	if err != nil {
 		return savedSession{}, err
 	}
+	// The interpreter must keep the session coming: code in the sandbox can keep it from answering at all (a
+	// thread that holds the GIL in C code, a regular expression that backtracks for hours), which left the
+	// sandbox pausing for ever. A wait of sessionIdle for its next bytes fails the pause; the sandbox runs on.
+	idle := cmp.Or(s.cfg.PauseStall, DefaultPauseStall)
+	ctx, stalled := context.WithCancelCause(ctx)
+	defer stalled(nil)
+	src := &stallGuard{r: pr, idle: idle, stalled: func() {
+		stalled(fmt.Errorf("%w for %v: code in the sandbox keeps it from answering (a thread holding the GIL in "+
+			"C code?); the sandbox keeps running, with a fresh interpreter if that one does not answer", errSessionStalled, idle))
+	}}
 	type put struct {
 		obj snapstore.Object
 		err error
@@ -121,7 +132,7 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 	}
 	done := make(chan put, 1)
 	go func() {
-		obj, err := s.cfg.Snapshots.Put(ctx, key, pr)
+		obj, err := s.cfg.Snapshots.Put(ctx, key, src)
 		own := err != nil && !cut.Load()
 		pr.Close() // a failed store stops the interpreter's writes (EPIPE)
 		done <- put{obj, err, own}
@@ -133,6 +144,9 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 		unblock()
 	}
 	p := <-done
+	if cause := context.Cause(ctx); errors.Is(cause, errSessionStalled) {
+		return savedSession{}, cause
+	}
 	if p.own {
 		// The store failed first (and the interpreter's writes with it): its error is the cause.
 		return savedSession{}, fmt.Errorf("write session.bin: %w", p.err)
@@ -144,6 +158,23 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 		return savedSession{}, fmt.Errorf("write session.bin: %w", p.err)
 	}
 	return savedSession{part: Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, notSaved: skipped, preload: preload}, nil
+}
+
+// errSessionStalled fails a pause whose interpreter stopped sending its session (saveSession, Config.PauseStall).
+var errSessionStalled = errors.New("the interpreter sent nothing of its session")
+
+// stallGuard reads r, calling stalled once a read has waited idle for data (time the reader spends between
+// reads, in the store, does not count).
+type stallGuard struct {
+	r       io.Reader
+	idle    time.Duration
+	stalled func()
+}
+
+func (g *stallGuard) Read(p []byte) (int, error) {
+	t := time.AfterFunc(g.idle, g.stalled)
+	defer t.Stop()
+	return g.r.Read(p)
 }
 
 // fileOpener is a snapshot store that can hand out an object's file (the local store).

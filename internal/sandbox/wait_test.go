@@ -175,3 +175,33 @@ func TestDeleteStopsAFilesCall(t *testing.T) {
 		}
 	})
 }
+
+// TestStalledSessionFailsThePause: an interpreter that sends nothing of its session (code in the sandbox holding
+// the GIL) fails the pause after Config.PauseStall instead of leaving the sandbox pausing for ever; the sandbox is
+// running again, its pause error says why, and it answers.
+func TestStalledSessionFailsThePause(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.PauseStall = 300 * time.Millisecond })
+	id := e.create()
+	e.run(id, "x = 1")
+	stuck := make(chan struct{})
+	e.rt.SetFault(func(ctx context.Context, method, sid string) error {
+		if method == "agent:snapshot_repl" {
+			close(stuck)
+			<-ctx.Done() // sends nothing until the pause gives up
+			return ctx.Err()
+		}
+		return nil
+	})
+	if _, _, err := e.svc.Pause(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	<-stuck
+	in := e.waitFor(id, StatusRunning)
+	if in.Pause == nil || !strings.Contains(in.Pause.Error, "sent nothing of its session") {
+		t.Fatalf("pause info after a stalled session: %+v", in.Pause)
+	}
+	e.rt.SetFault(nil)
+	if got := e.run(id, "x"); got != "1" {
+		t.Fatalf("x after the failed pause = %q", got)
+	}
+}

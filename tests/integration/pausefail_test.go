@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -88,5 +89,44 @@ func TestDeleteStopsAPauseHeldByTheSandbox(t *testing.T) {
 	}
 	if _, err := s.Client.Get(ctx, id); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("get after the delete: %v", err)
+	}
+}
+
+// A pause of a sandbox whose interpreter cannot answer (code left a thread holding the GIL in C code: a
+// regular expression that backtracks for ever) fails after --pause-stall-timeout, instead of leaving the sandbox
+// pausing for good; the sandbox runs on, the stuck interpreter is replaced (the next run_code says its state was
+// lost), and the sandbox pauses normally afterwards. Before, it stayed "pausing" for as long as the thread ran,
+// and every call waited behind it.
+func TestPauseOfAStuckInterpreterFails(t *testing.T) {
+	s := testserver.Start(t, "--fork-ahead", "0", "--pause-stall-timeout", "2s")
+	ctx := ctxT(t)
+	id := create(t, s, nil)
+	value(t, s, id, "import threading, re, time\nthreading.Thread(target=lambda: (time.sleep(0.5), re.match(r'(a+)+$', 'a' * 60 + 'b')), daemon=True).start()")
+	time.Sleep(time.Second) // the thread holds the GIL now
+	if _, _, err := s.Client.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	sb, err := s.Client.WaitStatus(wctx, id, client.StatusPaused)
+	var pe *client.PauseError
+	if !errors.As(err, &pe) || sb == nil || sb.Status != client.StatusRunning || sb.Pause == nil ||
+		!strings.Contains(sb.Pause.Error, "sent nothing of its session") {
+		t.Fatalf("a pause of a stuck interpreter: %+v %v, want it failed with the sandbox running", sb, err)
+	}
+	// The stuck interpreter is killed a few seconds after the pause gave up; the next run_code says so, and the
+	// one after runs.
+	ex := run(t, s, id, "1")
+	if ex.Error == nil || ex.Error.Name != "InterpreterDied" {
+		t.Errorf("the first run_code after the failed pause: %+v, want InterpreterDied", ex)
+	}
+	if v := value(t, s, id, "x = 5\nx"); v != "5" {
+		t.Fatalf("a run_code on the fresh interpreter: %s", v)
+	}
+	if _, _, err := s.Client.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.WaitStatus(wctx, id, client.StatusPaused); err != nil {
+		t.Fatalf("a pause after the failed one: %v", err)
 	}
 }
