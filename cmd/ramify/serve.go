@@ -27,6 +27,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/image"
 	"github.com/ramify-dev/ramify/internal/layer"
 	"github.com/ramify-dev/ramify/internal/network"
+	ramifyruntime "github.com/ramify-dev/ramify/internal/runtime"
 	"github.com/ramify-dev/ramify/internal/runtime/namespaces"
 	"github.com/ramify-dev/ramify/internal/sandbox"
 	"github.com/ramify-dev/ramify/internal/snapstore"
@@ -65,7 +66,7 @@ type serveFlags struct {
 	observe                                                                      observeFlags
 	ingress                                                                      ingressFlags
 	ssh                                                                          sshFlags
-	spareIdle, pauseStall                                                        time.Duration
+	spareIdle, interpreterStall                                                  time.Duration
 	snapshotDir, s3Endpoint, s3Bucket, s3Prefix, s3Region, s3Access, s3Secret    string
 	s3Secure                                                                     bool
 	runtimeBinary                                                                string
@@ -95,7 +96,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.IntVar(&f.warmPool, "warm-pool", envInt("RAMIFY_WARM_POOL", 2), "pre-started sandboxes kept ready so that create takes milliseconds (env RAMIFY_WARM_POOL)")
 	fs.IntVar(&f.forkAhead, "fork-ahead", envInt("RAMIFY_FORK_AHEAD", 16), "most children made ahead of forks at once, across all sandboxes: a sandbox that forked n children (n up to this) and then sits idle is forked again in the background, and its next fork of up to n children, if it did not change meanwhile, takes their place in milliseconds; 0 for none (env RAMIFY_FORK_AHEAD)")
 	fs.IntVar(&f.templatePool, "template-pool", envInt("RAMIFY_TEMPLATE_POOL", 0), "sandboxes kept restored ahead of time per template, so that a create from a template takes milliseconds; each holds the template's session in memory (env RAMIFY_TEMPLATE_POOL)")
-	fs.DurationVar(&f.pauseStall, "pause-stall-timeout", envDuration("RAMIFY_PAUSE_STALL_TIMEOUT", sandbox.DefaultPauseStall), "a pause fails, and its sandbox keeps running, when the interpreter sends nothing of its session for this long (code holding the GIL in C code keeps it from answering) (env RAMIFY_PAUSE_STALL_TIMEOUT)")
+	fs.DurationVar(&f.interpreterStall, "interpreter-stall-timeout", envDuration("RAMIFY_INTERPRETER_STALL_TIMEOUT", ramifyruntime.DefaultInterpreterStall), "a pause or fork fails, and its sandbox keeps running, when the interpreter does not answer for this long (code holding the GIL in C code keeps it from answering); one still silent 5 s later is replaced (env RAMIFY_INTERPRETER_STALL_TIMEOUT)")
 	fs.DurationVar(&f.spareIdle, "spare-agents-idle", envDuration("RAMIFY_SPARE_AGENTS_IDLE", 5*time.Minute), "how long an unused spare agent lives; 0 for as long as its fork family (env RAMIFY_SPARE_AGENTS_IDLE)")
 	fs.IntVar(&f.prestartFamilies, "prestart-families", envInt("RAMIFY_PRESTART_FAMILIES", 1), "families kept started ahead, each with a spare agent and a fresh interpreter to fork (~25 MiB each), so that a create the warm pool cannot serve (a resume, a template, a named image, an empty pool) skips starting processes; 0 for none (env RAMIFY_PRESTART_FAMILIES)")
 	fs.IntVar(&f.spareAgents, "spare-agents", envInt("RAMIFY_SPARE_AGENTS", 32), "agents a fork family keeps started after a fork (~5.5 MiB each), so that its next fork of up to that many children skips process start-up; 0 for none (env RAMIFY_SPARE_AGENTS)")
@@ -285,7 +286,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	rt, err := namespaces.New(namespaces.Config{DataDir: f.dataDir, Binary: f.runtimeBinary, Guest: guest, ImageRootfs: img.Rootfs, Layers: layers,
 		Images:  func(name string) ([]string, error) { return image.Lowers(f.imageDir, name) },
 		Cgroups: cg, Network: netw, Logger: log, SpareAgents: f.spareAgents, SpareIdle: f.spareIdle, SpareAhead: f.spareAhead, Owner: owner,
-		PrestartFamilies: f.prestartFamilies})
+		PrestartFamilies: f.prestartFamilies, InterpreterStall: f.interpreterStall})
 	if err != nil {
 		return err
 	}
@@ -316,7 +317,7 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	svc, err := sandbox.New(ctx, sandbox.Config{ImageDir: f.imageDir, IngressHost: ingressHost, SSHAddr: sshAddr, SSHHostKey: sshHostKey, Snapshots: snaps, SnapshotsExclusive: exclusive, Store: st, Runtime: rt, IPs: netw, Logger: log,
-		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool, TemplatePool: f.templatePool, ForkAhead: f.forkAhead, PauseStall: f.pauseStall,
+		HostUID: namespaces.HostUID, HostGID: namespaces.HostGID, WarmPool: f.warmPool, TemplatePool: f.templatePool, ForkAhead: f.forkAhead, InterpreterStall: f.interpreterStall,
 		DiskMiB: f.diskMiB, MemOvercommit: f.memOvercommit, CPUOvercommit: f.cpuOvercommit, Events: hub})
 	if err != nil {
 		return err

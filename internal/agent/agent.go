@@ -657,7 +657,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: "snapshot_repl needs a stream"})
 			return
 		}
-		m, err := a.repl.snapshot(ctx, req)
+		m, err := a.repl.unlessStuck(ctx, func() (replMsg, error) { return a.repl.session("snapshot", req) })
 		if err != nil {
 			w.emit(replError("save interpreter", err))
 			return
@@ -694,7 +694,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		w.emit(Event{Type: "ok"})
 	case OpFork:
-		pids, err := a.repl.fork(req.Targets, req.files)
+		pids, err := a.repl.fork(ctx, req.Targets, req.files)
 		if err != nil {
 			w.emit(replError("fork interpreter", err))
 			return

@@ -824,12 +824,14 @@ func (p *repl) configure(env map[string]string, cwd string) (holds bool, err err
 }
 
 // fork asks the interpreter to fork once per target; it returns the children's pids (family PID namespace).
-func (p *repl) fork(targets []ForkTarget, files []*os.File) ([]int, error) {
+func (p *repl) fork(ctx context.Context, targets []ForkTarget, files []*os.File) ([]int, error) {
 	fds := make([]int, len(files))
 	for i, f := range files {
 		fds[i] = int(f.Fd())
 	}
-	m, err := p.callFile(map[string]any{"op": "fork", "targets": targets}, fds...)
+	m, err := p.unlessStuck(ctx, func() (replMsg, error) {
+		return p.callFile(map[string]any{"op": "fork", "targets": targets}, fds...)
+	})
 	if err != nil && m.Error != nil && m.Error.Name == "BlockingIOError" {
 		return nil, &tasksFullError{"the sandbox's tasks limit (max_procs) is full: its interpreter could not fork (" + m.Error.Value + "); end some of its processes and fork again"}
 	}
@@ -845,16 +847,17 @@ func (p *repl) session(op string, req Request) (replMsg, error) {
 	return p.call(map[string]any{"op": op, "dir": req.Dir})
 }
 
-// stuckGrace is how long an interpreter has to answer a session save its caller gave up on (which closed the
-// stream, so a live interpreter fails its next write and answers at once) before it is taken for stuck.
+// stuckGrace is how long an interpreter has to answer a save or a fork its caller gave up on (a save's stream is
+// closed then, so a live interpreter fails its next write and answers at once; a fork answers in milliseconds)
+// before it is taken for stuck.
 var stuckGrace = 5 * time.Second
 
-// snapshot saves the session into req's stream (session). If ctx ends first (the server gave up: the interpreter
-// sent nothing for long, or the pause was stopped) and the interpreter still does not answer within stuckGrace,
-// it is stuck (code in the sandbox holds the GIL in C code and never lets go): it is killed, so that the
-// sandbox's next call gets a fresh interpreter that says the state was lost, instead of every later call
-// waiting behind the save for ever.
-func (p *repl) snapshot(ctx context.Context, req Request) (replMsg, error) {
+// unlessStuck runs op, a save or a fork by the interpreter. If ctx ends first (the server gave up: the
+// interpreter did not answer for long, or the pause or fork was stopped) and the interpreter still does not
+// answer within stuckGrace, it is stuck (code in the sandbox holds the GIL in C code and never lets go): it is
+// killed, so that the sandbox's next call gets a fresh interpreter that says the state was lost, instead of
+// every later call waiting behind op for ever.
+func (p *repl) unlessStuck(ctx context.Context, op func() (replMsg, error)) (replMsg, error) {
 	answered := make(chan struct{})
 	defer close(answered)
 	pid := p.currentPid() // the interpreter asked: never one started after it
@@ -870,7 +873,7 @@ func (p *repl) snapshot(ctx context.Context, req Request) (replMsg, error) {
 		}
 	})
 	defer stop()
-	return p.session("snapshot", req)
+	return op()
 }
 
 // preload imports modules in the interpreter (see Client.Preload).

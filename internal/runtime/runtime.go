@@ -38,6 +38,11 @@ type Spec struct {
 	Preload []string
 }
 
+// DefaultInterpreterStall is how long, by default, a pause or a fork waits for a sandbox's interpreter to answer
+// (a pause: for its session's next bytes) before it fails: code in the sandbox can keep the interpreter from ever
+// answering (a thread that holds the GIL in C code).
+const DefaultInterpreterStall = 60 * time.Second
+
 // Handle is the durable description of a running sandbox, saved by the service so that a restarted server can
 // find the sandbox again.
 type Handle struct {

@@ -74,13 +74,11 @@ type Config struct {
 	SSHHostKey string
 	// ForkAhead is the most children made ahead of forks at once, across all sandboxes (ahead.go); 0: none.
 	ForkAhead int
-	// PauseStall is how long a pause waits for the interpreter's next bytes of its session before it fails
-	// (saveSession); 0: DefaultPauseStall.
-	PauseStall time.Duration
+	// InterpreterStall is how long a pause waits for the interpreter's next bytes of its session before it fails
+	// (saveSession); 0: runtime.DefaultInterpreterStall. (The runtime bounds a fork's wait for the interpreter
+	// by its own setting.)
+	InterpreterStall time.Duration
 }
-
-// DefaultPauseStall is Config.PauseStall's default.
-const DefaultPauseStall = 60 * time.Second
 
 // DefaultCloseTimeout is Config.CloseTimeout's default.
 const DefaultCloseTimeout = 30 * time.Second

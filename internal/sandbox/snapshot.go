@@ -19,6 +19,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/layertar"
+	"github.com/ramify-dev/ramify/internal/runtime"
 	"github.com/ramify-dev/ramify/internal/snapstore"
 )
 
@@ -110,7 +111,7 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 	// The interpreter must keep the session coming: code in the sandbox can keep it from answering at all (a
 	// thread that holds the GIL in C code, a regular expression that backtracks for hours), which left the
 	// sandbox pausing for ever. A wait of sessionIdle for its next bytes fails the pause; the sandbox runs on.
-	idle := cmp.Or(s.cfg.PauseStall, DefaultPauseStall)
+	idle := cmp.Or(s.cfg.InterpreterStall, runtime.DefaultInterpreterStall)
 	ctx, stalled := context.WithCancelCause(ctx)
 	defer stalled(nil)
 	src := &stallGuard{r: pr, idle: idle, stalled: func() {
@@ -160,7 +161,7 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 	return savedSession{part: Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, notSaved: skipped, preload: preload}, nil
 }
 
-// errSessionStalled fails a pause whose interpreter stopped sending its session (saveSession, Config.PauseStall).
+// errSessionStalled fails a pause whose interpreter stopped sending its session (saveSession, Config.InterpreterStall).
 var errSessionStalled = errors.New("the interpreter sent nothing of its session")
 
 // stallGuard reads r, calling stalled once a read has waited idle for data (time the reader spends between

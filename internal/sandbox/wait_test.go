@@ -177,10 +177,10 @@ func TestDeleteStopsAFilesCall(t *testing.T) {
 }
 
 // TestStalledSessionFailsThePause: an interpreter that sends nothing of its session (code in the sandbox holding
-// the GIL) fails the pause after Config.PauseStall instead of leaving the sandbox pausing for ever; the sandbox is
+// the GIL) fails the pause after Config.InterpreterStall instead of leaving the sandbox pausing for ever; the sandbox is
 // running again, its pause error says why, and it answers.
 func TestStalledSessionFailsThePause(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.PauseStall = 300 * time.Millisecond })
+	e := newEnv(t, func(c *Config) { c.InterpreterStall = 300 * time.Millisecond })
 	id := e.create()
 	e.run(id, "x = 1")
 	stuck := make(chan struct{})

@@ -93,12 +93,12 @@ func TestDeleteStopsAPauseHeldByTheSandbox(t *testing.T) {
 }
 
 // A pause of a sandbox whose interpreter cannot answer (code left a thread holding the GIL in C code: a
-// regular expression that backtracks for ever) fails after --pause-stall-timeout, instead of leaving the sandbox
+// regular expression that backtracks for ever) fails after --interpreter-stall-timeout, instead of leaving the sandbox
 // pausing for good; the sandbox runs on, the stuck interpreter is replaced (the next run_code says its state was
 // lost), and the sandbox pauses normally afterwards. Before, it stayed "pausing" for as long as the thread ran,
 // and every call waited behind it.
 func TestPauseOfAStuckInterpreterFails(t *testing.T) {
-	s := testserver.Start(t, "--fork-ahead", "0", "--pause-stall-timeout", "2s")
+	s := testserver.Start(t, "--warm-pool", "0", "--fork-ahead", "0", "--interpreter-stall-timeout", "2s")
 	ctx := ctxT(t)
 	id := create(t, s, nil)
 	value(t, s, id, "import threading, re, time\nthreading.Thread(target=lambda: (time.sleep(0.5), re.match(r'(a+)+$', 'a' * 60 + 'b')), daemon=True).start()")
@@ -129,4 +129,60 @@ func TestPauseOfAStuckInterpreterFails(t *testing.T) {
 	if _, err := s.Client.WaitStatus(wctx, id, client.StatusPaused); err != nil {
 		t.Fatalf("a pause after the failed one: %v", err)
 	}
+}
+
+// A fork of a sandbox whose interpreter cannot answer (as above) fails after --interpreter-stall-timeout with a
+// 409 that says why, leaving nothing behind, and a DELETE stops such a fork at once. Before, the fork waited for
+// ever, and held its parent: the sandbox could not even be deleted.
+func TestForkOfAStuckInterpreter(t *testing.T) {
+	stuck := func(t *testing.T, s *testserver.Server) string {
+		id := create(t, s, nil)
+		value(t, s, id, "import threading, re, time\nthreading.Thread(target=lambda: (time.sleep(0.5), re.match(r'(a+)+$', 'a' * 60 + 'b')), daemon=True).start()")
+		time.Sleep(time.Second) // the thread holds the GIL now
+		return id
+	}
+	t.Run("fails after the stall timeout", func(t *testing.T) {
+		s := testserver.Start(t, "--warm-pool", "0", "--fork-ahead", "0", "--interpreter-stall-timeout", "2s")
+		id := stuck(t, s)
+		fctx, cancel := context.WithTimeout(ctxT(t), 60*time.Second)
+		defer cancel()
+		_, err := s.Client.Fork(fctx, id, 2)
+		var ae *client.APIError
+		if !errors.As(err, &ae) || ae.StatusCode != 409 || !strings.Contains(ae.Message, "did not answer the fork") {
+			t.Fatalf("a fork of a stuck interpreter: %v, want 409 saying it did not answer", err)
+		}
+		if ex := run(t, s, id, "1"); ex.Error == nil || ex.Error.Name != "InterpreterDied" {
+			t.Errorf("the first run_code after the failed fork: %+v, want InterpreterDied", ex)
+		}
+		if v := value(t, s, id, "1 + 1"); v != "2" {
+			t.Errorf("a run_code on the fresh interpreter: %s", v)
+		}
+		checkNoLeftovers(t, s, expect{}) // the parent alone, and none of the children
+	})
+	t.Run("a delete stops it", func(t *testing.T) {
+		s := testserver.Start(t, "--warm-pool", "0", "--fork-ahead", "0", "--interpreter-stall-timeout", "10m")
+		id := stuck(t, s)
+		errs := make(chan error, 1)
+		go func() {
+			_, err := s.Client.Fork(ctxT(t), id, 2)
+			errs <- err
+		}()
+		time.Sleep(2 * time.Second) // the fork waits on the interpreter
+		start := time.Now()
+		dctx, cancel := context.WithTimeout(ctxT(t), 30*time.Second)
+		defer cancel()
+		if err := s.Client.Delete(dctx, id); err != nil {
+			t.Fatalf("delete of a sandbox with a fork in flight: %v after %v", err, time.Since(start))
+		}
+		select {
+		case err := <-errs:
+			var ae *client.APIError
+			if !errors.As(err, &ae) || ae.StatusCode != 409 || !strings.Contains(ae.Message, "was deleted while the call ran") {
+				t.Errorf("the fork in flight during the delete: %v, want 409 saying the sandbox was deleted", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the fork in flight did not answer after the delete")
+		}
+		checkNoLeftovers(t, s, expect{})
+	})
 }

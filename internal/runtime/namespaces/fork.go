@@ -1,6 +1,7 @@
 package namespaces
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -341,12 +342,25 @@ func (r *Runtime) forkInterpreter(ctx context.Context, pc *agent.Client, kids []
 			return nil, moved, fmt.Errorf("fork child %s: %w", c.spec.ID, err)
 		}
 	}
-	pids, err := pc.ForkInterpreter(ctx, targets, passed)
+	// A healthy interpreter forks in milliseconds; one kept from answering (code in the sandbox holding the GIL
+	// in C code) would hold the fork, and its parent, for ever. Its agent replaces it if it stays silent.
+	stall := cmp.Or(r.cfg.InterpreterStall, runtime.DefaultInterpreterStall)
+	ictx, cancel := context.WithTimeoutCause(ctx, stall, errInterpreterStalled)
+	defer cancel()
+	pids, err := pc.ForkInterpreter(ictx, targets, passed)
 	if err != nil {
+		if errors.Is(context.Cause(ictx), errInterpreterStalled) {
+			return nil, moved, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("the interpreter did not answer the fork "+
+				"within %v: code in the sandbox keeps it from answering (a thread holding the GIL in C code?); nothing "+
+				"was forked, and the interpreter is replaced (its state lost) if it stays silent", stall))
+		}
 		return nil, moved, fmt.Errorf("fork interpreter: %w", err)
 	}
 	return pids, moved, nil
 }
+
+// errInterpreterStalled ends a fork's wait for an interpreter that does not answer (forkInterpreter).
+var errInterpreterStalled = errors.New("the interpreter did not answer the fork")
 
 // moveForked moves each forked interpreter, which starts in the parent's cgroup, into its child's, then writes
 // its pipe; a failure kills the copies moved so far (through undo). Each pipe written is closed and cleared.

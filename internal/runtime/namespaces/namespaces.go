@@ -64,6 +64,9 @@ type Config struct {
 	SpareAgents int
 	// SpareIdle is how long an unused spare agent lives (0: until its family ends).
 	SpareIdle time.Duration
+	// InterpreterStall bounds a fork's wait for the parent's interpreter to fork (0:
+	// runtime.DefaultInterpreterStall): code in the sandbox can keep it from ever answering.
+	InterpreterStall time.Duration
 	// SpareAhead is how many spare agents families may hold ahead of their first fork, in all (PrepareFork);
 	// 0: none.
 	SpareAhead int
