@@ -113,19 +113,10 @@ func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkO
 	release := func() { once.Do(releaseParent) }
 	defer release()
 	e := es[0]
-	// A delete of the parent stops the fork (destroy calls e.abort), as it stops a pause: it rolls back, and
-	// answers that the sandbox was deleted. A fork can wait long on the parent's interpreter (code holding the
-	// GIL keeps it from answering, up to the runtime's stall bound), which would hold the delete as long.
-	ctx, abort := context.WithCancelCause(ctx)
-	defer abort(nil)
-	s.mu.Lock()
-	e.abort = abort
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		e.abort = nil
-		s.mu.Unlock()
-	}()
+	// A fork can wait long on the parent's interpreter (code holding the GIL keeps it from answering, up to the
+	// runtime's stall bound): a delete of the parent stops it, and it rolls back.
+	ctx, done := s.stoppable(ctx, e)
+	defer done()
 	s.mu.Lock()
 	if Status(e.rec.Status) == StatusPaused {
 		s.mu.Unlock()

@@ -840,6 +840,22 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 	return nil
 }
 
+// stoppable returns ctx, ended by a delete of e (destroy calls e.abort, cause errDeleted), for work that holds e
+// exclusively on its caller's behalf (a fork, a template's capture) and can wait long on e's interpreter; done,
+// called before the hold is released, ends that.
+func (s *Service) stoppable(ctx context.Context, e *entry) (context.Context, func()) {
+	ctx, abort := context.WithCancelCause(ctx)
+	s.mu.Lock()
+	e.abort = abort
+	s.mu.Unlock()
+	return ctx, func() {
+		s.mu.Lock()
+		e.abort = nil
+		s.mu.Unlock()
+		abort(nil)
+	}
+}
+
 // use takes a shared hold on a running sandbox for run_code, exec and files. The returned context is ctx, ended
 // by a delete of the sandbox (with errDeleted as its cause): a delete stops the calls in flight, which would
 // otherwise hold it for as long as they run (code in an endless loop, up to its timeout or for ever).

@@ -107,9 +107,11 @@ func (s *Service) SaveTemplate(ctx context.Context, name, from string) (Template
 		return TemplateInfo{}, err
 	}
 	defer release()
-	t, err := s.capture(ctx, fk, es[0], name)
+	cctx, done := s.stoppable(ctx, es[0]) // a delete of the sandbox stops the capture
+	t, err := s.capture(cctx, fk, es[0], name)
+	done()
 	if err != nil {
-		return TemplateInfo{}, fmt.Errorf("save template %s of %s: %w", name, from, err)
+		return TemplateInfo{}, callError(cctx, from, fmt.Errorf("save template %s of %s: %w", name, from, err))
 	}
 	s.kickTemplatePool(name)
 	s.log.Info("template saved", "template", name, "sandbox", from, "bytes", t.Size, "ms", t.CaptureMs)

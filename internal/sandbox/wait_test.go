@@ -205,3 +205,37 @@ func TestStalledSessionFailsThePause(t *testing.T) {
 		t.Fatalf("x after the failed pause = %q", got)
 	}
 }
+
+// TestDeleteStopsAStuckCapture: a template's capture whose interpreter does not answer holds its sandbox until
+// the stall bound; a delete of the sandbox stops it at once (the capture answers that the sandbox was deleted),
+// and no template is left.
+func TestDeleteStopsAStuckCapture(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.InterpreterStall = time.Hour })
+	id := e.create()
+	stuck := make(chan struct{})
+	e.rt.SetFault(func(ctx context.Context, method, sid string) error {
+		if method == "agent:snapshot_repl" {
+			close(stuck)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	})
+	saved := make(chan error, 1)
+	go func() {
+		_, err := e.svc.SaveTemplate(context.Background(), "stuck", id)
+		saved <- err
+	}()
+	<-stuck
+	within(t, 20*time.Second, "Delete of a sandbox whose template capture is stuck", func() {
+		if err := e.svc.Delete(context.Background(), id); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+	})
+	if err := <-saved; !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "was deleted while the call ran") {
+		t.Errorf("the capture stopped by the delete: %v", err)
+	}
+	if _, err := e.svc.GetTemplate(context.Background(), "stuck"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a template after the stopped capture: %v", err)
+	}
+}
