@@ -645,6 +645,8 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		ctx, end := a.calls.Begin(ctx, OpExec)
 		defer end()
 		w.emit(a.exec(ctx, req, w.emit))
+	case OpReplaceStuck:
+		w.emit(Event{Type: "ok", Replaced: a.repl.replaceStuck(time.Duration(req.GraceMs) * time.Millisecond)})
 	case OpInterrupt:
 		if req.What != InterruptAll && req.What != InterruptRunCode && req.What != InterruptExec {
 			w.emit(Event{Type: "error", Message: fmt.Sprintf("interrupt: unknown target %q", req.What)})
@@ -657,7 +659,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: "snapshot_repl needs a stream"})
 			return
 		}
-		m, err := a.repl.unlessStuck(ctx, func() (replMsg, error) { return a.repl.session("snapshot", req) })
+		m, err := a.repl.tracked(func() (replMsg, error) { return a.repl.session("snapshot", req) })
 		if err != nil {
 			w.emit(replError("save interpreter", err))
 			return
@@ -694,7 +696,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		w.emit(Event{Type: "ok"})
 	case OpFork:
-		pids, err := a.repl.fork(ctx, req.Targets, req.files)
+		pids, err := a.repl.fork(req.Targets, req.files)
 		if err != nil {
 			w.emit(replError("fork interpreter", err))
 			return

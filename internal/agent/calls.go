@@ -4,24 +4,26 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 )
 
 // The agent protocol's operations, as the server calls them: one method and one request type per operation.
 // The op names are the wire's; besides the client, only agents (Agent.handle, the fake runtime's) use them.
 const (
-	OpPing      = "ping"
-	OpStart     = "start"
-	OpRunCode   = "run_code"
-	OpExec      = "exec"
-	OpInterrupt = "interrupt"
-	OpSnapshot  = "snapshot_repl"
-	OpRestore   = "restore_repl"
-	OpFork      = "fork_repl"
-	OpPreload   = "preload_repl"
-	OpWarm      = "warm_repl"
-	OpForkCheck = "fork_check_repl"
-	OpAttach    = "attach_repl" // sent by a forked interpreter (repl.py), never by the server
-	OpSession   = "session"     // an interactive session (session.go): the connection is then the session's
+	OpPing         = "ping"
+	OpStart        = "start"
+	OpRunCode      = "run_code"
+	OpExec         = "exec"
+	OpInterrupt    = "interrupt"
+	OpSnapshot     = "snapshot_repl"
+	OpRestore      = "restore_repl"
+	OpFork         = "fork_repl"
+	OpPreload      = "preload_repl"
+	OpWarm         = "warm_repl"
+	OpForkCheck    = "fork_check_repl"
+	OpReplaceStuck = "replace_stuck_repl"
+	OpAttach       = "attach_repl" // sent by a forked interpreter (repl.py), never by the server
+	OpSession      = "session"     // an interactive session (session.go): the connection is then the session's
 )
 
 // Pong is what a ping answers: the agent's and its interpreter's pids in the family's PID namespace.
@@ -123,6 +125,14 @@ func (c *Client) Interrupt(ctx context.Context, r InterruptRequest) (Interrupted
 func (c *Client) SnapshotSession(ctx context.Context, w *os.File) (skipped []Skipped, preload []string, err error) {
 	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpSnapshot, Stream: true}, []*os.File{w}, nil)
 	return ev.Skipped, ev.Preload, err
+}
+
+// ReplaceStuck has the agent kill its interpreter if the save or fork the interpreter serves has not ended within
+// grace: the caller gave up on it for not answering (see repl.replaceStuck). It answers at once when none runs,
+// and reports whether it killed one. It does not wait behind the interpreter's current call.
+func (c *Client) ReplaceStuck(ctx context.Context, grace time.Duration) (bool, error) {
+	ev, err := c.roundTrip(ctx, Request{Op: OpReplaceStuck, GraceMs: int(grace.Milliseconds())}, nil)
+	return ev.Replaced, err
 }
 
 // Preload has the interpreter import modules ahead of a session that will need them (a zygote kept for resumes

@@ -54,6 +54,8 @@ type Request struct {
 
 	// preload_repl: packages the interpreter imports ahead of a session that needs them
 	Modules []string `json:"modules,omitempty"`
+	// replace_stuck_repl: how long the interpreter's save or fork may still take before it is killed
+	GraceMs int `json:"grace_ms,omitempty"`
 	// files are the descriptors that came with the request (SCM_RIGHTS); file is the first, if any.
 	files []*os.File
 	file  *os.File
@@ -152,6 +154,9 @@ type Event struct {
 
 	// ok (fork_check_repl): the session registered at-fork handlers a fork made ahead of its call must not run
 	ForkHooks bool `json:"fork_hooks,omitempty"`
+
+	// ok (replace_stuck_repl): the interpreter was killed, its save or fork still unanswered after the grace
+	Replaced bool `json:"replaced,omitempty"`
 }
 
 // StreamRead is what an interpreter read of a session stream given as the stored file: every byte of the file,

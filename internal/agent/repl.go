@@ -111,6 +111,9 @@ type repl struct {
 	// lost: a call that is not a run found the interpreter dead (killed, out of memory) and dropped it. The
 	// next run or call says so (exitedSinceLastCall) instead of starting a fresh interpreter without a word.
 	lost bool
+	// opDone is closed when the save or fork the interpreter opPid serves ends (tracked); nil when none runs.
+	opDone chan struct{}
+	opPid  int
 }
 
 // exitedSinceLastCall is what a run (or call) says when the interpreter died since the last one.
@@ -824,12 +827,12 @@ func (p *repl) configure(env map[string]string, cwd string) (holds bool, err err
 }
 
 // fork asks the interpreter to fork once per target; it returns the children's pids (family PID namespace).
-func (p *repl) fork(ctx context.Context, targets []ForkTarget, files []*os.File) ([]int, error) {
+func (p *repl) fork(targets []ForkTarget, files []*os.File) ([]int, error) {
 	fds := make([]int, len(files))
 	for i, f := range files {
 		fds[i] = int(f.Fd())
 	}
-	m, err := p.unlessStuck(ctx, func() (replMsg, error) {
+	m, err := p.tracked(func() (replMsg, error) {
 		return p.callFile(map[string]any{"op": "fork", "targets": targets}, fds...)
 	})
 	if err != nil && m.Error != nil && m.Error.Name == "BlockingIOError" {
@@ -847,33 +850,47 @@ func (p *repl) session(op string, req Request) (replMsg, error) {
 	return p.call(map[string]any{"op": op, "dir": req.Dir})
 }
 
-// stuckGrace is how long an interpreter has to answer a save or a fork its caller gave up on (a save's stream is
-// closed then, so a live interpreter fails its next write and answers at once; a fork answers in milliseconds)
-// before it is taken for stuck.
-var stuckGrace = 5 * time.Second
-
-// unlessStuck runs op, a save or a fork by the interpreter. If ctx ends first (the server gave up: the
-// interpreter did not answer for long, or the pause or fork was stopped) and the interpreter still does not
-// answer within stuckGrace, it is stuck (code in the sandbox holds the GIL in C code and never lets go): it is
-// killed, so that the sandbox's next call gets a fresh interpreter that says the state was lost, instead of
-// every later call waiting behind op for ever.
-func (p *repl) unlessStuck(ctx context.Context, op func() (replMsg, error)) (replMsg, error) {
-	answered := make(chan struct{})
-	defer close(answered)
-	pid := p.currentPid() // the interpreter asked: never one started after it
-	stop := context.AfterFunc(ctx, func() {
-		select {
-		case <-answered:
-		case <-time.After(stuckGrace):
-			p.mu.Lock()
-			if p.pid > 0 && p.pid == pid {
-				syscall.Kill(p.pid, syscall.SIGKILL) //nolint:errcheck // gone already: the save answers anyway
-			}
-			p.mu.Unlock()
+// tracked runs op, a save or a fork by the interpreter, so that replaceStuck can find it.
+func (p *repl) tracked(op func() (replMsg, error)) (replMsg, error) {
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.opDone, p.opPid = done, p.pid
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		if p.opDone == done {
+			p.opDone, p.opPid = nil, 0
 		}
-	})
-	defer stop()
+		p.mu.Unlock()
+		close(done)
+	}()
 	return op()
+}
+
+// replaceStuck kills the interpreter if the save or fork it serves (tracked) has not ended within grace: the
+// server gave up on it for not answering (code in the sandbox holds the GIL in C code and never lets go), and
+// every later call would wait behind it for ever. The sandbox's next call then gets a fresh interpreter, which
+// says the state was lost. A save's stream is closed by then, so a live interpreter answers at once. It reports
+// whether it killed one.
+func (p *repl) replaceStuck(grace time.Duration) bool {
+	p.mu.Lock()
+	done, pid := p.opDone, p.opPid
+	p.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	case <-time.After(grace):
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.opDone != done || pid <= 0 || p.pid != pid {
+		return false
+	}
+	syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck // gone already: the op answers anyway
+	return true
 }
 
 // preload imports modules in the interpreter (see Client.Preload).

@@ -43,6 +43,11 @@ type Spec struct {
 // answering (a thread that holds the GIL in C code).
 const DefaultInterpreterStall = 60 * time.Second
 
+// StuckGrace is how long an interpreter that a pause or fork gave up on (after the stall bound) may still take
+// to answer before its agent replaces it (agent.Client.ReplaceStuck): a live one answers at once, its save's
+// stream being closed by then.
+const StuckGrace = 5 * time.Second
+
 // Handle is the durable description of a running sandbox, saved by the service so that a restarted server can
 // find the sandbox again.
 type Handle struct {

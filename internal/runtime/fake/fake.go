@@ -616,6 +616,8 @@ func (r *Runtime) handleReq(ctx context.Context, sb *Sandbox, req agent.Request,
 		_, hooks := sb.vars["fork_hooks"] // the fake's stand-in for a session that registered at-fork handlers
 		sb.mu.Unlock()
 		return agent.Event{Type: "ok", ForkHooks: hooks}
+	case agent.OpReplaceStuck: // the fake's interpreter answers or fails at once: never stuck
+		return agent.Event{Type: "ok"}
 	case agent.OpInterrupt:
 		n := sb.calls.Interrupt(req.What)
 		return agent.Event{Type: "ok", Interrupted: &n}
