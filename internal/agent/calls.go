@@ -129,8 +129,11 @@ func (c *Client) SnapshotSession(ctx context.Context, w *os.File) (skipped []Ski
 
 // ReplaceStuck has the agent kill its interpreter if the save or fork the interpreter serves has not ended within
 // grace: the caller gave up on it for not answering (see repl.replaceStuck). It answers at once when none runs,
-// and reports whether it killed one. It does not wait behind the interpreter's current call.
+// and reports whether it killed one. It does not wait behind the interpreter's current call, and runs even
+// if ctx has ended (the caller's work, given up), within grace and a margin.
 func (c *Client) ReplaceStuck(ctx context.Context, grace time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace+10*time.Second)
+	defer cancel()
 	ev, err := c.roundTrip(ctx, Request{Op: OpReplaceStuck, GraceMs: int(grace.Milliseconds())}, nil)
 	return ev.Replaced, err
 }

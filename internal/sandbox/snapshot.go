@@ -148,9 +148,7 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 	if cause := context.Cause(ctx); errors.Is(cause, errSessionStalled) {
 		// Every later call would wait behind the save for ever: the agent replaces the interpreter if it is still
 		// silent (its state is lost; the next run_code says so).
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runtime.StuckGrace+10*time.Second)
-		defer cancel()
-		if replaced, err := c.ReplaceStuck(rctx, runtime.StuckGrace); err != nil || replaced {
+		if replaced, err := c.ReplaceStuck(ctx, runtime.StuckGrace); err != nil || replaced {
 			s.log.Warn("interpreter silent during a pause", "replaced", replaced, "err", err)
 		}
 		return savedSession{}, cause

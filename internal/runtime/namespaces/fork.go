@@ -352,9 +352,7 @@ func (r *Runtime) forkInterpreter(ctx context.Context, pc *agent.Client, kids []
 		if errors.Is(context.Cause(ictx), errInterpreterStalled) {
 			// Every later call would wait behind the fork for ever: the agent replaces the interpreter if it is
 			// still silent (its state is lost; the next run_code says so).
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runtime.StuckGrace+10*time.Second)
-			defer cancel()
-			if replaced, err := pc.ReplaceStuck(rctx, runtime.StuckGrace); err != nil || replaced {
+			if replaced, err := pc.ReplaceStuck(ctx, runtime.StuckGrace); err != nil || replaced {
 				r.log.Warn("interpreter silent during a fork", "replaced", replaced, "err", err)
 			}
 			return nil, moved, errdefs.New(errdefs.ErrConflict, fmt.Sprintf("the interpreter did not answer the fork "+
