@@ -87,7 +87,7 @@ func (o ForkOptions) apply(spec *CreateRequest) bool {
 }
 
 // ForkWithOptions is Fork with the options of a fork call.
-func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkOptions) (ForkResult, error) {
+func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkOptions) (_ ForkResult, err error) {
 	startPaused, egress := o.StartPaused, o.Egress
 	if n < 1 || n > MaxForkChildren {
 		return ForkResult{}, invalid("n must be between 1 and %d", MaxForkChildren)
@@ -117,6 +117,7 @@ func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkO
 	// runtime's stall bound): a delete of the parent stops it, and it rolls back.
 	ctx, done := s.stoppable(ctx, e)
 	defer done()
+	defer func() { err = callError(ctx, id, err) }() // whichever way it forks (at the call, ahead, paused)
 	s.mu.Lock()
 	if Status(e.rec.Status) == StatusPaused {
 		s.mu.Unlock()
@@ -140,7 +141,7 @@ func (s *Service) ForkWithOptions(ctx context.Context, id string, n int, o ForkO
 	}
 	var undo undoStack
 	fail := func(err error) (ForkResult, error) {
-		return ForkResult{}, s.fail(ctx, &undo, callError(ctx, id, fmt.Errorf("fork %s: %w", id, err)))
+		return ForkResult{}, s.fail(ctx, &undo, fmt.Errorf("fork %s: %w", id, err))
 	}
 	start := time.Now()
 	kids, res, err := s.forkChildren(ctx, fk, e, spec, n, StatusCreating, &undo)
