@@ -185,19 +185,11 @@ func (s *Service) makeAhead(e *entry) {
 			s.mu.Unlock()
 		}
 	}()
-	// A delete of the parent stops the making (destroy calls e.abort), as it stops a pause.
-	actx, abort := context.WithCancelCause(s.ctx)
+	// A delete of the parent stops the making, as it stops a pause.
+	actx, done := s.stoppable(s.ctx, e)
+	defer done()
 	ctx, cancel := context.WithTimeout(actx, aheadTimeout)
 	defer cancel()
-	s.mu.Lock()
-	e.abort = abort
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		e.abort = nil
-		s.mu.Unlock()
-		abort(nil)
-	}()
 	if before, err := st.Stillness(ctx, parent); err != nil || before.Busy {
 		s.log.Debug("no children made ahead", "sandbox", id, "busy", before.Busy, "err", err)
 		return

@@ -141,7 +141,8 @@ type entry struct {
 	// many more sets of them may go unused, aheadTimer the timer that makes them (ahead.go).
 	aheadN, aheadTries int
 	aheadTimer         *time.Timer
-	// abort cancels the pause or resume running in the background, if any (a delete does: see destroy).
+	// abort stops the work that holds the sandbox exclusively, if any: a pause or resume in the background, a
+	// fork, a template's capture, children being made ahead (a delete does: see destroy, stoppable).
 	abort context.CancelCauseFunc
 	// uses cancels the calls holding the sandbox shared (use), for a delete to stop them.
 	uses map[*int]context.CancelCauseFunc
@@ -841,7 +842,7 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 }
 
 // stoppable returns ctx, ended by a delete of e (destroy calls e.abort, cause errDeleted), for work that holds e
-// exclusively on its caller's behalf (a fork, a template's capture) and can wait long on e's interpreter; done,
+// exclusively (a fork, a template's capture, children made ahead) and can wait long on e's interpreter; done,
 // called before the hold is released, ends that.
 func (s *Service) stoppable(ctx context.Context, e *entry) (context.Context, func()) {
 	ctx, abort := context.WithCancelCause(ctx)

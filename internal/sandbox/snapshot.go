@@ -110,7 +110,8 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 	}
 	// The interpreter must keep the session coming: code in the sandbox can keep it from answering at all (a
 	// thread that holds the GIL in C code, a regular expression that backtracks for hours), which left the
-	// sandbox pausing for ever. A wait of sessionIdle for its next bytes fails the pause; the sandbox runs on.
+	// sandbox pausing for ever. A wait of Config.InterpreterStall for its next bytes fails the pause; the sandbox
+	// runs on.
 	idle := cmp.Or(s.cfg.InterpreterStall, runtime.DefaultInterpreterStall)
 	ctx, stalled := context.WithCancelCause(ctx)
 	defer stalled(nil)
@@ -170,17 +171,23 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 var errSessionStalled = errors.New("the interpreter sent nothing of its session")
 
 // stallGuard reads r, calling stalled once a read has waited idle for data (time the reader spends between
-// reads, in the store, does not count).
+// reads, in the store, does not count). One timer serves every read.
 type stallGuard struct {
 	r       io.Reader
 	idle    time.Duration
 	stalled func()
+	t       *time.Timer
 }
 
 func (g *stallGuard) Read(p []byte) (int, error) {
-	t := time.AfterFunc(g.idle, g.stalled)
-	defer t.Stop()
-	return g.r.Read(p)
+	if g.t == nil {
+		g.t = time.AfterFunc(g.idle, g.stalled)
+	} else {
+		g.t.Reset(g.idle)
+	}
+	n, err := g.r.Read(p)
+	g.t.Stop()
+	return n, err
 }
 
 // fileOpener is a snapshot store that can hand out an object's file (the local store).
