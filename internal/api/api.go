@@ -44,11 +44,13 @@ type Server struct {
 	// patterns lists every pattern registered on mux, in order (the OpenAPI test compares them to the document).
 	patterns []string
 	obs      observer // events, metrics, logs (observe.go)
+	idem     *idemStore
 }
 
 // New returns the API handler.
 func New(svc *sandbox.Service, apiKey, version string, log *slog.Logger) *Server {
-	s := &Server{svc: svc, key: apiKey, log: log, version: version, bodyIdle: BodyIdleTimeout, mux: http.NewServeMux()}
+	s := &Server{svc: svc, key: apiKey, log: log, version: version, bodyIdle: BodyIdleTimeout, mux: http.NewServeMux(),
+		idem: newIdemStore()}
 	s.routes()
 	return s
 }
@@ -196,6 +198,10 @@ func (s *Server) auth(h http.HandlerFunc) http.Handler {
 			writeError(w, errNotFound)
 			return
 		}
+		if key, ok := idemKeyOf(r); ok {
+			s.idem.serve(w, r, key, h)
+			return
+		}
 		h(w, r)
 	})
 }
@@ -216,6 +222,8 @@ func statusOf(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, errdefs.ErrConflict):
 		return http.StatusConflict
+	case errors.Is(err, errIdemMismatch):
+		return http.StatusUnprocessableEntity
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.ENOSPC):

@@ -578,6 +578,15 @@ func (c *contract) forkMergeDiff(id string) {
 	}
 	kid := f.Children[0]
 	c.do(exchange{method: "POST", path: p + "/fork", status: 200}) // no body: one child
+	// A fork repeated with its Idempotency-Key (a client retrying after a broken connection) is done once.
+	idem := map[string]string{"Idempotency-Key": "contract-fork-" + kid}
+	_, first := c.do(exchange{method: "POST", path: p + "/fork", body: []byte(`{"n": 1}`), header: idem, status: 200})
+	h, again := c.do(exchange{method: "POST", path: p + "/fork", body: []byte(`{"n": 1}`), header: idem, status: 200})
+	if !bytes.Equal(first, again) || h.Get("Idempotent-Replayed") != "true" {
+		c.t.Errorf("fork repeated with its Idempotency-Key: %s then %s (Idempotent-Replayed %q)", first, again, h.Get("Idempotent-Replayed"))
+	}
+	c.do(exchange{method: "POST", path: p + "/fork", body: []byte(`{"n": 2}`), header: idem, status: 422})
+	c.do(exchange{method: "POST", path: p + "/fork", header: map[string]string{"Idempotency-Key": "two words"}, status: 400, invalid: true})
 	for _, bad := range []string{`{"n": 0}`, `{"n": 33}`, `{"n": null}`, `{"n": "2"}`, `{"bogus": true}`} {
 		c.do(exchange{method: "POST", path: p + "/fork", body: []byte(bad), status: 400, invalid: true})
 	}
