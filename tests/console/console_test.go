@@ -11,13 +11,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
@@ -67,7 +69,7 @@ func browser(t *testing.T) (context.Context, *consoleLog) {
 	ctx, cancelB := chromedp.NewContext(actx)
 	ctx, cancelT := context.WithTimeout(ctx, 10*time.Minute)
 	t.Cleanup(func() { cancelT(); cancelB(); cancelA() })
-	cl := &consoleLog{}
+	cl := &consoleLog{cut: map[string]bool{}}
 	listen(t, ctx, cl)
 	return ctx, cl
 }
@@ -91,7 +93,10 @@ func listen(t *testing.T, ctx context.Context, cl *consoleLog) {
 			// whenever the server adds a sandbox's veth; the console retries its GETs, and the error is the host's.
 			if strings.Contains(ev.Entry.Text, "net::ERR_NETWORK_CHANGED") {
 				t.Logf("ignored: %s %s", ev.Entry.Text, ev.Entry.URL)
-				cl.cutRequest(ev.Entry.URL)
+				return
+			}
+			if cl.wasCut(ev.Entry.URL) {
+				t.Logf("cut by the test: %s %s", ev.Entry.Text, ev.Entry.URL)
 				return
 			}
 			if ev.Entry.Level == log.LevelError || ev.Entry.Level == log.LevelWarning {
@@ -107,16 +112,53 @@ func listen(t *testing.T, ctx context.Context, cl *consoleLog) {
 type consoleLog struct {
 	mu    sync.Mutex
 	lines []string
-	cut   []string // URLs of requests Chromium cut for a network change
+	cut   map[string]bool // URLs whose answers the test cut (cutOnce)
 }
 
-func (c *consoleLog) cutRequest(url string) { c.mu.Lock(); c.cut = append(c.cut, url); c.mu.Unlock() }
+func (c *consoleLog) wasCut(url string) bool { c.mu.Lock(); defer c.mu.Unlock(); return c.cut[url] }
 
-// wasCut reports whether a request whose URL ends with suffix was cut for a network change.
-func (c *consoleLog) wasCut(suffix string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.ContainsFunc(c.cut, func(u string) bool { return strings.HasSuffix(u, suffix) })
+// cutOnce has Chromium fail the first request of ctx's tab whose URL ends with suffix once the server has
+// answered it, as Chromium fails a call whose connection it drops for a network change (ERR_NETWORK_CHANGED,
+// which a fork's own new veths can cause) after the server did it. Until the returned function runs, every other
+// such request goes through.
+func cutOnce(t *testing.T, ctx context.Context, cl *consoleLog, suffix string) (stop func()) {
+	t.Helper()
+	var once sync.Once
+	tab := cdp.WithExecutor(ctx, chromedp.FromContext(ctx).Target)
+	chromedp.ListenTarget(ctx, func(ev any) {
+		e, ok := ev.(*fetch.EventRequestPaused)
+		if !ok {
+			return
+		}
+		cut := false
+		if strings.HasSuffix(e.Request.URL, suffix) {
+			once.Do(func() { cut = true })
+		}
+		go func() { // not on the listener's goroutine: the call waits for its answer, which comes through it
+			var err error
+			if cut {
+				cl.mu.Lock()
+				cl.cut[e.Request.URL] = true
+				cl.mu.Unlock()
+				t.Logf("cutting the answer (%d) to %s", e.ResponseStatusCode, e.Request.URL)
+				err = fetch.FailRequest(e.RequestID, network.ErrorReasonConnectionReset).Do(tab)
+			} else {
+				err = fetch.ContinueRequest(e.RequestID).Do(tab)
+			}
+			if err != nil && tab.Err() == nil {
+				t.Errorf("intercepted %s: %v", e.Request.URL, err)
+			}
+		}()
+	})
+	pattern := &fetch.RequestPattern{URLPattern: "*" + suffix, RequestStage: fetch.RequestStageResponse}
+	if err := chromedp.Run(ctx, fetch.Enable().WithPatterns([]*fetch.RequestPattern{pattern})); err != nil {
+		t.Fatalf("intercept %s: %v", suffix, err)
+	}
+	return func() {
+		if err := chromedp.Run(ctx, fetch.Disable()); err != nil {
+			t.Errorf("stop intercepting %s: %v", suffix, err)
+		}
+	}
 }
 
 func (c *consoleLog) add(s string) { c.mu.Lock(); c.lines = append(c.lines, s); c.mu.Unlock() }
@@ -338,15 +380,15 @@ func TestConsole(t *testing.T) {
 	// The sandbox page's buttons, watched by the tree in the other tab: fork the parent (now the merged
 	// winner's state) in two, pause and resume a new child, delete the paused child (the button asks twice).
 	// The fork makes its children's veths, and Chromium may cut the fork's own request for that network change
-	// (as it cuts others'): it is not retried (a second fork), and the server's list below says whether it ran.
-	fctx, cancelFork := context.WithTimeout(ctx, time.Minute)
-	err = chromedp.Run(fctx, chromedp.Click(`#fork`),
+	// (as it cuts others'). Here the test cuts it, after the server forked: the console tries it again with its
+	// idempotency key, the server answers with the fork it made, and there is one fork, not two.
+	stopCut := cutOnce(t, ctx, console, "/v1/sandboxes/"+parent.ID+"/fork")
+	step(t, ctx, "fork from the UI (its answer cut once)",
+		chromedp.Click(`#fork`),
 		chromedp.WaitReady(`//div[@id="toast"][starts-with(., "forked: ")]`, chromedp.BySearch))
-	cancelFork()
-	if err != nil && !console.wasCut("/v1/sandboxes/"+parent.ID+"/fork") {
-		t.Fatalf("fork from the UI: %v", err)
-	} else if err != nil {
-		t.Logf("the fork's request was cut by a network change: its outcome is read from the server")
+	stopCut()
+	if !console.wasCut(srv.URL + "/v1/sandboxes/" + parent.ID + "/fork") {
+		t.Errorf("the fork's answer was not cut: the console's retry was not tried")
 	}
 	all, err := srv.Client.List(bg, client.ListOptions{})
 	if err != nil {

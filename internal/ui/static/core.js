@@ -65,13 +65,19 @@ async function api(path, opts = {}) {
     headers["Content-Type"] = "application/json";
   }
   const method = opts.method || "GET";
+  // A POST carries an idempotency key: when the browser cuts a call (its network changed: a host making sandboxes
+  // adds interfaces, a fork's own children's among them), the call is tried once more with the same key, and the
+  // server answers what the first one did (or does it, if it never got it) rather than forking twice.
+  if (method === "POST") headers["Idempotency-Key"] = idemKey();
+  const again = ["GET", "POST", "DELETE"].includes(method); // not a PUT: an upload's body is a stream
   let r;
   try {
     r = await fetch(path, { method, headers, body, signal: opts.signal });
   } catch (e) {
-    // A GET cut by the browser (its network changed: a host making sandboxes adds interfaces) is tried once more.
-    if (method !== "GET" || (opts.signal && opts.signal.aborted)) throw e;
-    r = await fetch(path, { method, headers, signal: opts.signal });
+    if (!again || (opts.signal && opts.signal.aborted)) throw e;
+    r = await fetch(path, { method, headers, body, signal: opts.signal });
+    // A DELETE the server did before its answer was cut finds nothing the second time: it is done.
+    if (method === "DELETE" && r.status === 404) return null;
   }
   if (r.status === 401) { signOut("The API key was refused: sign in again."); throw new APIError(401, "invalid api key"); }
   if (!r.ok) {
@@ -82,6 +88,13 @@ async function api(path, opts = {}) {
   if (opts.raw) return r;
   if (r.status === 204) return null;
   return r.json();
+}
+
+// idemKey is a new random idempotency key (crypto.randomUUID needs a secure context; the console may be served
+// over plain HTTP from another host).
+function idemKey() {
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  return "console-" + Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
 }
 
 const sbPath = (id, rest = "") => "/v1/sandboxes/" + encodeURIComponent(id) + rest;
