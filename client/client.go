@@ -11,6 +11,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -130,23 +132,80 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 	if len(r.query) > 0 {
 		u += "?" + r.query.Encode()
 	}
-	var body io.Reader
+	var payload []byte // a body that can be sent again
 	ctype := r.ctype
-	switch {
-	case r.json != nil:
+	if r.json != nil {
 		b, err := json.Marshal(r.json)
 		if err != nil {
 			return nil, fmt.Errorf("encode request: %w", err)
 		}
-		body = bytes.NewReader(b)
-		ctype = "application/json"
-	case r.body != nil:
-		// Hide any Close method: the transport closes request bodies, and the reader belongs to the caller.
-		body = struct{ io.Reader }{r.body}
+		payload, ctype = b, "application/json"
 	}
-	req, err := http.NewRequestWithContext(ctx, r.method, u, body)
-	if err != nil {
-		return nil, err
+	// A POST carries an idempotency key: the server does it at most once and answers a repeat with the first
+	// call's answer, so a call whose connection broke is sent again without forking (creating, merging) twice.
+	// So are GETs and DELETEs; a streamed body cannot be sent again.
+	idemKey := ""
+	if r.method == http.MethodPost && r.body == nil {
+		idemKey = newIdempotencyKey()
+	}
+	tries := 1
+	if r.body == nil && (idemKey != "" || r.method == http.MethodGet || r.method == http.MethodDelete) {
+		tries = RetryTries
+	}
+	var resp *http.Response
+	for attempt := 0; ; attempt++ {
+		var body io.Reader
+		switch {
+		case r.json != nil:
+			body = bytes.NewReader(payload)
+		case r.body != nil:
+			// Hide any Close method: the transport closes request bodies, and the reader belongs to the caller.
+			body = struct{ io.Reader }{r.body}
+		}
+		req, err := http.NewRequestWithContext(ctx, r.method, u, body)
+		if err != nil {
+			return nil, err
+		}
+		c.setHeaders(req, r, ctype, idemKey)
+		resp, err = c.hc.Do(req)
+		if err == nil {
+			break
+		}
+		if attempt+1 >= tries || ctx.Err() != nil {
+			return nil, err
+		}
+		select {
+		case <-time.After(RetryBaseDelay << attempt):
+		case <-ctx.Done():
+			return nil, err
+		}
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		defer resp.Body.Close()
+		return nil, readAPIError(resp)
+	}
+	return resp, nil
+}
+
+// RetryTries is how many times a request that is safe to send again (a GET, a DELETE, or a POST, which carries
+// an Idempotency-Key) is tried when it fails without an answer (the connection refused or broken); the waits
+// between tries start at RetryBaseDelay and double.
+var (
+	RetryTries     = 4
+	RetryBaseDelay = 200 * time.Millisecond
+)
+
+// newIdempotencyKey is a random key for one call.
+func newIdempotencyKey() string {
+	var b [16]byte
+	rand.Read(b[:]) //nolint:errcheck // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// setHeaders sets r's headers on req.
+func (c *Client) setHeaders(req *http.Request, r request, ctype, idemKey string) {
+	if idemKey != "" {
+		req.Header.Set("Idempotency-Key", idemKey)
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
@@ -162,15 +221,6 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 	if c.ua != "" {
 		req.Header.Set("User-Agent", c.ua)
 	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		defer resp.Body.Close()
-		return nil, readAPIError(resp)
-	}
-	return resp, nil
 }
 
 // do performs r and decodes a JSON response into out (when out is non-nil and the response has a body).

@@ -28,21 +28,28 @@ const testKey = "rk_test"
 // stub is an httptest server whose routes are "METHOD /path" patterns of net/http. Every request under /v1
 // must carry the test key.
 type stub struct {
-	t   *testing.T
-	mux *http.ServeMux
-	srv *httptest.Server
+	t      *testing.T
+	mux    *http.ServeMux
+	srv    *httptest.Server
+	opened atomic.Int32 // connections the server accepted
 }
 
 func newStub(t *testing.T) (*stub, *Client) {
 	t.Helper()
 	s := &stub{t: t, mux: http.NewServeMux()}
-	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") && r.Header.Get("Authorization") != "Bearer "+testKey {
 			writeErr(w, 401, "invalid api key")
 			return
 		}
 		s.mux.ServeHTTP(w, r)
 	}))
+	s.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.opened.Add(1)
+		}
+	}
+	s.srv.Start()
 	t.Cleanup(s.srv.Close)
 	return s, New(s.srv.URL+"/", testKey)
 }
@@ -225,6 +232,50 @@ func TestConnectionRefused(t *testing.T) {
 	_, err := New(url, testKey).List(context.Background(), ListOptions{})
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("want ECONNREFUSED, got %v", err)
+	}
+}
+
+func TestRetriesWithIdempotencyKey(t *testing.T) {
+	defer func(d time.Duration) { RetryBaseDelay = d }(RetryBaseDelay)
+	RetryBaseDelay = time.Millisecond
+	var mu sync.Mutex
+	var keys []string
+	hangUp := func(n int) bool { return n == 1 } // the server took the call, then the connection broke
+	seen := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), keys...) }
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) //nolint:errcheck
+		mu.Lock()
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		cut := hangUp(len(keys))
+		mu.Unlock()
+		if cut {
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"children": ["sbx_c1"]}`) //nolint:errcheck
+	}))
+	defer srv.Close()
+	c := New(srv.URL, testKey)
+	kids, err := c.Fork(context.Background(), "sbx_p", 1)
+	if k := seen(); err != nil || len(kids) != 1 || len(k) != 2 || k[0] == "" || k[0] != k[1] {
+		t.Fatalf("fork whose first answer was lost: %v %v; keys %q (the retry must carry the first try's)", kids, err, k)
+	}
+	// Every call its own key.
+	c.Fork(context.Background(), "sbx_p", 1) //nolint:errcheck
+	if k := seen(); len(k) != 3 || k[2] == k[0] {
+		t.Fatalf("a new call's key: %q", k)
+	}
+	// An upload (a streamed body) is not sent twice.
+	mu.Lock()
+	keys, hangUp = nil, func(int) bool { return true }
+	mu.Unlock()
+	if _, err := c.WriteFile(context.Background(), "sbx_p", "/x", strings.NewReader("data"), 0o644); err == nil {
+		t.Fatal("write to a server that hangs up: no error")
+	}
+	if k := seen(); len(k) != 1 {
+		t.Fatalf("an upload was sent %d times", len(k))
 	}
 }
 
@@ -775,12 +826,7 @@ func TestSetTimeoutAndRunEnv(t *testing.T) {
 // and the next round reuses them all (net/http's default client keeps 2, so it opened 14 again).
 func TestConcurrentCallsKeepTheirConnections(t *testing.T) {
 	s, c := newStub(t)
-	var opened atomic.Int32
-	s.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateNew {
-			opened.Add(1)
-		}
-	}
+	opened := &s.opened
 	const n = 16
 	var inFlight sync.WaitGroup
 	s.handle("POST /v1/sandboxes/{id}/run_code", func(w http.ResponseWriter, r *http.Request) {

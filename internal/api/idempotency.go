@@ -28,9 +28,9 @@ import (
 const IdempotencyKeyHeader = "Idempotency-Key"
 
 const (
-	idemTTL      = time.Hour
+	idemTTL      = 10 * time.Minute
 	idemMaxKeys  = 10_000
-	idemMaxBytes = 128 << 20
+	idemMaxBytes = 64 << 20
 	idemMaxBody  = 4 << 20
 	idemMaxKey   = 255
 )

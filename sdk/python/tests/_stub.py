@@ -41,12 +41,13 @@ class Reply:
     """status + body; body is a JSON-able object, bytes, or an iterable of bytes (sent chunked)."""
 
     def __init__(self, status: int = 200, body: Any = None, headers: Optional[Dict[str, str]] = None,
-                 content_type: Optional[str] = None, hang_up: bool = False):
+                 content_type: Optional[str] = None, hang_up: bool = False, drop: bool = False):
         self.status = status
         self.body = body
         self.headers = dict(headers or {})
         self.content_type = content_type
         self.hang_up = hang_up  # close the connection after the response without saying so (no Connection: close)
+        self.drop = drop  # close the connection without any response (a connection cut after the request)
 
 
 def sandbox_json(id: str = "sbx_1", status: str = "running", **kw: Any) -> Dict[str, Any]:
@@ -102,6 +103,10 @@ class Stub:
                 with stub.lock:
                     stub.requests.append(req)
                 reply = stub.dispatch(req)
+                if reply.drop:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 self._send(reply)
                 if reply.hang_up:
                     self.close_connection = True

@@ -128,7 +128,13 @@ export class HttpClient {
     }
     Object.assign(headers, opts.headers ?? {});
     const streamed = typeof ReadableStream !== "undefined" && body instanceof ReadableStream;
-    let retry = opts.retry ?? IDEMPOTENT.has(method);
+    const keyed = () => Object.keys(headers).some((k) => k.toLowerCase() === "idempotency-key");
+    if (method === "POST" && !streamed && !keyed()) {
+      // The server does a POST with a key at most once and answers a repeat with the first call's answer: a
+      // call whose connection broke is retried without forking (creating, merging...) twice.
+      headers["Idempotency-Key"] = globalThis.crypto.randomUUID();
+    }
+    let retry = opts.retry ?? (IDEMPOTENT.has(method) || keyed());
     if (streamed) retry = false; // a streamed body cannot be replayed
     const tries = retry ? Math.max(1, retryPolicy.maxTries) : 1;
     const timeoutS = opts.timeoutS === undefined ? this.requestTimeoutS : opts.timeoutS;

@@ -501,7 +501,7 @@ describe("retries and timeouts", () => {
     assert.equal(n, 3);
   });
 
-  test("DELETE is retried; POST is not", async () => {
+  test("DELETE is retried; a POST is retried with its Idempotency-Key", async () => {
     const sb = await connected();
     let n = 0;
     stub.handler = (rec, res, req) => {
@@ -511,14 +511,29 @@ describe("retries and timeouts", () => {
     };
     await sb.close();
     assert.equal(n, 2);
+    // The server took the fork, then the connection broke: the retry carries the same key, so the server
+    // answers with the fork it made instead of forking again.
     const sb2 = await connected();
-    n = 0;
+    const keys = [];
     stub.handler = (rec, res, req) => {
-      n++;
-      req.socket.destroy();
+      if (req.method !== "POST") return sendJson(res, 200, info(ID2));
+      keys.push(req.headers["idempotency-key"]);
+      if (keys.length === 1) return req.socket.destroy();
+      sendJson(res, 200, { children: [ID2] });
     };
-    await assert.rejects(sb2.runCode("1"), ServerUnreachable);
-    assert.equal(n, 1);
+    const kids = await sb2.fork(1);
+    assert.deepEqual(kids.map((k) => k.id), [ID2]);
+    assert.equal(keys.length, 2);
+    assert.ok(keys[0] && keys[0] === keys[1], String(keys));
+    // Every call its own key.
+    keys.length = 0;
+    stub.handler = (rec, res, req) => {
+      if (req.method === "POST") keys.push(req.headers["idempotency-key"]);
+      sendJson(res, 200, { children: [ID2] });
+    };
+    await sb2.fork(1);
+    await sb2.fork(1);
+    assert.equal(new Set(keys).size, 2);
   });
 
   test("gives up after retryPolicy.maxTries on a refused connection", async () => {

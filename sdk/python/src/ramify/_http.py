@@ -20,6 +20,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+import uuid
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._version import __version__
@@ -33,8 +34,8 @@ from .exceptions import (
 DEFAULT_API_URL = "http://127.0.0.1:7070"
 DEFAULT_REQUEST_TIMEOUT = 60.0
 
-# Retry policy for idempotent calls (GET / DELETE / HEAD) on connection errors that happen before a
-# response arrives. Module-level so tests (or users) can tune them.
+# Retry policy for idempotent calls (GET / DELETE / HEAD, and POSTs, which carry an Idempotency-Key) on
+# connection errors that happen before a response arrives. Module-level so tests (or users) can tune them.
 MAX_TRIES = 4
 RETRY_BASE_DELAY = 0.2  # seconds; delays are 0.2, 0.4, 0.8 (+ up to 10% jitter)
 
@@ -332,7 +333,8 @@ class HTTPClient:
     ) -> Union[Response, StreamResponse]:
         """Send a request; raise a :class:`RamifyError` subclass on error statuses.
 
-        ``retry`` defaults to True for idempotent methods (GET/HEAD/DELETE) and False otherwise.
+        ``retry`` defaults to True for idempotent methods (GET/HEAD/DELETE) and for POSTs, which get an
+        ``Idempotency-Key`` header (unless ``headers`` has one, or the body is a stream), and False otherwise.
         """
         method = method.upper()
         hdrs = self._headers(headers)
@@ -341,14 +343,18 @@ class HTTPClient:
             hdrs["Content-Type"] = "application/json"
         if timeout is _UNSET:
             timeout = self.request_timeout
+        replayable = body is None or isinstance(body, (bytes, bytearray, memoryview))
+        if method == "POST" and replayable and not any(k.lower() == "idempotency-key" for k in hdrs):
+            # The server does a POST with a key at most once and answers a repeat with the first call's answer:
+            # a call whose connection broke is retried without forking (creating, merging...) twice.
+            hdrs["Idempotency-Key"] = uuid.uuid4().hex
         if retry is None:
-            retry = method in _IDEMPOTENT
+            retry = method in _IDEMPOTENT or any(k.lower() == "idempotency-key" for k in hdrs)
         if retry and body is not None and not isinstance(body, (bytes, bytearray, memoryview)):
             retry = False  # a streamed body cannot be replayed
         tries = MAX_TRIES if retry else 1
         url = self.url_for(path, query)
 
-        replayable = body is None or isinstance(body, (bytes, bytearray, memoryview))
         last_exc: Optional[BaseException] = None
         attempt, fresh = 0, False
         while attempt < tries:
