@@ -600,47 +600,161 @@ def _confine():
     check(_libc.prctl(4, 0, 0, 0, 0) == 0, "not dumpable")  # PR_SET_DUMPABLE
 
 
-def _open_files():
-    """Regular files this process has open, by fd: (path, flags, offset)."""
-    files = {}
+# A fork child must share nothing with its parent and siblings but what it was forked from: its descriptors
+# and shared memory mappings would otherwise still be the parent's objects (a directory of the parent's file
+# system to write through, the parent's sockets outside the child's network and egress policy, a MAP_SHARED
+# region both write). A child rebuilds them before it runs anything: see _fds_of, _rebuild_fds, _unshare_maps.
+
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+_REOPEN_FLAGS = os.O_ACCMODE | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | _O_PATH | getattr(os, "O_DIRECT", 0)
+_COPY_MAX = 64 << 20  # a deleted file or memfd up to this size is copied into a child; larger ones are not
+
+
+def _fd_kind(fd):
+    """How a fork child rebuilds descriptor fd, as (how, path, flags, offset): "open" for a regular file,
+    directory or character device it opens again by path in its own file system; "copy" for a regular file no
+    path reaches (deleted, a memfd), copied into a memfd of its own; "null" for the rest (sockets, pipes, FIFOs,
+    event, epoll and pid fds), which are the parent's: /dev/null takes their place. None: fd is not open."""
+    try:
+        path = os.readlink("/proc/self/fd/%d" % fd)
+        st = os.fstat(fd)
+        with open("/proc/self/fdinfo/%d" % fd) as f:
+            info = dict(line.split(":", 1) for line in f if ":" in line)
+        flags = int(info["flags"].strip(), 8)
+        pos = int(info.get("pos", "0").strip())
+    except (OSError, KeyError, ValueError):
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+        except OSError:
+            return None
+        return ("null", None, os.O_CLOEXEC, 0)
+    # The flags a descriptor was opened with (an O_TMPFILE file's carry O_DIRECTORY), as it is opened again.
+    flags &= _REOPEN_FLAGS
+    reachable = path.startswith("/") and not path.endswith(" (deleted)")
+    if reachable and stat.S_ISDIR(st.st_mode):
+        return ("open", path, flags | os.O_DIRECTORY, pos)
+    if reachable and (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        return ("open", path, flags, pos)
+    if stat.S_ISREG(st.st_mode):
+        return ("copy", None, flags, pos)
+    return ("null", None, flags, 0)
+
+
+def _fds_of(skip):
+    """This process's descriptors above 2 but those in skip, by fd: _fd_kind's answers."""
+    fds = {}
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd <= 2 or fd == _sock.fileno():
-            continue
-        try:
-            path = os.readlink("/proc/self/fd/%d" % fd)
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        import stat as _stat
-        if not _stat.S_ISREG(st.st_mode) or not path.startswith("/") or path.endswith(" (deleted)"):
-            continue
-        try:
-            with open("/proc/self/fdinfo/%d" % fd) as f:
-                info = dict(line.split(":", 1) for line in f if ":" in line)
-            flags = int(info["flags"].strip(), 8)
-            pos = int(info["pos"].strip())
-        except (OSError, KeyError, ValueError):
-            continue
-        files[fd] = (path, flags, pos)
-    return files
+        if fd > 2 and fd not in skip:
+            k = _fd_kind(fd)
+            if k is not None:
+                fds[fd] = k
+    return fds
 
 
-def _reopen(files):
-    """Re-open the parent's files in this (child) file system: same fd, path, mode and offset."""
-    keep = os.O_ACCMODE | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0)
-    for fd, (path, flags, pos) in files.items():
-        try:
-            nfd = os.open(path, flags & keep)
-        except OSError:
-            continue  # the file is gone in the child's file system; the old fd stays as it was
-        if nfd != fd:
-            os.dup2(nfd, fd, inheritable=not (flags & os.O_CLOEXEC))
-            os.close(nfd)
+def _rebuild_fds(fds):
+    """In a fork child, in its own namespaces: make each descriptor of fds (_fds_of, taken in the parent's
+    namespaces) the child's own, at the same number, with the same mode, offset and close-on-exec flag."""
+    devnull = None
+    for fd, (how, path, flags, pos) in fds.items():
+        nfd = -1
+        if how == "open":
+            try:
+                nfd = os.open(path, flags | os.O_NOCTTY)
+            except OSError:
+                pass  # gone in the child's file system: /dev/null takes its place
+        elif how == "copy":
+            nfd = _copy_file(fd, flags)
+        if nfd < 0:
+            if devnull is None:
+                devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+            nfd = devnull
+        os.dup2(nfd, fd, inheritable=not flags & os.O_CLOEXEC)
+        if nfd == devnull:
+            continue
+        os.close(nfd)
         try:
             os.lseek(fd, pos, os.SEEK_SET)
         except OSError:
-            pass
+            pass  # not seekable (a device, a directory opened O_PATH)
+    if devnull is not None:
+        os.close(devnull)
+
+
+def _copy_file(fd, flags):
+    """A new descriptor (mode of flags) on a memfd holding a copy of regular file fd, or -1 when it cannot be
+    copied (not open for reading, an O_PATH descriptor, larger than _COPY_MAX)."""
+    if flags & _O_PATH or flags & os.O_ACCMODE == os.O_WRONLY or os.fstat(fd).st_size > _COPY_MAX:
+        return -1
+    mfd = os.memfd_create("ramify-fork-copy", os.MFD_CLOEXEC)
+    try:
+        off = 0
+        while True:
+            b = os.pread(fd, 1 << 20, off)
+            if not b:
+                break
+            os.write(mfd, b)
+            off += len(b)
+        return os.open("/proc/self/fd/%d" % mfd, flags)
+    except OSError:
+        return -1
+    finally:
+        os.close(mfd)
+
+
+_SHARED_MAP = None
+
+
+def _unshare_maps():
+    """In a fork child: make every MAP_SHARED mapping it inherited its own. A mapping of a file the child reaches
+    by path is mapped again from the child's copy of the file (its file system is a snapshot of the parent's);
+    any other (anonymous shared memory, SysV and POSIX shared memory, memfds, deleted files) is copied into new
+    anonymous shared memory moved over it. The content is what it is as the child gets here, a few milliseconds
+    after the fork."""
+    global _SHARED_MAP, _libc
+    with open("/proc/self/maps", "rb") as f:
+        maps = f.read()
+    if b"s " not in maps:  # the common case: no shared mapping at all (a p or s follows the rwx bits)
+        return
+    import re
+    if _SHARED_MAP is None:
+        _SHARED_MAP = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) ([r-])([w-])([x-])s ([0-9a-f]+) \S+ \d+ *(.*)$", re.M)
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.mmap.restype = ctypes.c_void_p
+    _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    _libc.mremap.restype = ctypes.c_void_p
+    _libc.mremap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+    _libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    failed = ctypes.c_void_p(-1).value
+    for m in _SHARED_MAP.finditer(maps):
+        start, end = int(m.group(1), 16), int(m.group(2), 16)
+        size = end - start
+        prot = (m.group(3) == b"r" and mmap.PROT_READ) | (m.group(4) == b"w" and mmap.PROT_WRITE) | \
+            (m.group(5) == b"x" and mmap.PROT_EXEC)
+        path = m.group(7).decode(errors="surrogateescape")
+        if path.startswith("/") and not path.endswith(" (deleted)"):
+            try:
+                ffd = os.open(path, os.O_RDWR if prot & mmap.PROT_WRITE else os.O_RDONLY)
+            except OSError:
+                ffd = -1
+            if ffd >= 0:
+                try:
+                    if stat.S_ISREG(os.fstat(ffd).st_mode) and _libc.mmap(start, size, prot, mmap.MAP_SHARED | 0x10,
+                                                                          ffd, int(m.group(6), 16)) == start:
+                        continue  # MAP_FIXED: the child's file in place of the parent's
+                finally:
+                    os.close(ffd)
+        # A copy: new shared memory, filled, then moved over the old mapping (mremap MAYMOVE|FIXED).
+        new = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS, -1, 0)
+        if new == failed or new is None:
+            raise OSError(ctypes.get_errno(), "copy shared mapping %x-%x" % (start, end))
+        if not prot & mmap.PROT_READ:
+            _libc.mprotect(start, size, prot | mmap.PROT_READ)
+        ctypes.memmove(new, start, size)
+        _libc.mprotect(new, size, prot)
+        if _libc.mremap(new, size, size, 3, start) != start:  # MREMAP_MAYMOVE | MREMAP_FIXED
+            raise OSError(ctypes.get_errno(), "move shared mapping copy to %x" % start)
 
 
 def _fork(req):
@@ -658,7 +772,7 @@ def _fork(req):
     ours = _fork_froze or gc.get_freeze_count() == 0
     gc.freeze()
     try:
-        files = _open_files()
+        files = _fds_of(set(nsfds) | {_sock.fileno()})
         pids = []
         for t in req["targets"]:
             sys.stdout.flush()
@@ -697,6 +811,14 @@ def _become_child(t, files, nsfds):
     global _sock, _rfile, _emit_sync
     _emit_sync = False
     old = _sock
+    # Descriptors another thread opened after the parent listed them, as it forked: listed here, in the
+    # parent's namespaces still (their paths are the parent's).
+    skip = set(nsfds) | set(files) | {old.fileno()}
+    for fd in os.listdir("/proc/self/fd"):
+        if int(fd) > 2 and int(fd) not in skip:
+            k = _fd_kind(int(fd))
+            if k is not None:
+                files[int(fd)] = k
     # Wait until the server has moved this process into the child's cgroup: it writes one byte to this pipe
     # after the move (end of file instead: the fork failed). Blocked in read, a child costs no CPU while it waits.
     moved = nsfds.pop()
@@ -722,7 +844,8 @@ def _become_child(t, files, nsfds):
         os.chdir(t.get("cwd") or "/")
     except OSError:
         os.chdir("/")
-    _reopen(files)
+    _rebuild_fds(files)
+    _unshare_maps()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect("\0ramify-agent")
     old.close()

@@ -120,15 +120,20 @@ func TestLimitsContainForkBombAndMemoryHog(t *testing.T) {
 	bomb := create(t, s, &client.CreateRequest{MaxProcs: 64, MemMiB: 256})
 
 	// The bomb runs until exec's timeout kills it, with everything it started (jobs an exec leaves running when
-	// its command ends on its own outlive it, and would keep this sandbox's pids limit full).
+	// its command ends on its own outlive it, and would keep this sandbox's pids limit full). The bomb runs in
+	// a subshell and the shell waits in a loop of builtins: a non-interactive bash exits when a fork of its own
+	// fails (the bomb's, or a sleep's, once the pids limit is full), and would leave the bomb running.
 	to := 5
 	start := time.Now()
-	res, err := s.Client.Exec(ctxT(t), bomb, client.ExecRequest{Cmd: "bomb() { bomb | bomb & }; bomb; sleep 60; echo survived", TimeoutS: &to})
+	res, err := s.Client.Exec(ctxT(t), bomb, client.ExecRequest{Cmd: "(bomb() { bomb | bomb & }; bomb) & while :; do :; done", TimeoutS: &to})
 	if res != nil {
 		t.Logf("fork bomb: exit %d timed_out %v after %s, err %v", res.ExitCode, res.TimedOut, time.Since(start), err)
 	}
 	if err != nil {
 		t.Fatalf("fork bomb broke the API: %v", err)
+	}
+	if !res.TimedOut {
+		t.Fatalf("the bomb's shell ended before its timeout (exit %d): the bomb may be running still", res.ExitCode)
 	}
 	// The server and the other sandbox are fine.
 	if v := value(t, s, victim, "v"); v != "'untouched'" {

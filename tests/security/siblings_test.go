@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
 
@@ -173,5 +174,110 @@ for pid in pids:
 		if r := s.Sh(t, id, fmt.Sprintf("grep State /proc/%s/status /proc/%s/status", v.pids[0], v.pids[1])); r.ExitCode != 0 || strings.Contains(r.Stdout, "stopped") || strings.Count(r.Stdout, "State") != 2 {
 			t.Errorf("member %d (%s): its processes after the attempts: %+v", i, id, r)
 		}
+	}
+}
+
+// forkHeldPrelude is what a parent holds when it forks, every way a process can hold a kernel object beyond its
+// own memory and its files' paths: descriptors of a directory (also O_PATH), a deleted file, a memfd, a UDP and a
+// TCP socket, a pipe; a MAP_SHARED mapping of a file, anonymous shared memory and a SysV shared memory segment.
+const forkHeldPrelude = `
+import ctypes, mmap, os, socket, stat, tempfile, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+os.makedirs("/root/d", exist_ok=True)
+with open("/root/pfile", "wb") as f:
+    f.write(b"parent".ljust(4096, b"."))
+dfd = os.open("/root/d", os.O_RDONLY | os.O_DIRECTORY)
+pathfd = os.open("/root/d", os.O_PATH)
+pf = open("/root/pfile", "r+b")
+fmap = mmap.mmap(pf.fileno(), 4096, mmap.MAP_SHARED)
+amap = mmap.mmap(-1, 4096, mmap.MAP_SHARED)
+amap[:6] = b"parent"
+tmp = tempfile.TemporaryFile()
+tmp.write(b"parent")
+tmp.flush()
+mfd = os.memfd_create("held")
+os.write(mfd, b"parent")
+shm = libc.shmat(libc.shmget(0, 4096, 0o1600), None, 0)
+ctypes.memmove(shm, b"parent", 6)
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+tcp = socket.socket()
+rpipe, wpipe = os.pipe()
+# A thread opening sockets as fast as it can while the fork runs: a descriptor opened between the moment the
+# parent lists its descriptors and its fork must not reach a child either.
+opened, busy = [], True
+def open_sockets():
+    while busy:
+        opened.append(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        if len(opened) > 200:
+            opened.pop(0).close()
+threading.Thread(target=open_sockets, daemon=True).start()
+"held"
+`
+
+// forkHeldAttack writes through everything the parent held, from a child, and reports each attempt.
+const forkHeldAttack = `
+out = []
+def attempt(what, f):
+    try:
+        f()
+        out.append(what + ":wrote")
+    except OSError as e:
+        out.append(what + ":" + os.strerror(e.errno))
+attempt("dirfd", lambda: os.close(os.open("evil", os.O_CREAT | os.O_WRONLY, dir_fd=dfd)))
+attempt("pathfd", lambda: os.close(os.open("/proc/self/fd/%d/evil2" % pathfd, os.O_CREAT | os.O_WRONLY)))
+attempt("fmap", lambda: fmap.__setitem__(slice(0, 5), b"CHILD"))
+attempt("amap", lambda: amap.__setitem__(slice(0, 5), b"CHILD"))
+attempt("tmp", lambda: (tmp.seek(0), tmp.write(b"CHILD"), tmp.flush()))
+attempt("memfd", lambda: os.pwrite(mfd, b"CHILD", 0))
+attempt("shm", lambda: ctypes.memmove(shm, b"CHILD", 5))
+attempt("pipe", lambda: os.write(wpipe, b"CHILD"))
+attempt("udp", lambda: udp.sendto(b"x", ("10.255.255.53", 53)))
+attempt("tcp", lambda: tcp.connect(("10.255.255.53", 53)))
+leaked = [s.fileno() for s in list(opened) if s.fileno() >= 0 and stat.S_ISSOCK(os.fstat(s.fileno()).st_mode)]
+" ".join(out) + " sockets-left:%d" % len(leaked)
+`
+
+// forkHeldState is what a member sees of everything the parent held.
+const forkHeldState = `
+import select
+busy = False
+str([os.path.exists("/root/d/evil") or os.path.exists("/root/d/evil2"), bytes(fmap[:6]), bytes(amap[:6]),
+     (tmp.seek(0), tmp.read(6))[1], os.pread(mfd, 6, 0), ctypes.string_at(shm, 6),
+     bool(select.select([rpipe], [], [], 0)[0]) and os.read(rpipe, 5) == b"CHILD"])
+`
+
+// A fork child shares nothing with its parent or its siblings but the state it was forked from: what the parent
+// held open or mapped (directories, deleted files, memfds, sockets, pipes, shared mappings of files, anonymous
+// and SysV shared memory), even a socket another thread opened as the fork ran, becomes the child's own copy or
+// is closed for it, so that writing through it from a child changes nothing in the parent or a sibling, and the
+// parent's sockets do not carry a child's traffic past its own egress policy (here: none).
+func TestForkChildHoldsNothingOfItsParent(t *testing.T) {
+	s := testserver.Start(t)
+	parent := s.Create(t, nil)
+	if v := s.Value(t, parent, forkHeldPrelude); v != "'held'" {
+		t.Fatalf("parent set-up: %s", v)
+	}
+	none := []string{}
+	kids, err := s.Client.ForkWith(testserver.Ctx(t), parent, client.ForkRequest{N: 2, Egress: &none})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.Value(t, kids[0], forkHeldAttack)
+	for _, want := range []string{"dirfd:wrote", "pathfd:wrote", "fmap:wrote", "amap:wrote", "tmp:wrote", "memfd:wrote",
+		"shm:wrote", "udp:Socket operation on non-socket", "tcp:Socket operation on non-socket", "sockets-left:0"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("child's attempts: want %q in %s", want, got)
+		}
+	}
+	untouched := `"[False, b'parent', b'parent', b'parent', b'parent', b'parent', False]"`
+	for _, id := range []string{parent, kids[1]} {
+		if v := s.Value(t, id, forkHeldState); v != untouched {
+			t.Errorf("%s after its child/sibling wrote through what the parent held: %s, want %s", id, v, untouched)
+		}
+	}
+	// The child wrote into its own copies (the pipe is closed for it: its writes went nowhere).
+	if v := s.Value(t, kids[0], forkHeldState); v != `"[True, b'CHILDt', b'CHILDt', b'CHILDt', b'CHILDt', b'CHILDt', False]"` {
+		t.Errorf("the child's own copies: %s", v)
 	}
 }
