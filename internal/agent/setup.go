@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -132,10 +133,48 @@ func finishRoot(cfg Config) error {
 // under an empty read-only tmpfs. They expose the host's kernel (its memory image, keys of every user, timers
 // and scheduler state of every task, which leak addresses and what runs next door), hardware (ACPI, sound, SCSI,
 // firmware tables) or, for powercap, the RAPL energy counters that make a power side channel.
+//
+// Beyond runc's list: the host's block devices and the file systems' statistics. /sys/fs/btrfs lists the quota
+// group of every sandbox's layer (on every ramify server of the host), with its bytes as they change: any
+// sandbox could watch the others' disk activity live, or use it as a covert channel; a loop device's
+// backing_file names the host's data directory; a disk's stat counters are the host's I/O. Each block device
+// directory is masked where it is (see blockDeviceDirs), not only the /sys/block index that links to it.
 var maskedPaths = []string{
 	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
 	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
 	"/sys/devices/virtual/powercap",
+	"/sys/fs/btrfs", "/sys/fs/ext4", "/sys/fs/xfs", "/sys/fs/f2fs", "/sys/fs/erofs", "/sys/block", "/sys/class/block", "/sys/dev/block",
+	"/sys/devices/virtual/block",
+}
+
+// blockDeviceDirs returns the directories under root's /sys/devices that hold block devices other than the
+// virtual ones (masked as a whole above): the "block" directory of each disk's controller, e.g.
+// /sys/devices/pci0000:00/0000:00:05.0/virtio2/block, found through the /sys/class/block links.
+func blockDeviceDirs(root string) []string {
+	links, _ := os.ReadDir(filepath.Join(root, "sys/class/block"))
+	seen := map[string]bool{}
+	var dirs []string
+	for _, l := range links {
+		target, err := os.Readlink(filepath.Join(root, "sys/class/block", l.Name()))
+		if err != nil {
+			continue
+		}
+		// ../../devices/<path>/block/<disk>[/<partition>]: the directory up to and including "block".
+		rel, ok := strings.CutPrefix(filepath.Clean(filepath.Join("/sys/class/block", target)), "/sys/devices/")
+		if !ok || strings.HasPrefix(rel, "virtual/") {
+			continue
+		}
+		i := strings.Index(rel+"/", "/block/")
+		if i < 0 {
+			continue
+		}
+		d := "/sys/devices/" + rel[:i] + "/block"
+		if !seen[d] {
+			seen[d] = true
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
 }
 
 // readonlyPaths are made read-only, as runc's default spec does: kernel tunables (/proc/sys: most are host-wide,
@@ -147,7 +186,8 @@ var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", 
 // have are skipped. Sandbox code cannot undo them: it holds no CAP_SYS_ADMIN outside the interpreter, and the
 // seccomp profile refuses mount, umount and the mount API to every sandbox process.
 func maskKernelPaths(root string) error {
-	for _, p := range maskedPaths {
+	// The block devices' own directories first: the /sys/class/block links that find them are masked next.
+	for _, p := range append(blockDeviceDirs(root), maskedPaths...) {
 		target := filepath.Join(root, p)
 		st, err := os.Lstat(target)
 		if err != nil {

@@ -274,7 +274,7 @@ func TestKernelPathsMaskedAndReadOnly(t *testing.T) {
 for f in /proc/kcore /proc/keys /proc/timer_list /proc/latency_stats /proc/sched_debug /proc/interrupts; do
   [ -e $f ] && echo "$f $(stat -c %F $f) $(head -c 4096 $f 2>/dev/null | wc -c)"
 done
-for d in /proc/acpi /proc/scsi /proc/asound /sys/firmware /sys/devices/virtual/powercap; do
+for d in /proc/acpi /proc/scsi /proc/asound /sys/firmware /sys/devices/virtual/powercap /sys/fs/btrfs /sys/block /sys/class/block /sys/dev/block /sys/devices/virtual/block; do
   [ -e $d ] && echo "$d $(stat -f -c %T $d) $(ls -A $d | wc -l)"
 done
 for f in /proc/sys/net/ipv4/ip_forward /proc/sys/net/ipv4/ping_group_range /proc/sysrq-trigger; do
@@ -283,6 +283,9 @@ done
 grep -E ' /(proc/sys|proc/sysrq-trigger|proc/bus|proc/fs|proc/irq|sys) ' /proc/self/mounts | awk '{print "mount:" $2, substr($4, 1, 2)}'
 cat /sys/class/net/lo/address
 touch /sys/x 2>/dev/null && echo "sys writable" || echo "sys refused"
+# What the masks are for: every sandbox's disk usage (btrfs quota groups), the host's paths (a loop device's
+# backing file) and its disks' I/O counters, wherever they are in /sys.
+find /sys -name backing_file -o -path '*/qgroups/*' -name referenced -o -path '*/block/*' -name stat 2>/dev/null | sed 's/^/leak:/'
 `
 	for _, id := range []string{parent, kid} {
 		r := s.Sh(t, id, script)
@@ -293,7 +296,10 @@ touch /sys/x 2>/dev/null && echo "sys writable" || echo "sys refused"
 				lines[k] = v
 			}
 		}
-		for _, p := range []string{"/proc/keys", "/proc/timer_list", "/proc/interrupts", "/sys/firmware"} {
+		if strings.Contains(out, "leak:") {
+			t.Errorf("%s: /sys shows the host's block devices or file systems:\n%s", id, out)
+		}
+		for _, p := range []string{"/proc/keys", "/proc/timer_list", "/proc/interrupts", "/sys/firmware", "/sys/fs/btrfs", "/sys/block"} {
 			if _, ok := lines[p]; !ok {
 				t.Errorf("%s: %s missing:\n%s", id, p, out)
 			}
