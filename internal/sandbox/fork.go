@@ -395,7 +395,7 @@ func (s *Service) Diff(ctx context.Context, aID, bID string, paths []string) (fs
 	if err != nil {
 		return fsdiff.Result{}, fmt.Errorf("diff %s %s: %w", aID, bID, err)
 	}
-	res, err := fsdiff.Compare(la, lb, clean)
+	res, err := fsdiff.Compare(ctx, la, lb, clean)
 	if err != nil {
 		return res, fmt.Errorf("diff %s %s: %w", aID, bID, err)
 	}
