@@ -4,7 +4,8 @@
 // (lower) entry. Paths that neither upper layer touches are equal by construction, so only what changed since the
 // image needs a look. When both upper layers are btrfs layers with a common history (fork), only inodes changed
 // since that history are looked at (changes.go): a file both inherited and neither changed is equal without
-// reading it. Everything else that could differ is compared by content.
+// reading it. Everything else that could differ is compared by content (content.go), holes skipped, within
+// MaxContentBytes.
 //
 // The upper layers are written by the sandboxes' (hostile) code, and the server reads them as root: every path
 // inside a layer is resolved from that layer's directory fd, never through a symlink (tree.go). A symlink in a
@@ -12,15 +13,13 @@
 package fsdiff
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"slices"
 	"sort"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,8 +29,9 @@ type Result struct {
 	Added    []string `json:"added"`
 	Removed  []string `json:"removed"`
 	Modified []string `json:"modified"`
-	// Truncated is true when the comparison stopped because a list reached MaxEntries: the lists then hold
-	// the differences among the paths that sort before where it stopped, and nothing after.
+	// Truncated is true when the comparison stopped before its end, because a list reached MaxEntries or the
+	// contents compared reached MaxContentBytes: the lists then hold the differences among the paths that sort
+	// before where it stopped, and nothing after.
 	Truncated bool `json:"truncated,omitempty"`
 }
 
@@ -60,9 +60,10 @@ type side struct {
 	lowers []*tree // top first
 }
 
-// comparison is the state of one Compare call: what ends it.
+// comparison is the state of one Compare call: what ends it, and the file content it may still read.
 type comparison struct {
-	ctx context.Context
+	ctx  context.Context
+	left int64 // bytes of file content left to read (maxContentBytes at the start)
 }
 
 // Compare returns the differences of b relative to a under paths (absolute, inside the sandboxes). Only
@@ -73,7 +74,7 @@ func Compare(ctx context.Context, a, b Layers, paths []string) (Result, error) {
 		return Result{}, err
 	}
 	defer closeAll()
-	c := &comparison{ctx: ctx}
+	c := &comparison{ctx: ctx, left: maxContentBytes}
 	if slices.Equal(a.lowers(), b.lowers()) { // on different images, the images' files are candidates too
 		if res, ok, err := compareChanges(c, sa, sb, paths); ok || err != nil {
 			return res, err
@@ -209,6 +210,10 @@ func diffNames(c *comparison, a, b resolver, names []string, shared func(ea, eb 
 			res.Removed = append(res.Removed, n)
 		default:
 			same, err := equal(c, ea, eb, shared)
+			if errors.Is(err, errContentBudget) {
+				res.Truncated = true // n is undecided: the lists stop before it
+				return res, nil
+			}
 			if err != nil {
 				return res, err
 			}
@@ -529,58 +534,5 @@ func equal(c *comparison, a, b *entry, shared func(a, b *entry) bool) (bool, err
 	if shared != nil && a.upper && b.upper && shared(a, b) {
 		return true, nil
 	}
-	return sameContent(a, b)
-}
-
-// bufPool holds pairs of read buffers for sameContent.
-var bufPool = sync.Pool{New: func() any { return new([2][64 << 10]byte) }}
-
-// sameContent compares the regular files a and b of the same size byte by byte, stopping at the first difference.
-func sameContent(a, b *entry) (bool, error) {
-	var fds [2]int
-	for i, e := range []*entry{a, b} {
-		fd, err := e.t.openRegular(e.rel)
-		if err != nil {
-			if i == 1 {
-				unix.Close(fds[0])
-			}
-			return false, err
-		}
-		fds[i] = fd
-	}
-	defer unix.Close(fds[0])
-	defer unix.Close(fds[1])
-	bufs := bufPool.Get().(*[2][64 << 10]byte)
-	defer bufPool.Put(bufs)
-	for left := a.st.Size; left > 0; {
-		n := int(min(left, int64(len(bufs[0]))))
-		for i, e := range []*entry{a, b} {
-			if err := readFull(fds[i], bufs[i][:n]); err != nil {
-				return false, fmt.Errorf("read %s: %w", e.t.host(e.rel), err)
-			}
-		}
-		if !bytes.Equal(bufs[0][:n], bufs[1][:n]) {
-			return false, nil
-		}
-		left -= int64(n)
-	}
-	return true, nil
-}
-
-// readFull fills b from fd; a file that ends early (changed under us) is io.ErrUnexpectedEOF.
-func readFull(fd int, b []byte) error {
-	for len(b) > 0 {
-		n, err := unix.Read(fd, b)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return io.ErrUnexpectedEOF
-		}
-		b = b[n:]
-	}
-	return nil
+	return sameContent(c, a, b)
 }

@@ -237,7 +237,7 @@ func walkLayers(a, b Layers, paths []string) (Result, error) {
 		return Result{}, err
 	}
 	defer closeAll()
-	return compareWalk(&comparison{ctx: context.Background()}, sa, sb, paths)
+	return compareWalk(&comparison{ctx: context.Background(), left: maxContentBytes}, sa, sb, paths)
 }
 
 // changesLayers is compareChanges on a and b opened as Compare opens them.
@@ -247,5 +247,5 @@ func changesLayers(a, b Layers, paths []string) (Result, bool, error) {
 		return Result{}, false, err
 	}
 	defer closeAll()
-	return compareChanges(&comparison{ctx: context.Background()}, sa, sb, paths)
+	return compareChanges(&comparison{ctx: context.Background(), left: maxContentBytes}, sa, sb, paths)
 }
