@@ -866,6 +866,17 @@ func (s *Service) use(ctx context.Context, id string) (context.Context, *entry, 
 		return nil, nil, nil, err
 	}
 	e := es[0]
+	uctx, done := s.stoppedByDelete(ctx, e)
+	return uctx, e, func() {
+		done()
+		release()
+	}, nil
+}
+
+// stoppedByDelete returns ctx, ended by a delete of e (destroy calls e.uses, cause errDeleted), for a call that
+// holds e shared (several may at once, unlike stoppable's exclusive work); done, called before the hold is
+// released, ends that.
+func (s *Service) stoppedByDelete(ctx context.Context, e *entry) (context.Context, func()) {
 	uctx, cancel := context.WithCancelCause(ctx)
 	key := new(int)
 	s.mu.Lock()
@@ -874,13 +885,12 @@ func (s *Service) use(ctx context.Context, id string) (context.Context, *entry, 
 	}
 	e.uses[key] = cancel
 	s.mu.Unlock()
-	return uctx, e, func() {
+	return uctx, func() {
 		s.mu.Lock()
 		delete(e.uses, key)
 		s.mu.Unlock()
 		cancel(nil)
-		release()
-	}, nil
+	}
 }
 
 // RunCodeRequest is the body of run_code.
