@@ -181,7 +181,7 @@ func (s *changeScan) entry(rel string) error {
 		case o == nil || !isDir(o) || o.Ino != x.Ino:
 			fd, err := l.upper.openDir(rel)
 			if err != nil {
-				return fmt.Errorf("open %s: %w", l.upper.host(rel), err)
+				return fmt.Errorf("open %s: %w", l.upper.at(rel), err)
 			}
 			if err := newView(s.c, l).walk(fd, rel, s.cands); err != nil {
 				return err

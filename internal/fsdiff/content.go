@@ -50,7 +50,7 @@ func sameContent(c *comparison, a, b *entry) (bool, error) {
 	}
 	defer unix.Close(fds[0])
 	defer unix.Close(fds[1])
-	names := [2]string{a.t.host(a.rel), b.t.host(b.rel)}
+	names := [2]string{a.t.at(a.rel), b.t.at(b.rel)}
 	bufs := bufPool.Get().(*[2][chunk]byte)
 	defer bufPool.Put(bufs)
 	size := a.st.Size

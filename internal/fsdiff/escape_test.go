@@ -165,3 +165,30 @@ func TestCompareSymlinkReplacesImageDirectory(t *testing.T) {
 		})
 	}
 }
+
+// A diff's errors reach API clients: they name the sandbox path and the layer, never a host path (the server's
+// data directory).
+func TestCompareErrorsNameNoHostPath(t *testing.T) {
+	f := newFixture(t)
+	os.MkdirAll(filepath.Join(f.a, "root/dir"), 0o755)
+	sa, _, closeAll, err := openSides(Layers{Upper: f.a, Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	_, errLink := sa.upper.readlink("/root/missing")
+	_, errOpen := sa.upper.openRegular("/root/dir") // a file the sandbox replaced with a directory meanwhile
+	_, errLayer := Compare(context.Background(), Layers{Upper: filepath.Join(f.a, "gone"), Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower}, []string{"/root"})
+	for what, c := range map[string]struct {
+		err  error
+		want string
+	}{
+		"readlink": {errLink, "/root/missing (a's writable layer)"},
+		"open":     {errOpen, "/root/dir (a's writable layer): no longer a regular file"},
+		"layer":    {errLayer, "open a's writable layer"},
+	} {
+		if c.err == nil || !strings.Contains(c.err.Error(), c.want) || strings.Contains(c.err.Error(), filepath.Dir(f.a)) {
+			t.Errorf("%s: error %v, want one naming %q and no host path", what, c.err, c.want)
+		}
+	}
+}

@@ -83,7 +83,7 @@ func Compare(ctx context.Context, a, b Layers, paths []string) (Result, error) {
 	return compareWalk(c, sa, sb, paths)
 }
 
-// openSides opens the layers of a and b (an image layer both use, once); closeAll closes them.
+// openSides opens the layers of a and b (a layer both use, once: one tree is one layer); closeAll closes them.
 func openSides(a, b Layers) (sa, sb *side, closeAll func(), err error) {
 	open := map[string]*tree{}
 	closeAll = func() {
@@ -91,11 +91,11 @@ func openSides(a, b Layers) (sa, sb *side, closeAll func(), err error) {
 			t.close()
 		}
 	}
-	get := func(dir string) (*tree, error) {
+	get := func(dir, name string) (*tree, error) {
 		if t, ok := open[dir]; ok {
 			return t, nil
 		}
-		t, err := openTree(dir)
+		t, err := openTree(dir, name)
 		if err != nil {
 			return nil, err
 		}
@@ -103,13 +103,13 @@ func openSides(a, b Layers) (sa, sb *side, closeAll func(), err error) {
 		return t, nil
 	}
 	sides := [2]*side{{Layers: a}, {Layers: b}}
-	for _, s := range sides {
-		if s.upper, err = get(s.Upper); err != nil {
+	for i, s := range sides {
+		if s.upper, err = get(s.Upper, []string{"a", "b"}[i]+"'s writable layer"); err != nil {
 			closeAll()
 			return nil, nil, nil, err
 		}
 		for _, dir := range s.Layers.lowers() {
-			t, err := get(dir)
+			t, err := get(dir, "the image")
 			if err != nil {
 				closeAll()
 				return nil, nil, nil, err
@@ -277,7 +277,7 @@ func (v *view) collect(p string, cands map[string]bool) error {
 			}
 		}
 	default:
-		return fmt.Errorf("open %s: %w", up.host(p), err)
+		return fmt.Errorf("open %s: %w", up.at(p), err)
 	}
 	// An ancestor of p may be opaque, deleted or not a directory in the upper layer; then the image's files
 	// under p are hidden.
@@ -315,7 +315,7 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 	}
 	ents, err := f.ReadDir(-1)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", v.s.upper.host(rel), err)
+		return fmt.Errorf("read %s: %w", v.s.upper.at(rel), err)
 	}
 	var lowerDirs map[string]bool
 	for _, e := range ents {
@@ -323,7 +323,7 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 		if e.IsDir() {
 			cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err != nil {
-				return fmt.Errorf("open %s: %w", v.s.upper.host(child), err)
+				return fmt.Errorf("open %s: %w", v.s.upper.at(child), err)
 			}
 			if err := v.walk(cfd, child, cands); err != nil {
 				return err
@@ -332,7 +332,7 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 		}
 		var st unix.Stat_t
 		if err := unix.Fstatat(fd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("stat %s: %w", v.s.upper.host(child), err)
+			return fmt.Errorf("stat %s: %w", v.s.upper.at(child), err)
 		}
 		v.files[child] = st
 		cands[child] = true
@@ -370,13 +370,13 @@ func lowerSubdirs(s *side, rel string) (map[string]bool, error) {
 			if absent(err) {
 				continue
 			}
-			return nil, fmt.Errorf("open %s: %w", t.host(rel), err)
+			return nil, fmt.Errorf("open %s: %w", t.at(rel), err)
 		}
 		f := os.NewFile(uintptr(fd), rel)
 		ents, err := f.ReadDir(-1)
 		f.Close()
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", t.host(rel), err)
+			return nil, fmt.Errorf("read %s: %w", t.at(rel), err)
 		}
 		for _, e := range ents {
 			if e.IsDir() {
@@ -401,7 +401,7 @@ func lowerTree(ctx context.Context, s *side, rel string, cands map[string]bool) 
 				cands[rel] = true
 			}
 		} else {
-			err = fmt.Errorf("open %s: %w", t.host(rel), err)
+			err = fmt.Errorf("open %s: %w", t.at(rel), err)
 		}
 		if err != nil {
 			return err
@@ -419,7 +419,7 @@ func treeNames(ctx context.Context, t *tree, fd int, rel string, cands map[strin
 	}
 	ents, err := f.ReadDir(-1)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", t.host(rel), err)
+		return fmt.Errorf("read %s: %w", t.at(rel), err)
 	}
 	for _, e := range ents {
 		child := path.Join(rel, e.Name())
@@ -429,7 +429,7 @@ func treeNames(ctx context.Context, t *tree, fd int, rel string, cands map[strin
 		}
 		cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("open %s: %w", t.host(child), err)
+			return fmt.Errorf("open %s: %w", t.at(child), err)
 		}
 		if err := treeNames(ctx, t, cfd, child, cands); err != nil {
 			return err
@@ -510,7 +510,7 @@ func hidesBelow(t *tree, rel string) (bool, error) {
 func isDir(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFDIR }
 
 func equal(c *comparison, a, b *entry, shared func(a, b *entry) bool) (bool, error) {
-	if a.t.dir == b.t.dir && a.rel == b.rel {
+	if a.t == b.t && a.rel == b.rel {
 		return true, nil // both see the image's file
 	}
 	if a.st.Mode&unix.S_IFMT != b.st.Mode&unix.S_IFMT {

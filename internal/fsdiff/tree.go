@@ -3,7 +3,6 @@ package fsdiff
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -22,22 +21,24 @@ const maxRetries = 256
 // not look below a non-directory either, and a symlink there is an entry compared by its target, never a
 // directory to descend into.
 type tree struct {
-	dir string // the host path, for messages
-	fd  int    // O_PATH
+	name string // what the layer is to the caller ("a's writable layer"), for messages
+	fd   int    // O_PATH
 }
 
-func openTree(dir string) (*tree, error) {
+// openTree opens the layer at dir; name says what it is in messages, which name no host path: they reach API
+// clients, to whom the server's data directory is none of their business.
+func openTree(dir, name string) (*tree, error) {
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open layer %s: %w", dir, err)
+		return nil, fmt.Errorf("open %s: %w", name, err)
 	}
-	return &tree{dir: dir, fd: fd}, nil
+	return &tree{name: name, fd: fd}, nil
 }
 
 func (t *tree) close() { unix.Close(t.fd) }
 
-// host is rel's host path, for messages only (never opened).
-func (t *tree) host(rel string) string { return filepath.Join(t.dir, rel) }
+// at names rel of t in messages.
+func (t *tree) at(rel string) string { return rel + " (" + t.name + ")" }
 
 // open opens rel (a clean absolute path inside the sandbox) below t with noFollow.
 func (t *tree) open(rel string, flags uint64) (int, error) {
@@ -68,12 +69,12 @@ func (t *tree) lstat(rel string) (*unix.Stat_t, error) {
 		if absent(err) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("lstat %s: %w", t.host(rel), err)
+		return nil, fmt.Errorf("lstat %s: %w", t.at(rel), err)
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstatat(fd, "", &st, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return nil, fmt.Errorf("lstat %s: %w", t.host(rel), err)
+		return nil, fmt.Errorf("lstat %s: %w", t.at(rel), err)
 	}
 	return &st, nil
 }
@@ -106,12 +107,12 @@ func (t *tree) names(rel string) ([]string, error) {
 		if absent(err) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("open %s: %w", t.host(rel), err)
+		return nil, fmt.Errorf("open %s: %w", t.at(rel), err)
 	}
 	defer unix.Close(fd)
 	names, err := readNames(fd)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", t.host(rel), err)
+		return nil, fmt.Errorf("read %s: %w", t.at(rel), err)
 	}
 	return names, nil
 }
@@ -120,13 +121,13 @@ func (t *tree) names(rel string) ([]string, error) {
 func (t *tree) readlink(rel string) (string, error) {
 	fd, err := t.open(rel, unix.O_PATH|unix.O_NOFOLLOW)
 	if err != nil {
-		return "", fmt.Errorf("readlink %s: %w", t.host(rel), err)
+		return "", fmt.Errorf("readlink %s: %w", t.at(rel), err)
 	}
 	defer unix.Close(fd)
 	buf := make([]byte, unix.PathMax)
 	n, err := unix.Readlinkat(fd, "", buf)
 	if err != nil {
-		return "", fmt.Errorf("readlink %s: %w", t.host(rel), err)
+		return "", fmt.Errorf("readlink %s: %w", t.at(rel), err)
 	}
 	return string(buf[:n]), nil
 }
@@ -137,19 +138,19 @@ func (t *tree) readlink(rel string) (string, error) {
 func (t *tree) openRegular(rel string) (int, error) {
 	pfd, err := t.open(rel, unix.O_PATH|unix.O_NOFOLLOW)
 	if err != nil {
-		return -1, fmt.Errorf("open %s: %w", t.host(rel), err)
+		return -1, fmt.Errorf("open %s: %w", t.at(rel), err)
 	}
 	defer unix.Close(pfd)
 	var st unix.Stat_t
 	if err := unix.Fstat(pfd, &st); err != nil {
-		return -1, fmt.Errorf("stat %s: %w", t.host(rel), err)
+		return -1, fmt.Errorf("stat %s: %w", t.at(rel), err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return -1, fmt.Errorf("open %s: no longer a regular file (changed during the diff)", t.host(rel))
+		return -1, fmt.Errorf("open %s: no longer a regular file (changed during the diff)", t.at(rel))
 	}
 	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDONLY|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("open %s: %w", t.host(rel), err)
+		return -1, fmt.Errorf("open %s: %w", t.at(rel), err)
 	}
 	return fd, nil
 }
