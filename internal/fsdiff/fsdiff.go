@@ -5,7 +5,7 @@
 // image needs a look. When both upper layers are btrfs layers with a common history (fork), only inodes changed
 // since that history are looked at (changes.go): a file both inherited and neither changed is equal without
 // reading it. Everything else that could differ is compared by content (content.go), holes skipped, within
-// MaxContentBytes.
+// MaxContentBytes. A comparison stops when its context ends (a delete of either sandbox, a client gone).
 //
 // The upper layers are written by the sandboxes' (hostile) code, and the server reads them as root: every path
 // inside a layer is resolved from that layer's directory fd, never through a symlink (tree.go). A symlink in a

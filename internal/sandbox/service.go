@@ -144,7 +144,7 @@ type entry struct {
 	// abort stops the work that holds the sandbox exclusively, if any: a pause or resume in the background, a
 	// fork, a template's capture, children being made ahead (a delete does: see destroy, stoppable).
 	abort context.CancelCauseFunc
-	// uses cancels the calls holding the sandbox shared (use), for a delete to stop them.
+	// uses cancels the calls holding the sandbox shared (use, a diff: stoppedByDelete), for a delete to stop them.
 	uses map[*int]context.CancelCauseFunc
 	// lostState says why the sandbox's interpreter state was lost by a restart of its processes (health.go), until
 	// the next run_code reports it (as it reports an interpreter that died between calls) instead of running.
@@ -795,7 +795,7 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 		if e.abort != nil {
 			e.abort(errDeleted)
 		}
-		for _, stop := range e.uses { // run_code, exec and the like in flight (use)
+		for _, stop := range e.uses { // run_code, exec, diffs and the like in flight (stoppedByDelete)
 			stop(errDeleted)
 		}
 		s.mu.Unlock()
