@@ -59,33 +59,11 @@ func sameContent(c *comparison, a, b *entry) (bool, error) {
 		if err := c.ctx.Err(); err != nil {
 			return false, err
 		}
-		// The next run: from the first data of either file, up to where either file changes between data and hole.
-		var data [2]int64
-		for i, fd := range fds {
-			var err error
-			if data[i], err = seek(fd, pos, unix.SEEK_DATA, size); err != nil {
-				return false, fmt.Errorf("seek %s: %w", names[i], err)
-			}
+		start, end, isData, err := nextRun(fds, pos, size)
+		if err != nil {
+			return false, fmt.Errorf("seek %s or %s: %w", names[0], names[1], err)
 		}
-		pos = min(data[0], data[1]) // before it, a hole in both
-		if pos >= size {
-			break
-		}
-		end := size
-		var isData [2]bool
-		for i, fd := range fds {
-			if data[i] > pos {
-				end = min(end, data[i]) // a hole up to there
-				continue
-			}
-			isData[i] = true
-			hole, err := seek(fd, pos, unix.SEEK_HOLE, size)
-			if err != nil {
-				return false, fmt.Errorf("seek %s: %w", names[i], err)
-			}
-			end = min(end, hole)
-		}
-		for ; pos < end; pos += chunk {
+		for pos = start; pos < end; pos += chunk {
 			n := min(end-pos, chunk)
 			var cost int64
 			for i := range fds {
@@ -119,6 +97,39 @@ func sameContent(c *comparison, a, b *entry) (bool, error) {
 		pos = end
 	}
 	return true, nil
+}
+
+// nextRun is the next run at or after pos of the two files open as fds (size bytes each) that is data in either:
+// [start, end), where each file is data throughout or a hole throughout (isData). Before start both are holes;
+// start == end == size when no data is left. A file of at most one chunk is one run of data: seeking its holes
+// would cost more system calls than reading them.
+func nextRun(fds [2]int, pos, size int64) (start, end int64, isData [2]bool, err error) {
+	if size <= chunk {
+		return pos, size, [2]bool{true, true}, nil
+	}
+	var data [2]int64
+	for i, fd := range fds {
+		if data[i], err = seek(fd, pos, unix.SEEK_DATA, size); err != nil {
+			return 0, 0, isData, err
+		}
+	}
+	start, end = min(data[0], data[1]), size
+	if start == size {
+		return size, size, isData, nil
+	}
+	for i, fd := range fds {
+		if data[i] > start {
+			end = min(end, data[i]) // a hole up to there
+			continue
+		}
+		isData[i] = true
+		hole, err := seek(fd, start, unix.SEEK_HOLE, size)
+		if err != nil {
+			return 0, 0, isData, err
+		}
+		end = min(end, hole)
+	}
+	return start, end, isData, nil
 }
 
 // seek is lseek(fd, pos, whence) for SEEK_DATA or SEEK_HOLE, at most size: no data after pos (ENXIO) is size.
