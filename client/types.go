@@ -293,7 +293,9 @@ type Diff struct {
 	Added    []string `json:"added"`
 	Removed  []string `json:"removed"`
 	Modified []string `json:"modified"`
-	// Truncated: a list reached the server's cap (10,000 paths); narrow the comparison with paths.
+	// Truncated: the comparison stopped early, as a list reached the server's cap (10,000 paths) or the file
+	// content it read reached its bound (4 GiB): the lists hold the differences of the paths before where it
+	// stopped. Narrow the comparison with paths.
 	Truncated bool `json:"truncated,omitempty"`
 }
 

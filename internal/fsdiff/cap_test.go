@@ -1,6 +1,7 @@
 package fsdiff
 
 import (
+	"context"
 	"reflect"
 	"testing"
 )
@@ -16,7 +17,7 @@ func TestCompareCap(t *testing.T) {
 	}
 	write(t, f.a, "root/b0", "removed, sorts before the cut")
 	write(t, f.a, "root/zz", "removed, sorts after the cut")
-	res, err := Compare(Layers{Upper: f.a, Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower}, []string{"/root"})
+	res, err := Compare(context.Background(), Layers{Upper: f.a, Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower}, []string{"/root"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +31,7 @@ func TestCompareCap(t *testing.T) {
 	for _, n := range []string{"a1", "a2", "a3"} {
 		write(t, g.b, "root/"+n, n)
 	}
-	res, err = Compare(Layers{Upper: g.a, Lower: g.lower}, Layers{Upper: g.b, Lower: g.lower}, []string{"/root"})
+	res, err = Compare(context.Background(), Layers{Upper: g.a, Lower: g.lower}, Layers{Upper: g.b, Lower: g.lower}, []string{"/root"})
 	if err != nil || res.Truncated || len(res.Added) != 3 {
 		t.Fatalf("three differences: %+v, %v", res, err)
 	}

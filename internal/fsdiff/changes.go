@@ -1,8 +1,7 @@
 package fsdiff
 
 import (
-	"errors"
-	"os"
+	"fmt"
 	"path"
 	"path/filepath"
 	"strings"
@@ -24,7 +23,7 @@ const changeLimit = 1 << 20
 // what can differ lies at the path of a changed inode (on either side), or is an entry of a directory changed on
 // either side (an added, deleted or renamed name), or lies below such an entry where it is a directory on one side
 // only, or is the image's content below a deleted or opaque directory.
-func compareChanges(a, b Layers, paths []string) (Result, bool, error) {
+func compareChanges(c *comparison, a, b *side, paths []string) (Result, bool, error) {
 	la, lb := filepath.Dir(a.Upper), filepath.Dir(b.Upper)
 	gen, ok, err := layer.CommonGeneration(la, lb)
 	if err != nil || !ok {
@@ -40,7 +39,7 @@ func compareChanges(a, b Layers, paths []string) (Result, bool, error) {
 	if errA != nil || errB != nil || !okA || !okB {
 		return Result{}, false, nil
 	}
-	s := &changeScan{a: a, b: b, paths: paths, cands: map[string]bool{}, seen: map[string]bool{}, listed: map[string]bool{}}
+	s := &changeScan{c: c, a: a, b: b, paths: paths, cands: map[string]bool{}, seen: map[string]bool{}, listed: map[string]bool{}}
 	for _, side := range []struct {
 		upper   string
 		changes []layer.Change
@@ -70,7 +69,7 @@ func compareChanges(a, b Layers, paths []string) (Result, bool, error) {
 			names[n] = true
 		}
 	}
-	res, err := diffNames(lazyView{a}, lazyView{b}, sortedNames(names), shared)
+	res, err := diffNames(c, lazyView{a}, lazyView{b}, sortedNames(names), shared)
 	return res, true, err
 }
 
@@ -93,7 +92,8 @@ func within(p, dir string) bool {
 
 // changeScan turns changed inodes into candidate paths.
 type changeScan struct {
-	a, b   Layers
+	c      *comparison
+	a, b   *side
 	paths  []string
 	cands  map[string]bool
 	seen   map[string]bool // entries looked at
@@ -127,20 +127,18 @@ func (s *changeScan) touch(rel string, dir bool) error {
 	}
 	s.listed[rel] = true
 	names := map[string]bool{}
-	for _, l := range []Layers{s.a, s.b} {
-		hp := filepath.Join(l.Upper, rel)
-		ents, err := os.ReadDir(hp)
+	for _, l := range []*side{s.a, s.b} {
+		ns, err := l.upper.names(rel)
 		if err != nil {
-			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
-				continue
-			}
 			return err
 		}
-		for _, e := range ents {
-			names[e.Name()] = true
+		for _, n := range ns {
+			names[n] = true
 		}
-		if isOpaque(hp) {
-			lowerTree(l, rel, s.cands)
+		if l.upper.opaque(rel) {
+			if err := lowerTree(s.c.ctx, l, rel, s.cands); err != nil {
+				return err
+			}
 		}
 	}
 	for n := range names {
@@ -157,11 +155,14 @@ func (s *changeScan) entry(rel string) error {
 		return nil
 	}
 	s.seen[rel] = true
+	if err := s.c.ctx.Err(); err != nil {
+		return err
+	}
 	var st [2]*unix.Stat_t
-	sides := [2]Layers{s.a, s.b}
+	sides := [2]*side{s.a, s.b}
 	for i, l := range sides {
 		var err error
-		if st[i], err = lstat(filepath.Join(l.Upper, rel)); err != nil {
+		if st[i], err = l.upper.lstat(rel); err != nil {
 			return err
 		}
 	}
@@ -173,13 +174,16 @@ func (s *changeScan) entry(rel string) error {
 		switch {
 		case x == nil:
 		case !isDir(x):
-			lowerTree(l, rel, s.cands) // an image directory deleted or replaced here hides its files
-		case o == nil || !isDir(o) || o.Ino != x.Ino:
-			fd, err := unix.Open(filepath.Join(l.Upper, rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
+			// An image directory deleted or replaced here hides its files.
+			if err := lowerTree(s.c.ctx, l, rel, s.cands); err != nil {
 				return err
 			}
-			if err := newView(l).walk(fd, rel, s.cands); err != nil {
+		case o == nil || !isDir(o) || o.Ino != x.Ino:
+			fd, err := l.upper.openDir(rel)
+			if err != nil {
+				return fmt.Errorf("open %s: %w", l.upper.at(rel), err)
+			}
+			if err := newView(s.c, l).walk(fd, rel, s.cands); err != nil {
 				return err
 			}
 		}
@@ -188,11 +192,11 @@ func (s *changeScan) entry(rel string) error {
 }
 
 // lazyView resolves paths with system calls, for the few paths compareChanges looks at.
-type lazyView struct{ l Layers }
+type lazyView struct{ s *side }
 
 func (v lazyView) resolve(rel string) (*entry, error) {
-	hp := filepath.Join(v.l.Upper, rel)
-	st, err := lstat(hp)
+	up := v.s.upper
+	st, err := up.lstat(rel)
 	if err != nil {
 		return nil, err
 	}
@@ -200,21 +204,20 @@ func (v lazyView) resolve(rel string) (*entry, error) {
 		if isWhiteout(st) || isDir(st) {
 			return nil, nil
 		}
-		return &entry{host: hp, st: *st, upper: true}, nil
+		return &entry{t: up, rel: rel, st: *st, upper: true}, nil
 	}
-	// Not in the upper layer: the image shows through unless an ancestor is deleted, a file, or opaque.
+	// Not in the upper layer: the image shows through unless an ancestor is deleted, not a directory, or opaque.
 	for dir := path.Dir(rel); ; dir = path.Dir(dir) {
-		hd := filepath.Join(v.l.Upper, dir)
-		st, err := lstat(hd)
+		st, err := up.lstat(dir)
 		if err != nil {
 			return nil, err
 		}
-		if st != nil && (!isDir(st) || isOpaque(hd)) {
+		if up.hides(dir, st) {
 			return nil, nil
 		}
 		if dir == "/" {
 			break
 		}
 	}
-	return lowerEntry(v.l, rel)
+	return lowerEntry(v.s, rel)
 }

@@ -146,7 +146,7 @@ func TestCompareChangesMatchesWalk(t *testing.T) {
 		for _, x := range ids {
 			for _, y := range ids {
 				for _, paths := range pathSets {
-					want, err := compareWalk(layers(x), layers(y), paths)
+					want, err := walkLayers(layers(x), layers(y), paths)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -154,7 +154,7 @@ func TestCompareChangesMatchesWalk(t *testing.T) {
 						t.Fatalf("round %d: %s vs %s under %v:\n  walk %+v\noracle %+v\n%s\n%s\nlower:\n%s", round, x, y, paths, want, oracle,
 							listTree(layers(x).Upper), listTree(layers(y).Upper), listTree(lower))
 					}
-					got, ok, err := compareChanges(layers(x), layers(y), paths)
+					got, ok, err := changesLayers(layers(x), layers(y), paths)
 					if err != nil || !ok {
 						t.Fatalf("round %d: compareChanges(%s, %s) ok %v err %v", round, x, y, ok, err)
 					}
@@ -304,14 +304,14 @@ func TestCompareChangesNeedsSharedHistory(t *testing.T) {
 		write(t, p, "upper/root/f", "same")
 		ls = append(ls, Layers{Upper: filepath.Join(p, "upper"), Lower: lower})
 	}
-	if _, ok, err := compareChanges(ls[0], ls[1], []string{"/"}); ok || err != nil {
+	if _, ok, err := changesLayers(ls[0], ls[1], []string{"/"}); ok || err != nil {
 		t.Fatalf("unrelated layers: ok %v, %v", ok, err)
 	}
 	f := newFixture(t)
-	if _, ok, err := compareChanges(Layers{Upper: f.a, Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower}, []string{"/"}); ok || err != nil {
+	if _, ok, err := changesLayers(Layers{Upper: f.a, Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower}, []string{"/"}); ok || err != nil {
 		t.Fatalf("plain directories: ok %v, %v", ok, err)
 	}
-	res, err := Compare(ls[0], ls[1], []string{"/root"})
+	res, err := Compare(ctx, ls[0], ls[1], []string{"/root"})
 	if err != nil || len(res.Added)+len(res.Removed)+len(res.Modified) != 0 {
 		t.Fatalf("Compare of equal unrelated layers: %+v, %v", res, err)
 	}

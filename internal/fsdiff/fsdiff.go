@@ -1,25 +1,25 @@
 // Package fsdiff compares the file systems of two sandboxes from the host, using only their overlay layers:
 // what a sandbox sees at a path is its writable (upper) layer's entry if there is one — a whiteout meaning
-// "deleted", an opaque directory hiding the image below — else the shared read-only image's (lower) entry. Paths
-// that neither upper layer touches are equal by construction, so only what changed since the image needs a look.
-// When both upper layers are btrfs layers with a common history (fork), only inodes changed since that history
-// are looked at (changes.go): a file both inherited and neither changed is equal without reading it. Everything
-// else that could differ is compared by content.
+// "deleted", an opaque directory or any non-directory hiding the image below — else the shared read-only image's
+// (lower) entry. Paths that neither upper layer touches are equal by construction, so only what changed since the
+// image needs a look. When both upper layers are btrfs layers with a common history (fork), only inodes changed
+// since that history are looked at (changes.go): a file both inherited and neither changed is equal without
+// reading it. Everything else that could differ is compared by content (content.go), holes skipped, within
+// MaxContentBytes. A comparison stops when its context ends (a delete of either sandbox, a client gone).
+//
+// The upper layers are written by the sandboxes' (hostile) code, and the server reads them as root: every path
+// inside a layer is resolved from that layer's directory fd, never through a symlink (tree.go). A symlink in a
+// sandbox is an entry compared by its target, not a directory to look into.
 package fsdiff
 
 import (
-	"bytes"
+	"context"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,8 +29,9 @@ type Result struct {
 	Added    []string `json:"added"`
 	Removed  []string `json:"removed"`
 	Modified []string `json:"modified"`
-	// Truncated is true when the comparison stopped because a list reached MaxEntries: the lists then hold
-	// the differences among the paths that sort before where it stopped, and nothing after.
+	// Truncated is true when the comparison stopped before its end, because a list reached MaxEntries or the
+	// contents compared reached MaxContentBytes: the lists then hold the differences among the paths that sort
+	// before where it stopped, and nothing after.
 	Truncated bool `json:"truncated,omitempty"`
 }
 
@@ -52,22 +53,77 @@ type Layers struct {
 // lowers are the image's layers, top first.
 func (l Layers) lowers() []string { return append(append([]string(nil), l.Over...), l.Lower) }
 
+// side is one sandbox's layers, open for one comparison.
+type side struct {
+	Layers
+	upper  *tree
+	lowers []*tree // top first
+}
+
+// comparison is the state of one Compare call: what ends it, and the file content it may still read.
+type comparison struct {
+	ctx  context.Context
+	left int64 // bytes of file content left to read (maxContentBytes at the start)
+}
+
 // Compare returns the differences of b relative to a under paths (absolute, inside the sandboxes). Only
-// non-directory entries (regular files, symlinks, others) are reported.
-func Compare(a, b Layers, paths []string) (Result, error) {
-	if !slices.Equal(a.lowers(), b.lowers()) {
-		return compareWalk(a, b, paths) // different images: their files are candidates too
+// non-directory entries (regular files, symlinks, others) are reported. It returns ctx's error when ctx ends.
+func Compare(ctx context.Context, a, b Layers, paths []string) (Result, error) {
+	sa, sb, closeAll, err := openSides(a, b)
+	if err != nil {
+		return Result{}, err
 	}
-	if res, ok, err := compareChanges(a, b, paths); ok || err != nil {
-		return res, err
+	defer closeAll()
+	c := &comparison{ctx: ctx, left: maxContentBytes}
+	if slices.Equal(a.lowers(), b.lowers()) { // on different images, the images' files are candidates too
+		if res, ok, err := compareChanges(c, sa, sb, paths); ok || err != nil {
+			return res, err
+		}
 	}
-	return compareWalk(a, b, paths)
+	return compareWalk(c, sa, sb, paths)
+}
+
+// openSides opens the layers of a and b (a layer both use, once: one tree is one layer); closeAll closes them.
+func openSides(a, b Layers) (sa, sb *side, closeAll func(), err error) {
+	open := map[string]*tree{}
+	closeAll = func() {
+		for _, t := range open {
+			t.close()
+		}
+	}
+	get := func(dir, name string) (*tree, error) {
+		if t, ok := open[dir]; ok {
+			return t, nil
+		}
+		t, err := openTree(dir, name)
+		if err != nil {
+			return nil, err
+		}
+		open[dir] = t
+		return t, nil
+	}
+	sides := [2]*side{{Layers: a}, {Layers: b}}
+	for i, s := range sides {
+		if s.upper, err = get(s.Upper, []string{"a", "b"}[i]+"'s writable layer"); err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+		for _, dir := range s.Layers.lowers() {
+			t, err := get(dir, "the image")
+			if err != nil {
+				closeAll()
+				return nil, nil, nil, err
+			}
+			s.lowers = append(s.lowers, t)
+		}
+	}
+	return sides[0], sides[1], closeAll, nil
 }
 
 // compareWalk compares a and b by walking both upper layers under paths.
-func compareWalk(a, b Layers, paths []string) (Result, error) {
+func compareWalk(c *comparison, a, b *side, paths []string) (Result, error) {
 	res := Result{Added: []string{}, Removed: []string{}, Modified: []string{}}
-	va, vb := newView(a), newView(b)
+	va, vb := newView(c, a), newView(c, b)
 	// The two layers are read concurrently.
 	candA, candB := map[string]bool{}, map[string]bool{}
 	var errA error
@@ -94,17 +150,21 @@ func compareWalk(a, b Layers, paths []string) (Result, error) {
 	for n := range candB {
 		cands[n] = true
 	}
-	if !slices.Equal(a.lowers(), b.lowers()) {
+	if !slices.Equal(a.Layers.lowers(), b.Layers.lowers()) {
 		// Sandboxes on different images: whatever either image holds may differ (the layers' whole trees
 		// under paths; files both images share by path compare equal at once).
 		for _, p := range paths {
-			lowerTree(a, p, cands)
-			lowerTree(b, p, cands)
+			if err := lowerTree(c.ctx, a, p, cands); err != nil {
+				return res, err
+			}
+			if err := lowerTree(c.ctx, b, p, cands); err != nil {
+				return res, err
+			}
 		}
 	}
 	// Without a common history nothing says whether two files with one inode number are one snapshot-shared
 	// inode (btrfs numbers inodes per subvolume, so numbers collide): compare contents.
-	return diffNames(va, vb, sortedNames(cands), nil)
+	return diffNames(c, va, vb, sortedNames(cands), nil)
 }
 
 // resolver tells what a sandbox sees at a path.
@@ -124,12 +184,15 @@ func sortedNames(set map[string]bool) []string {
 
 // diffNames compares what a and b see at each of names (sorted). shared, if not nil, reports whether two upper
 // layer entries are one inode inherited unchanged from the common history, hence equal without reading them.
-func diffNames(a, b resolver, names []string, shared func(ea, eb *entry) bool) (Result, error) {
+func diffNames(c *comparison, a, b resolver, names []string, shared func(ea, eb *entry) bool) (Result, error) {
 	res := Result{Added: []string{}, Removed: []string{}, Modified: []string{}}
 	for _, n := range names {
 		if len(res.Added) >= maxEntries || len(res.Removed) >= maxEntries || len(res.Modified) >= maxEntries {
 			res.Truncated = true
 			break
+		}
+		if err := c.ctx.Err(); err != nil {
+			return res, err
 		}
 		ea, err := a.resolve(n)
 		if err != nil {
@@ -146,7 +209,11 @@ func diffNames(a, b resolver, names []string, shared func(ea, eb *entry) bool) (
 		case eb == nil:
 			res.Removed = append(res.Removed, n)
 		default:
-			same, err := equal(ea, eb, shared)
+			same, err := equal(c, ea, eb, shared)
+			if errors.Is(err, errContentBudget) {
+				res.Truncated = true // n is undecided: the lists stop before it
+				return res, nil
+			}
 			if err != nil {
 				return res, err
 			}
@@ -158,84 +225,70 @@ func diffNames(a, b resolver, names []string, shared func(ea, eb *entry) bool) (
 	return res, nil
 }
 
-// entry is what a sandbox sees at a path: a non-directory at a host path.
+// entry is what a sandbox sees at a path: a non-directory at rel of a layer.
 type entry struct {
-	host  string
+	t     *tree
+	rel   string
 	st    unix.Stat_t
-	upper bool // host is in the upper layer
+	upper bool // t is the upper layer
 }
 
 // view is one sandbox's upper layer as read by collect: its non-directory entries (whiteouts included) and
 // its directories with their opaque flag.
 type view struct {
-	l      Layers
+	c      *comparison
+	s      *side
 	files  map[string]unix.Stat_t
 	dirs   map[string]bool // rel -> opaque
 	hidden map[string]bool // walked roots whose image content is hidden by an ancestor in the upper layer
 }
 
-func newView(l Layers) *view {
-	return &view{l: l, files: map[string]unix.Stat_t{}, dirs: map[string]bool{}, hidden: map[string]bool{}}
+func newView(c *comparison, s *side) *view {
+	return &view{c: c, s: s, files: map[string]unix.Stat_t{}, dirs: map[string]bool{}, hidden: map[string]bool{}}
 }
 
 func isWhiteout(st *unix.Stat_t) bool {
 	return st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
 }
 
-func isOpaque(p string) bool {
-	buf := make([]byte, 4)
-	for _, name := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
-		if n, err := unix.Lgetxattr(p, name, buf); err == nil && n == 1 && buf[0] == 'y' {
-			return true
-		}
-	}
-	return false
-}
-
-func lstat(p string) (*unix.Stat_t, error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("lstat %s: %w", p, err)
-	}
-	return &st, nil
-}
-
-func (v *view) rel(hp string) string {
-	return "/" + strings.TrimPrefix(strings.TrimPrefix(hp, v.l.Upper), "/")
-}
-
 // collect walks the upper layer under p, recording what it holds, and adds to cands every non-directory path
 // it touches and, under directories it makes opaque or deletes, every path of the image below them (they differ
 // from a sandbox that does not).
 func (v *view) collect(p string, cands map[string]bool) error {
-	root := filepath.Join(v.l.Upper, p)
-	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	up := v.s.upper
+	fd, err := up.openDir(p)
 	switch {
 	case err == nil:
-		err = v.walk(fd, p, cands)
+		if err := v.walk(fd, p, cands); err != nil {
+			return err
+		}
+	case absent(err):
+		// p is absent from the upper layer, or is not a directory there, or lies below a non-directory.
+		st, err := up.lstat(p)
 		if err != nil {
 			return err
 		}
-	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP):
-		// p is absent from the upper layer, or is not a directory there.
-		if st, _ := lstat(root); st != nil {
+		if st != nil {
 			v.files[p] = *st
 			cands[p] = true
-			lowerTree(v.l, p, cands) // an image directory p replaced or deleted: its files are hidden
+			// An image directory p replaced or deleted: its files are hidden.
+			if err := lowerTree(v.c.ctx, v.s, p, cands); err != nil {
+				return err
+			}
 		}
 	default:
-		return fmt.Errorf("open %s: %w", root, err)
+		return fmt.Errorf("open %s: %w", up.at(p), err)
 	}
-	// An ancestor of p may be opaque or deleted in the upper layer; then the image's files under p are hidden.
+	// An ancestor of p may be opaque, deleted or not a directory in the upper layer; then the image's files
+	// under p are hidden.
 	for dir := path.Dir(p); dir != p; dir = path.Dir(dir) {
-		hp := filepath.Join(v.l.Upper, dir)
-		if st, _ := lstat(hp); st != nil && (!isDir(st) || isOpaque(hp)) {
+		st, err := up.lstat(dir)
+		if err != nil {
+			return err
+		}
+		if up.hides(dir, st) {
 			v.hidden[p] = true
-			lowerTree(v.l, p, cands)
-			break
+			return lowerTree(v.c.ctx, v.s, p, cands)
 		}
 		if dir == "/" {
 			break
@@ -249,15 +302,20 @@ func (v *view) collect(p string, cands map[string]bool) error {
 func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
+	if err := v.c.ctx.Err(); err != nil {
+		return err
+	}
 	op := fopaque(fd)
 	v.dirs[rel] = op
 	cands[rel] = true // a directory hides an image file of the same name
 	if op {
-		lowerTree(v.l, rel, cands)
+		if err := lowerTree(v.c.ctx, v.s, rel, cands); err != nil {
+			return err
+		}
 	}
 	ents, err := f.ReadDir(-1)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", filepath.Join(v.l.Upper, rel), err)
+		return fmt.Errorf("read %s: %w", v.s.upper.at(rel), err)
 	}
 	var lowerDirs map[string]bool
 	for _, e := range ents {
@@ -265,7 +323,7 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 		if e.IsDir() {
 			cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err != nil {
-				return fmt.Errorf("open %s: %w", filepath.Join(v.l.Upper, child), err)
+				return fmt.Errorf("open %s: %w", v.s.upper.at(child), err)
 			}
 			if err := v.walk(cfd, child, cands); err != nil {
 				return err
@@ -274,15 +332,20 @@ func (v *view) walk(fd int, rel string, cands map[string]bool) error {
 		}
 		var st unix.Stat_t
 		if err := unix.Fstatat(fd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("stat %s: %w", filepath.Join(v.l.Upper, child), err)
+			return fmt.Errorf("stat %s: %w", v.s.upper.at(child), err)
 		}
 		v.files[child] = st
 		cands[child] = true
 		if lowerDirs == nil {
-			lowerDirs = lowerSubdirs(v.l, rel)
+			if lowerDirs, err = lowerSubdirs(v.s, rel); err != nil {
+				return err
+			}
 		}
 		if lowerDirs[e.Name()] {
-			lowerTree(v.l, child, cands) // a deleted or replaced image directory hides its whole subtree
+			// A deleted or replaced image directory hides its whole subtree.
+			if err := lowerTree(v.c.ctx, v.s, child, cands); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -298,48 +361,81 @@ func fopaque(fd int) bool {
 	return false
 }
 
-// subdirs is the set of names of the directories in dir (none if dir is missing).
-func subdirs(dir string) map[string]bool {
-	set := map[string]bool{}
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		if e.IsDir() {
-			set[e.Name()] = true
-		}
-	}
-	return set
-}
-
 // lowerSubdirs are the directories of the image's layers at rel (a superset of what the image shows).
-func lowerSubdirs(l Layers, rel string) map[string]bool {
+func lowerSubdirs(s *side, rel string) (map[string]bool, error) {
 	set := map[string]bool{}
-	for _, lower := range l.lowers() {
-		for d := range subdirs(filepath.Join(lower, rel)) {
-			set[d] = true
+	for _, t := range s.lowers {
+		fd, err := t.openDir(rel)
+		if err != nil {
+			if absent(err) {
+				continue
+			}
+			return nil, fmt.Errorf("open %s: %w", t.at(rel), err)
+		}
+		f := os.NewFile(uintptr(fd), rel)
+		ents, err := f.ReadDir(-1)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", t.at(rel), err)
+		}
+		for _, e := range ents {
+			if e.IsDir() {
+				set[e.Name()] = true
+			}
 		}
 	}
-	return set
+	return set, nil
 }
 
 // lowerTree adds every non-directory of the image's layers at or below rel to cands (a superset of what the
 // image shows there: candidates are resolved one by one).
-func lowerTree(l Layers, rel string, cands map[string]bool) {
-	for _, lower := range l.lowers() {
-		lowerTree1(lower, rel, cands)
+func lowerTree(ctx context.Context, s *side, rel string, cands map[string]bool) error {
+	for _, t := range s.lowers {
+		fd, err := t.openDir(rel)
+		if err == nil {
+			err = treeNames(ctx, t, fd, rel, cands)
+		} else if absent(err) {
+			// No directory at rel in this layer: a non-directory there is a candidate itself.
+			var st *unix.Stat_t
+			if st, err = t.lstat(rel); st != nil {
+				cands[rel] = true
+			}
+		} else {
+			err = fmt.Errorf("open %s: %w", t.at(rel), err)
+		}
+		if err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
-func lowerTree1(lower, rel string, cands map[string]bool) {
-	root := filepath.Join(lower, rel)
-	filepath.WalkDir(root, func(hp string, d fs.DirEntry, err error) error { //nolint:errcheck // best effort: missing is fine
+// treeNames adds every non-directory below the directory open at fd (path rel of t) to cands. It closes fd.
+func treeNames(ctx context.Context, t *tree, fd int, rel string, cands map[string]bool) error {
+	f := os.NewFile(uintptr(fd), rel)
+	defer f.Close()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ents, err := f.ReadDir(-1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", t.at(rel), err)
+	}
+	for _, e := range ents {
+		child := path.Join(rel, e.Name())
+		if !e.IsDir() {
+			cands[child] = true
+			continue
+		}
+		cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return nil
+			return fmt.Errorf("open %s: %w", t.at(child), err)
 		}
-		if !d.IsDir() {
-			cands["/"+strings.TrimPrefix(strings.TrimPrefix(hp, lower), "/")] = true
+		if err := treeNames(ctx, t, cfd, child, cands); err != nil {
+			return err
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // resolve returns what the sandbox sees at rel (nil when nothing, or a directory). rel lies under a path that
@@ -349,12 +445,12 @@ func (v *view) resolve(rel string) (*entry, error) {
 		if isWhiteout(&st) {
 			return nil, nil
 		}
-		return &entry{host: filepath.Join(v.l.Upper, rel), st: st, upper: true}, nil
+		return &entry{t: v.s.upper, rel: rel, st: st, upper: true}, nil
 	}
 	if _, ok := v.dirs[rel]; ok {
 		return nil, nil
 	}
-	// Not in the upper layer: the image shows through unless an ancestor is deleted, a file, or opaque.
+	// Not in the upper layer: the image shows through unless an ancestor is deleted, not a directory, or opaque.
 	if v.hidden[rel] {
 		return nil, nil
 	}
@@ -369,15 +465,13 @@ func (v *view) resolve(rel string) (*entry, error) {
 			break
 		}
 	}
-	return lowerEntry(v.l, rel)
+	return lowerEntry(v.s, rel)
 }
 
 // lowerEntry is the image's non-directory at rel, if any.
-func lowerEntry(l Layers, rel string) (*entry, error) {
-	lowers := l.lowers()
-	for i, lower := range lowers {
-		hp := filepath.Join(lower, rel)
-		st, err := lstat(hp)
+func lowerEntry(s *side, rel string) (*entry, error) {
+	for i, t := range s.lowers {
+		st, err := t.lstat(rel)
 		if err != nil {
 			return nil, err
 		}
@@ -385,33 +479,38 @@ func lowerEntry(l Layers, rel string) (*entry, error) {
 			if isDir(st) || isWhiteout(st) {
 				return nil, nil
 			}
-			return &entry{host: hp, st: *st}, nil
+			return &entry{t: t, rel: rel, st: *st}, nil
 		}
-		if i < len(lowers)-1 && hidesBelow(lower, rel) {
-			return nil, nil
+		if i < len(s.lowers)-1 {
+			if hides, err := hidesBelow(t, rel); hides || err != nil {
+				return nil, err
+			}
 		}
 	}
 	return nil, nil
 }
 
-// hidesBelow reports whether an image layer hides the layers below it at rel: an ancestor of rel is deleted
-// (a whiteout), not a directory, or an opaque directory there.
-func hidesBelow(lower, rel string) bool {
+// hidesBelow reports whether a layer hides the layers below it at rel: an ancestor of rel is deleted (a
+// whiteout), not a directory (a symlink included), or an opaque directory there.
+func hidesBelow(t *tree, rel string) (bool, error) {
 	for dir := path.Dir(rel); ; dir = path.Dir(dir) {
-		hd := filepath.Join(lower, dir)
-		if st, _ := lstat(hd); st != nil && (!isDir(st) || isOpaque(hd)) {
-			return true
+		st, err := t.lstat(dir)
+		if err != nil {
+			return false, err
+		}
+		if t.hides(dir, st) {
+			return true, nil
 		}
 		if dir == "/" {
-			return false
+			return false, nil
 		}
 	}
 }
 
 func isDir(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFDIR }
 
-func equal(a, b *entry, shared func(a, b *entry) bool) (bool, error) {
-	if a.host == b.host {
+func equal(c *comparison, a, b *entry, shared func(a, b *entry) bool) (bool, error) {
+	if a.t == b.t && a.rel == b.rel {
 		return true, nil // both see the image's file
 	}
 	if a.st.Mode&unix.S_IFMT != b.st.Mode&unix.S_IFMT {
@@ -419,11 +518,11 @@ func equal(a, b *entry, shared func(a, b *entry) bool) (bool, error) {
 	}
 	switch a.st.Mode & unix.S_IFMT {
 	case unix.S_IFLNK:
-		ta, err := os.Readlink(a.host)
+		ta, err := a.t.readlink(a.rel)
 		if err != nil {
 			return false, err
 		}
-		tb, err := os.Readlink(b.host)
+		tb, err := b.t.readlink(b.rel)
 		return err == nil && ta == tb, err
 	case unix.S_IFREG:
 	default:
@@ -435,58 +534,5 @@ func equal(a, b *entry, shared func(a, b *entry) bool) (bool, error) {
 	if shared != nil && a.upper && b.upper && shared(a, b) {
 		return true, nil
 	}
-	return sameContent(a.host, b.host, a.st.Size)
-}
-
-// bufPool holds pairs of read buffers for sameContent.
-var bufPool = sync.Pool{New: func() any { return new([2][64 << 10]byte) }}
-
-// sameContent compares two regular files of the given size byte by byte, stopping at the first difference.
-func sameContent(pa, pb string, size int64) (bool, error) {
-	var fds [2]int
-	for i, p := range []string{pa, pb} {
-		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err != nil {
-			if i == 1 {
-				unix.Close(fds[0])
-			}
-			return false, fmt.Errorf("open %s: %w", p, err)
-		}
-		fds[i] = fd
-	}
-	defer unix.Close(fds[0])
-	defer unix.Close(fds[1])
-	bufs := bufPool.Get().(*[2][64 << 10]byte)
-	defer bufPool.Put(bufs)
-	for left := size; left > 0; {
-		n := int(min(left, int64(len(bufs[0]))))
-		for i, p := range []string{pa, pb} {
-			if err := readFull(fds[i], bufs[i][:n]); err != nil {
-				return false, fmt.Errorf("read %s: %w", p, err)
-			}
-		}
-		if !bytes.Equal(bufs[0][:n], bufs[1][:n]) {
-			return false, nil
-		}
-		left -= int64(n)
-	}
-	return true, nil
-}
-
-// readFull fills b from fd; a file that ends early (changed under us) is io.ErrUnexpectedEOF.
-func readFull(fd int, b []byte) error {
-	for len(b) > 0 {
-		n, err := unix.Read(fd, b)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return io.ErrUnexpectedEOF
-		}
-		b = b[n:]
-	}
-	return nil
+	return sameContent(c, a, b)
 }

@@ -2,6 +2,7 @@ package fsdiff
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -110,7 +111,7 @@ func TestCompare(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t)
 			c.setup(t, f)
-			got, err := Compare(Layers{Upper: f.a, Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower}, c.paths)
+			got, err := Compare(context.Background(), Layers{Upper: f.a, Lower: f.lower}, Layers{Upper: f.b, Lower: f.lower}, c.paths)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,7 +148,7 @@ func BenchmarkCompareUnchanged(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		fn   func(a, b Layers, paths []string) (Result, error)
-	}{{"changes", Compare}, {"walk", compareWalk}} {
+	}{{"changes", func(a, b Layers, paths []string) (Result, error) { return Compare(ctx, a, b, paths) }}, {"walk", walkLayers}} {
 		b.Run(c.name, func(b *testing.B) {
 			for b.Loop() {
 				r, err := c.fn(la, lb, []string{"/root", "/tmp"})
@@ -190,7 +191,7 @@ func TestCompareNamedImage(t *testing.T) {
 	write(t, over, "d/y", "y")
 	named := Layers{Upper: f.a, Lower: f.lower, Over: []string{over}}
 	plain := Layers{Upper: f.b, Lower: f.lower}
-	got, err := Compare(named, plain, []string{"/"})
+	got, err := Compare(context.Background(), named, plain, []string{"/"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestCompareNamedImage(t *testing.T) {
 	}
 	// Siblings on the same image: only their own changes.
 	write(t, f.b, "etc/c", "changed")
-	got, err = Compare(named, Layers{Upper: f.b, Lower: f.lower, Over: []string{over}}, []string{"/etc"})
+	got, err = Compare(context.Background(), named, Layers{Upper: f.b, Lower: f.lower, Over: []string{over}}, []string{"/etc"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,4 +209,43 @@ func TestCompareNamedImage(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("same image:\n got %+v\nwant %+v", got, want)
 	}
+}
+
+// lstat is what a host path holds, not followed (nil when nothing), for the tests' fixtures and oracles.
+func lstat(p string) (*unix.Stat_t, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return &st, nil
+}
+
+// isOpaque reports whether the host directory p is an opaque overlay directory.
+func isOpaque(p string) bool {
+	buf := make([]byte, 4)
+	n, err := unix.Lgetxattr(p, "trusted.overlay.opaque", buf)
+	return err == nil && n == 1 && buf[0] == 'y'
+}
+
+// walkLayers is compareWalk on a and b opened as Compare opens them.
+func walkLayers(a, b Layers, paths []string) (Result, error) {
+	sa, sb, closeAll, err := openSides(a, b)
+	if err != nil {
+		return Result{}, err
+	}
+	defer closeAll()
+	return compareWalk(&comparison{ctx: context.Background(), left: maxContentBytes}, sa, sb, paths)
+}
+
+// changesLayers is compareChanges on a and b opened as Compare opens them.
+func changesLayers(a, b Layers, paths []string) (Result, bool, error) {
+	sa, sb, closeAll, err := openSides(a, b)
+	if err != nil {
+		return Result{}, false, err
+	}
+	defer closeAll()
+	return compareChanges(&comparison{ctx: context.Background(), left: maxContentBytes}, sa, sb, paths)
 }

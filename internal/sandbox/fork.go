@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"sort"
@@ -357,8 +358,9 @@ func mergedRecord(p, w *entry, nh runtime.Handle) (store.Record, CreateRequest) 
 var DefaultDiffPaths = []string{"/root", "/tmp"}
 
 // Diff compares the file systems of a and b under paths: what b has that a has not (added), what a has that b
-// has not (removed), and what both have with different content (modified).
-func (s *Service) Diff(ctx context.Context, aID, bID string, paths []string) (fsdiff.Result, error) {
+// has not (removed), and what both have with different content (modified). It stops when ctx ends (the client
+// went away) or either sandbox is deleted (a conflict).
+func (s *Service) Diff(ctx context.Context, aID, bID string, paths []string) (_ fsdiff.Result, err error) {
 	if len(paths) == 0 {
 		paths = DefaultDiffPaths
 	}
@@ -383,6 +385,19 @@ func (s *Service) Diff(ctx context.Context, aID, bID string, paths []string) (fs
 	}
 	defer release()
 	a, b := es[0], es[1]
+	// A diff holds both sandboxes for as long as it reads their layers (up to fsdiff.MaxContentBytes of content):
+	// a delete of either stops it rather than waits for it.
+	actx, doneA := s.stoppedByDelete(ctx, a)
+	defer doneA()
+	ctx, doneB := s.stoppedByDelete(actx, b)
+	defer doneB()
+	defer func() {
+		if errors.Is(context.Cause(actx), errDeleted) {
+			err = callError(actx, aID, err) // ctx too says deleted, as actx's child: a's delete came first
+		} else {
+			err = callError(ctx, bID, err)
+		}
+	}()
 	s.mu.Lock()
 	ha, hb := a.handle, b.handle
 	s.mu.Unlock()
@@ -395,7 +410,7 @@ func (s *Service) Diff(ctx context.Context, aID, bID string, paths []string) (fs
 	if err != nil {
 		return fsdiff.Result{}, fmt.Errorf("diff %s %s: %w", aID, bID, err)
 	}
-	res, err := fsdiff.Compare(la, lb, clean)
+	res, err := fsdiff.Compare(ctx, la, lb, clean)
 	if err != nil {
 		return res, fmt.Errorf("diff %s %s: %w", aID, bID, err)
 	}

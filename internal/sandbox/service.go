@@ -144,7 +144,7 @@ type entry struct {
 	// abort stops the work that holds the sandbox exclusively, if any: a pause or resume in the background, a
 	// fork, a template's capture, children being made ahead (a delete does: see destroy, stoppable).
 	abort context.CancelCauseFunc
-	// uses cancels the calls holding the sandbox shared (use), for a delete to stop them.
+	// uses cancels the calls holding the sandbox shared (use, a diff: stoppedByDelete), for a delete to stop them.
 	uses map[*int]context.CancelCauseFunc
 	// lostState says why the sandbox's interpreter state was lost by a restart of its processes (health.go), until
 	// the next run_code reports it (as it reports an interpreter that died between calls) instead of running.
@@ -795,7 +795,7 @@ func (s *Service) destroy(ctx context.Context, id, reason string) error {
 		if e.abort != nil {
 			e.abort(errDeleted)
 		}
-		for _, stop := range e.uses { // run_code, exec and the like in flight (use)
+		for _, stop := range e.uses { // run_code, exec, diffs and the like in flight (stoppedByDelete)
 			stop(errDeleted)
 		}
 		s.mu.Unlock()
@@ -866,6 +866,17 @@ func (s *Service) use(ctx context.Context, id string) (context.Context, *entry, 
 		return nil, nil, nil, err
 	}
 	e := es[0]
+	uctx, done := s.stoppedByDelete(ctx, e)
+	return uctx, e, func() {
+		done()
+		release()
+	}, nil
+}
+
+// stoppedByDelete returns ctx, ended by a delete of e (destroy calls e.uses, cause errDeleted), for a call that
+// holds e shared (several may at once, unlike stoppable's exclusive work); done, called before the hold is
+// released, ends that.
+func (s *Service) stoppedByDelete(ctx context.Context, e *entry) (context.Context, func()) {
 	uctx, cancel := context.WithCancelCause(ctx)
 	key := new(int)
 	s.mu.Lock()
@@ -874,13 +885,12 @@ func (s *Service) use(ctx context.Context, id string) (context.Context, *entry, 
 	}
 	e.uses[key] = cancel
 	s.mu.Unlock()
-	return uctx, e, func() {
+	return uctx, func() {
 		s.mu.Lock()
 		delete(e.uses, key)
 		s.mu.Unlock()
 		cancel(nil)
-		release()
-	}, nil
+	}
 }
 
 // RunCodeRequest is the body of run_code.
