@@ -655,8 +655,17 @@ def _fds_of(skip):
 def _rebuild_fds(fds):
     """In a fork child, in its own namespaces: make each descriptor of fds (_fds_of, taken in the parent's
     namespaces) the child's own, at the same number, with the same mode, offset and close-on-exec flag."""
+    # Those another thread of the parent closed after they were listed, before the fork, are left alone: looked
+    # for before anything is opened here, which could take their numbers.
+    open_now = []
+    for fd, k in fds.items():
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+            open_now.append((fd, k))
+        except OSError:
+            pass
     devnull = None
-    for fd, (how, path, flags, pos) in fds.items():
+    for fd, (how, path, flags, pos) in open_now:
         nfd = -1
         if how == "open":
             try:
