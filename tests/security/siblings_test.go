@@ -1,9 +1,12 @@
 package security
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ramify-dev/ramify/client"
 	"github.com/ramify-dev/ramify/internal/testserver"
@@ -279,5 +282,33 @@ func TestForkChildHoldsNothingOfItsParent(t *testing.T) {
 	// The child wrote into its own copies (the pipe is closed for it: its writes went nowhere).
 	if v := s.Value(t, kids[0], forkHeldState); v != `"[True, b'CHILDt', b'CHILDt', b'CHILDt', b'CHILDt', b'CHILDt', False]"` {
 		t.Errorf("the child's own copies: %s", v)
+	}
+}
+
+// A parent holding what a child cannot make its own (here a 64 GiB shared mapping, reserved but never touched:
+// the child's copy is refused) cannot fork: the fork fails at once, not after its children's start timeout
+// (30 s), says why, and leaves the parent as it was.
+func TestForkOfWhatCannotBeCopiedFailsAtOnce(t *testing.T) {
+	s := testserver.Start(t)
+	parent := s.Create(t, nil)
+	s.Value(t, parent, "import mmap\nbig = mmap.mmap(-1, 64 << 30, flags=mmap.MAP_SHARED | 0x4000)  # MAP_NORESERVE\nbig[:2] = b'ok'")
+	ctx, cancel := context.WithTimeout(testserver.Ctx(t), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Client.Fork(ctx, parent, 1)
+	took := time.Since(start)
+	var apiErr *client.APIError
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 409 || !strings.Contains(apiErr.Message, "exited before it attached") {
+		t.Fatalf("fork after %s: %v, want a 409 saying the child's interpreter exited", took, err)
+	}
+	if took > 10*time.Second {
+		t.Errorf("the fork failed after %s: it waited for its child's start timeout", took)
+	}
+	if v := s.Value(t, parent, "bytes(big[:2])"); v != "b'ok'" {
+		t.Errorf("parent after the failed fork: %s", v)
+	}
+	all, err := s.Client.List(testserver.Ctx(t), client.ListOptions{})
+	if err != nil || len(all) != 1 {
+		t.Errorf("sandboxes after the failed fork: %d (%v), want the parent only", len(all), err)
 	}
 }

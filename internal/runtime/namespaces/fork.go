@@ -137,6 +137,9 @@ type forkChild struct {
 	err   error
 	// started has its agent's answer to the child's start, sent as soon as the agent answered (spawnChildren).
 	started chan error
+	// copyPidfd is a pidfd of its forked interpreter once it is moved (moveForked; nil if it could not be
+	// opened), closed by waitStarted.
+	copyPidfd *os.File
 }
 
 // directCloneMax is the most children whose layers a fork clones from the frozen parent directly. Beyond it the
@@ -384,6 +387,9 @@ func (r *Runtime) moveForked(psb *sandbox, kids []*forkChild, pids []int, moved 
 			return fmt.Errorf("find forked interpreter: namespace pid %d not found", pids[i])
 		}
 		undo.add(func() { syscall.Kill(hostPid, syscall.SIGKILL) })
+		if fd, err := unix.PidfdOpen(hostPid, 0); err == nil {
+			c.copyPidfd = os.NewFile(uintptr(fd), "pidfd") // watched by startForked; the copy is in the parent's cgroup: this pid's
+		}
 		if err := c.sb.cg.Add(hostPid); err != nil {
 			return fmt.Errorf("move forked interpreter to %s: %w", c.spec.ID, err)
 		}
@@ -398,16 +404,46 @@ func (r *Runtime) moveForked(psb *sandbox, kids []*forkChild, pids []int, moved 
 }
 
 // startForked collects each child's start (sent by spawnChildren): its agent's answer once the child's
-// interpreter has attached.
+// interpreter has attached. A forked interpreter that exits before it attaches (it could not make what its
+// parent held its own, say) fails the fork at once, where its agent would wait for it until its start's
+// timeout.
 func startForked(kids []*forkChild) error {
 	errs := make([]error, len(kids))
 	for i, c := range kids {
-		errs[i] = <-c.started
+		errs[i] = c.waitStarted()
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("start fork children: %w", err)
 	}
 	return nil
+}
+
+// waitStarted waits for c's start, watching its forked interpreter (copyPidfd) meanwhile, which it closes.
+func (c *forkChild) waitStarted() error {
+	if c.copyPidfd == nil {
+		return <-c.started
+	}
+	defer c.copyPidfd.Close()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-c.started:
+			return err
+		case <-tick.C:
+			fds := []unix.PollFd{{Fd: int32(c.copyPidfd.Fd()), Events: unix.POLLIN}}
+			if n, _ := unix.Poll(fds, 0); n > 0 {
+				select {
+				case err := <-c.started: // it attached, then exited: the start says what happened
+					return err
+				default:
+				}
+				return fmt.Errorf("fork child %s: %w", c.spec.ID, errdefs.New(errdefs.ErrConflict, "the child's "+
+					"interpreter, forked from the parent's, exited before it attached: it could not make its own "+
+					"what the parent holds (a shared memory mapping too large to copy, say)"))
+			}
+		}
+	}
 }
 
 // msSince is the time since t in milliseconds, to the microsecond (for phase logs).

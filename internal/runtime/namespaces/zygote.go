@@ -93,7 +93,11 @@ func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, s
 	if err != nil {
 		return nil, err
 	}
-	if err := r.moveForked(z, kids, pids, moved, &undo); err != nil {
+	err = r.moveForked(z, kids, pids, moved, &undo)
+	if c.copyPidfd != nil {
+		c.copyPidfd.Close() // its start below is answered synchronously: nothing to watch
+	}
+	if err != nil {
 		return nil, err
 	}
 	req := startRequest(spec)
