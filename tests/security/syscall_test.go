@@ -296,6 +296,10 @@ find /sys -name backing_file -o -path '*/qgroups/*' -name referenced -o -path '*
 				lines[k] = v
 			}
 		}
+		// The overlay's options in mountinfo name its directories by descriptor, not by the host's paths.
+		if mi := s.Sh(t, id, "cat /proc/self/mountinfo").Stdout; strings.Contains(mi, s.DataDir) || strings.Contains(mi, "/images/") {
+			t.Errorf("%s: /proc/self/mountinfo shows the host's paths:\n%s", id, mi)
+		}
 		if strings.Contains(out, "leak:") {
 			t.Errorf("%s: /sys shows the host's block devices or file systems:\n%s", id, out)
 		}

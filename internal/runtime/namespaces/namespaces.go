@@ -285,11 +285,41 @@ func (f *family) kill() {
 // and work directories, and returns its mount fd. The agent attaches it in its own mount namespace: an overlay
 // mounted by host root works whatever namespace it ends up in, where one mounted inside the user namespace
 // could not reach layers outside its mount namespace.
+//
+// The directories are given to overlayfs as /proc/self/fd/<n> of descriptors opened here, not by their paths:
+// overlayfs shows the strings it was given in the mount's options, which sandbox code reads in
+// /proc/self/mountinfo, and the host's paths (its data and image directories, other sandboxes' layers) are
+// not the sandbox's to know. (Any character is then fine in a path, ':' and ',' included.)
 func (r *Runtime) mountOverlay(dir string, lowers []string) (int, error) {
-	for _, l := range lowers {
-		if strings.ContainsAny(l, ":,\\") {
-			return -1, fmt.Errorf("overlay: image directory %q has a character overlayfs cannot take", l)
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
 		}
+	}()
+	byFd := func(p string) (string, error) {
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "", fmt.Errorf("overlay: %w", &os.PathError{Op: "open", Path: p, Err: err})
+		}
+		fds = append(fds, fd)
+		return fmt.Sprintf("/proc/self/fd/%d", fd), nil
+	}
+	var lowerFds []string
+	for _, l := range lowers {
+		p, err := byFd(l)
+		if err != nil {
+			return -1, err
+		}
+		lowerFds = append(lowerFds, p)
+	}
+	upper, err := byFd(filepath.Join(dir, "upper"))
+	if err != nil {
+		return -1, err
+	}
+	work, err := byFd(filepath.Join(dir, "work"))
+	if err != nil {
+		return -1, err
 	}
 	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
@@ -297,9 +327,9 @@ func (r *Runtime) mountOverlay(dir string, lowers []string) (int, error) {
 	}
 	defer unix.Close(fsfd)
 	for _, kv := range [][2]string{
-		{"lowerdir", strings.Join(lowers, ":")},
-		{"upperdir", filepath.Join(dir, "upper")},
-		{"workdir", filepath.Join(dir, "work")},
+		{"lowerdir", strings.Join(lowerFds, ":")},
+		{"upperdir", upper},
+		{"workdir", work},
 	} {
 		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
 			return -1, fmt.Errorf("overlay %s=%s: %w", kv[0], kv[1], err)
