@@ -587,6 +587,7 @@ func FuzzExtract(f *testing.F) {
 	must(f, os.Symlink("../x", filepath.Join(src, "d/s")))
 	must(f, unix.Mknod(filepath.Join(src, "w"), unix.S_IFCHR, 0))
 	must(f, unix.Lsetxattr(filepath.Join(src, "d"), "trusted.overlay.opaque", []byte("y"), 0))
+	makeSparse(f, filepath.Join(src, "d/sparse"), sparseShape{size: 1 << 20, data: [][2]int64{{512 << 10, 10}}})
 	var buf bytes.Buffer
 	_, err := Write(&buf, src, nil)
 	must(f, err)
