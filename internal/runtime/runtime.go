@@ -30,8 +30,13 @@ type Spec struct {
 	// its parent's.
 	Image string
 	// Populate, when set, fills the new sandbox's writable layer (its overlay upper directory, on the host)
-	// before anything runs in it: a resume from a snapshot.
+	// before anything runs in it: a resume from a snapshot. It writes under the layer's cap (DiskMiB plus a
+	// small slack for the accounting of a rewritten layer, and PopulateExtra): what does not fit fails it with
+	// EDQUOT, and the create with it.
 	Populate func(upperDir string) error
+	// PopulateExtra is what Populate may write beyond the cap that is removed before the sandbox's own code
+	// runs (an older snapshot's session files, unpacked into the layer for the interpreter to load).
+	PopulateExtra int64
 	// Preload lists packages the sandbox's interpreter imports as soon as it runs (a resume's session, whose
 	// loading needs them): the runtime may give it an interpreter that imported them ahead, when that makes no
 	// difference to what the sandbox sees.
