@@ -71,7 +71,7 @@ func fileHash(t testing.TB, p string) ([32]byte, unix.Stat_t) {
 }
 
 // TestSparseRoundTrip: a file with holes is stored as its data only, and extracted byte-identical with its
-// holes as holes (no more blocks allocated than the original).
+// holes as holes (no more blocks allocated than the original, but for the file system's own metadata).
 func TestSparseRoundTrip(t *testing.T) {
 	requireRoot(t)
 	for _, s := range sparseShapes() {
@@ -84,7 +84,7 @@ func TestSparseRoundTrip(t *testing.T) {
 				t.Skipf("the file system of %s did not keep %s sparse", src, s.name)
 			}
 			var buf bytes.Buffer
-			wst, err := Write(&buf, src, nil)
+			wst, err := Write(&buf, src, nil, 0)
 			must(t, err)
 			var data int64
 			for _, d := range s.data {
@@ -104,7 +104,9 @@ func TestSparseRoundTrip(t *testing.T) {
 				if gotSt.Size != s.size || gotSum != wantSum {
 					t.Errorf("%s: size %d, content equal %v; want size %d, equal content", name, gotSt.Size, gotSum == wantSum, s.size)
 				}
-				if gotSt.Blocks > wantSt.Blocks {
+				// Beyond the data's blocks, a file system may allocate a few blocks more or less for its map of
+				// extents (ext4: 16 KiB more for the 1024 extents of "many", now and then): not a hole written.
+				if gotSt.Blocks*512 > wantSt.Blocks*512+64<<10 {
 					t.Errorf("%s: %d blocks allocated, the original has %d: holes were written", name, gotSt.Blocks, wantSt.Blocks)
 				}
 			}
@@ -205,5 +207,23 @@ func TestExtractSparseRefusesBadMaps(t *testing.T) {
 	must(t, unix.Stat(filepath.Join(dst, "s"), &st))
 	if st.Size != 1<<43 || st.Blocks > 64 {
 		t.Errorf("size %d, %d blocks; want 8 TiB apparent, a block allocated", st.Size, st.Blocks)
+	}
+}
+
+// TestWriteMaxData: Write refuses a tree whose file data passes maxData, counting a hard-linked file once and a
+// sparse file by its data, not its apparent size.
+func TestWriteMaxData(t *testing.T) {
+	requireRoot(t)
+	src := t.TempDir()
+	writePseudoRandom(t, filepath.Join(src, "a"), 1<<20, 1)
+	must(t, os.Link(filepath.Join(src, "a"), filepath.Join(src, "a2")))
+	makeSparse(t, filepath.Join(src, "s"), sparseShape{size: 1 << 30, data: [][2]int64{{1 << 29, 4 << 10}}})
+	if _, err := Write(io.Discard, src, nil, 1<<20+4<<10); err != nil {
+		t.Fatalf("a tree of 1 MiB + 4 KiB of data, bounded at that: %v", err)
+	}
+	writePseudoRandom(t, filepath.Join(src, "b"), 1<<20, 2)
+	_, err := Write(io.Discard, src, nil, 2<<20)
+	if !errors.Is(err, unix.EDQUOT) {
+		t.Fatalf("a tree of 2 MiB + 4 KiB of data, bounded at 2 MiB: %v, want EDQUOT", err)
 	}
 }

@@ -23,10 +23,12 @@ import (
 // full mode including setuid/setgid/sticky, mtime with nanoseconds and every xattr as a
 // "SCHILY.xattr.<name>" PAX record. Entry names are relative ("a/b", directories "a/b/"); dir itself is
 // recorded as an entry named "." carrying its mode, owner, xattrs and mtime. skip(rel) == true excludes a
-// path and, for a directory, its subtree; a nil skip excludes nothing. Sockets are left out and counted in
+// path and, for a directory, its subtree; a nil skip excludes nothing. maxData > 0 bounds the file data
+// written (Stats.Bytes): a tree holding more fails with an error wrapping EDQUOT, before the file that would
+// pass the bound is written. Sockets are left out and counted in
 // Stats.Skipped. The tree should be quiescent while Write runs (a file that shrinks meanwhile is an error).
-func Write(w io.Writer, dir string, skip func(rel string) bool) (Stats, error) {
-	wr := &writer{tw: tar.NewWriter(w), skip: skip, links: map[inode]string{}, buf: make([]byte, 1<<20)}
+func Write(w io.Writer, dir string, skip func(rel string) bool, maxData int64) (Stats, error) {
+	wr := &writer{tw: tar.NewWriter(w), skip: skip, maxData: maxData, links: map[inode]string{}, buf: make([]byte, 1<<20)}
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return wr.stats, fmt.Errorf("open %s: %w", dir, err)
@@ -56,11 +58,12 @@ func Write(w io.Writer, dir string, skip func(rel string) bool) (Stats, error) {
 type inode struct{ dev, ino uint64 }
 
 type writer struct {
-	tw    *tar.Writer
-	skip  func(string) bool
-	links map[inode]string // first path written of each multiply-linked inode
-	stats Stats
-	buf   []byte
+	tw      *tar.Writer
+	skip    func(string) bool
+	maxData int64            // bound on Stats.Bytes (0: none)
+	links   map[inode]string // first path written of each multiply-linked inode
+	stats   Stats
+	buf     []byte
 }
 
 // walk writes the entries of the directory open as f/fd, whose path relative to the root is rel.
@@ -178,6 +181,9 @@ func (wr *writer) file(dirfd int, name, rel string, st *unix.Stat_t) error {
 	nseg, data, err := dataSegments(fd, st.Size, nil)
 	if err != nil {
 		return fmt.Errorf("%q: %w", rel, err)
+	}
+	if wr.maxData > 0 && wr.stats.Bytes+data > wr.maxData {
+		return fmt.Errorf("%q: the files' data pass %d bytes: %w", rel, wr.maxData, unix.EDQUOT)
 	}
 	if nseg == 1 && data == st.Size || st.Size == 0 {
 		// No hole: a plain regular file entry, as every file was before sparse entries existed.

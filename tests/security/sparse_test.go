@@ -175,6 +175,37 @@ func TestSparseQuota(t *testing.T) {
 		}
 	})
 
+	// Reflinked copies share their blocks, so the quota counts them once; written out they are whole files. A
+	// pause of a layer whose data passes the quota fails, the sandbox keeps running with its files, and
+	// nothing is left in the store: neither a snapshot N times the quota nor one that cannot be restored.
+	t.Run("ReflinkCopies", func(t *testing.T) {
+		sb := diskCreate(t, s, client.CreateRequest{DiskMiB: diskQuota})
+		diskWantWrite(t, "reflinked copies", diskSh(t, s, sb.ID, `dd if=/dev/urandom of=/root/a bs=1M count=40 2>&1 &&
+			for i in 1 2 3 4; do cp --reflink=always /root/a /root/c$i || exit 1; done; sync`))
+		if _, _, err := s.Client.Pause(diskCtx(t), sb.ID); err != nil {
+			t.Fatalf("pause: %v", err)
+		}
+		got, err := s.Client.WaitStatus(diskCtx(t), sb.ID, "paused")
+		var pe *client.PauseError
+		if !errors.As(err, &pe) || !strings.Contains(pe.Sandbox.Pause.Error, "disk quota") {
+			var bytes int64
+			if got != nil && got.Pause != nil {
+				bytes = got.Pause.SnapshotBytes
+			}
+			t.Fatalf("pause of 200 MiB of reflinked copies under a %d MiB quota: %v (snapshot_bytes %d), want a failed pause naming the disk quota",
+				diskQuota, err, bytes)
+		}
+		t.Logf("failed pause: %s", pe.Sandbox.Pause.Error)
+		for _, id := range s.Inventory().Snapshots {
+			if id == sb.ID {
+				t.Errorf("the failed pause left a snapshot in the store")
+			}
+		}
+		if res := diskSh(t, s, sb.ID, "cmp /root/a /root/c4 && echo same"); res.Stdout != "same\n" {
+			t.Errorf("after the failed pause: %q", res.Stdout)
+		}
+	})
+
 	// A snapshot whose files do not fit in the quota (an older version wrote sparse files out in full; or a
 	// store written by someone else) fails to resume without filling the shared layer file system, and leaves
 	// the snapshot as it was: put back what it held, and it resumes.

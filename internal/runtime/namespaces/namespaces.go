@@ -993,19 +993,12 @@ func (r *Runtime) movesFast() func() {
 	return func() {}
 }
 
-// populateSlack is what a restored layer may hold beyond its quota while Populate writes it, so that a layer
-// paused at its quota always resumes. The same files written afresh are counted about as much as the originals,
-// usually less (whole extents, no copy-on-write leftovers; holes stay holes: measured, a 64 MiB layer of 4000
-// small files and a file filling the rest came back 416 KiB smaller), but the tree blocks of its metadata are
-// laid out anew and need not come out fewer. Once the overlay is mounted the exact quota applies again.
-const populateSlack = 8 << 20
-
 // populateCap is the cap of spec's layer while its Populate runs (0: none).
 func populateCap(spec runtime.Spec) int64 {
 	if spec.DiskMiB <= 0 {
 		return 0
 	}
-	return int64(spec.DiskMiB)<<20 + populateSlack + max(spec.PopulateExtra, 0)
+	return int64(spec.DiskMiB)<<20 + runtime.RestoreSlack + max(spec.PopulateExtra, 0)
 }
 
 // limitLayer caps layer id at mib MiB (0: no cap) when the layer driver enforces limits (btrfs with quotas);
