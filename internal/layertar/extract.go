@@ -2,6 +2,7 @@ package layertar
 
 import (
 	"archive/tar"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path"
 	"sort"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -20,8 +22,9 @@ import (
 // links, device nodes (mknod), fifos, ownership (lchown), modes (chmod after chown, so setuid bits stay),
 // xattrs (including trusted.*), nanosecond mtimes (directories after their contents) and the "." entry's
 // attributes on dir itself. An entry that already exists at a path is replaced (a directory is kept and its
-// attributes are reset, including the removal of xattrs the tar does not list). Entries whose names are
-// absolute or contain "..", hard links whose targets are, and sparse or unknown entry types are refused with
+// attributes are reset, including the removal of xattrs the tar does not list). A sparse file (typeSparse) is
+// written as its data segments, its holes recreated as holes (never written as zeros). Entries whose names are
+// absolute or contain "..", hard links whose targets are, and GNU sparse or unknown entry types are refused with
 // errdefs.ErrInvalid, as is any path whose parent is a symlink: every parent is resolved beneath dir with
 // openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), so nothing is ever written outside dir or through a
 // symlink. Extract does not fsync what it writes. On error, what was extracted so far stays.
@@ -152,7 +155,7 @@ func (x *extractor) entry(hdr *tar.Header, tr io.Reader) error {
 	}
 	mode := uint32(hdr.Mode & 07777)
 	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeRegA, tar.TypeCont:
+	case tar.TypeReg, tar.TypeRegA, tar.TypeCont, typeSparse:
 		return x.file(pfd, name, rel, hdr, tr)
 	case tar.TypeDir:
 		if err := unix.Mkdirat(pfd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
@@ -196,7 +199,12 @@ func (x *extractor) file(pfd int, name, rel string, hdr *tar.Header, tr io.Reade
 	}
 	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
-	n, err := io.CopyBuffer(onlyWriter{f}, tr, x.buf)
+	var n int64
+	if hdr.Typeflag == typeSparse {
+		n, err = x.sparseContent(f, hdr, tr)
+	} else {
+		n, err = io.CopyBuffer(onlyWriter{f}, tr, x.buf)
+	}
 	if err != nil {
 		return fmt.Errorf("write %q: %w", rel, err)
 	}
@@ -215,6 +223,46 @@ func (x *extractor) file(pfd int, name, rel string, hdr *tar.Header, tr io.Reade
 		return fmt.Errorf("set mtime %q: %w", rel, err)
 	}
 	return f.Close()
+}
+
+// sparseContent writes the data segments of a typeSparse entry at their offsets in the new file f and sets
+// its size: the holes between them are never written, so they stay holes. It returns the data bytes written.
+// Records out of order, overlapping, past the file's size or past the entry's end are refused.
+func (x *extractor) sparseContent(f *os.File, hdr *tar.Header, tr io.Reader) (int64, error) {
+	size, err := strconv.ParseInt(hdr.PAXRecords[sparseSizeRecord], 10, 64)
+	if err != nil || size < 0 {
+		return 0, invalid("%q: sparse file size %q", hdr.Name, hdr.PAXRecords[sparseSizeRecord])
+	}
+	var rec [segmentRecordSize]byte
+	var data, end int64 // data bytes written; the end of the last segment
+	for left := hdr.Size; left > 0; {
+		if left < segmentRecordSize {
+			return data, invalid("%q: sparse entry ends inside a segment record", hdr.Name)
+		}
+		if _, err := io.ReadFull(tr, rec[:]); err != nil {
+			return data, fmt.Errorf("read segment record: %w", err)
+		}
+		left -= segmentRecordSize
+		off, n := binary.BigEndian.Uint64(rec[:8]), binary.BigEndian.Uint64(rec[8:])
+		if n == 0 || off < uint64(end) || off > uint64(size) || n > uint64(size)-off || n > uint64(left) {
+			return data, invalid("%q: sparse segment %d+%d (file size %d, after %d, %d bytes left in the entry)",
+				hdr.Name, off, n, size, end, left)
+		}
+		c, err := io.CopyBuffer(io.NewOffsetWriter(f, int64(off)), io.LimitReader(tr, int64(n)), x.buf)
+		data += c
+		if err == nil && c != int64(n) {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return data, err
+		}
+		left -= int64(n)
+		end = int64(off + n)
+	}
+	if err := f.Truncate(size); err != nil {
+		return data, err
+	}
+	return data, nil
 }
 
 // onlyWriter hides *os.File's ReaderFrom so that io.CopyBuffer uses the given buffer.

@@ -1,7 +1,7 @@
 // Package layertar owns the serialisation of a sandbox's writable layer (an overlayfs upper directory) to and
 // from a tar stream, for pausing a sandbox into a snapshot store and resuming it later, possibly on another
 // machine. The format is PAX tar, and it records everything an upper directory can hold so that a round trip
-// loses nothing: regular files (streamed), directories, symlinks (targets as-is), hard links, character and
+// loses nothing: regular files (streamed; a sparse file as its data segments only, see typeSparse), directories, symlinks (targets as-is), hard links, character and
 // block devices (including overlay whiteouts, which are character devices 0/0), fifos, numeric ownership, full
 // modes (setuid, setgid, sticky), nanosecond mtimes and every extended attribute (trusted.overlay.opaque,
 // trusted.overlay.redirect, user.overlay.*, security.capability, ...) as "SCHILY.xattr.<name>" PAX records.
@@ -27,12 +27,27 @@ type Stats struct {
 	Entries int64
 	// Files is the number of regular files with content (hard links to an earlier file are not counted).
 	Files int64
-	// Bytes is the total size of regular file contents.
+	// Bytes is the total size of regular file contents stored: a sparse file counts its data, not its holes.
 	Bytes int64
 	// Skipped is the number of entries left out because tar cannot hold them (sockets). Paths excluded by
 	// Write's skip function are not counted.
 	Skipped int64
 }
+
+// typeSparse is the type flag of a regular file with holes (a vendor type: POSIX leaves 'A'-'Z' to
+// implementations). Go's archive/tar no longer writes the GNU sparse formats and, reading them, hides the map
+// behind a reader that returns the holes as zeros (a 1 PiB hole would be 1 PiB of reads), so the layer format
+// has its own: the entry's content is, per data segment in increasing offset order, a segmentRecordSize record
+// (offset and length, big-endian uint64s) and then the segment's bytes; the holes between segments are not
+// stored, and the file's apparent size is the sparseSizeRecord PAX record. Other tar readers see a regular file
+// of those records (GNU tar extracts unknown types as regular files); ramify versions before sparse entries
+// refuse the type rather than restore a wrong file.
+const typeSparse byte = 'R'
+
+const (
+	segmentRecordSize = 16
+	sparseSizeRecord  = "RAMIFY.sparse.size"
+)
 
 // xattrPrefix is the PAX record prefix for extended attributes, as used by GNU tar, bsdtar and archive/tar.
 const xattrPrefix = "SCHILY.xattr."

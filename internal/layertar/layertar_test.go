@@ -318,7 +318,7 @@ func TestRoundTrip(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			wst, werr = Write(pw, src, nil)
+			wst, werr = Write(pw, src, nil, 0)
 			pw.CloseWithError(werr)
 		}()
 		xst, xerr = Extract(pr, dst)
@@ -352,7 +352,7 @@ func TestRoundTrip(t *testing.T) {
 	var buf bytes.Buffer
 	src2 := t.TempDir()
 	makeFixture(t, src2, false)
-	_, err := Write(&buf, src2, nil)
+	_, err := Write(&buf, src2, nil, 0)
 	must(t, err)
 	data := buf.Bytes()
 	dst2 := t.TempDir()
@@ -369,7 +369,7 @@ func TestWriteHeaders(t *testing.T) {
 	src := t.TempDir()
 	makeFixture(t, src, false)
 	var buf bytes.Buffer
-	_, err := Write(&buf, src, nil)
+	_, err := Write(&buf, src, nil, 0)
 	must(t, err)
 	tr := tar.NewReader(&buf)
 	seen := map[string]*tar.Header{}
@@ -437,7 +437,7 @@ func TestSkip(t *testing.T) {
 		return false
 	}
 	var buf bytes.Buffer
-	_, err := Write(&buf, src, skip)
+	_, err := Write(&buf, src, skip, 0)
 	must(t, err)
 	if len(skipped) != 3 {
 		t.Errorf("skip saw %v", skipped)
@@ -587,8 +587,9 @@ func FuzzExtract(f *testing.F) {
 	must(f, os.Symlink("../x", filepath.Join(src, "d/s")))
 	must(f, unix.Mknod(filepath.Join(src, "w"), unix.S_IFCHR, 0))
 	must(f, unix.Lsetxattr(filepath.Join(src, "d"), "trusted.overlay.opaque", []byte("y"), 0))
+	makeSparse(f, filepath.Join(src, "d/sparse"), sparseShape{size: 1 << 20, data: [][2]int64{{512 << 10, 10}}})
 	var buf bytes.Buffer
-	_, err := Write(&buf, src, nil)
+	_, err := Write(&buf, src, nil, 0)
 	must(f, err)
 	f.Add(buf.Bytes())
 	f.Add(tarOf(f, &tar.Header{Typeflag: tar.TypeReg, Name: "../x"}))
@@ -621,14 +622,14 @@ func TestExtractErrors(t *testing.T) {
 	if _, err := Extract(strings.NewReader(strings.Repeat("garbage!", 200)), dst); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("garbage: %v", err)
 	}
-	if _, err := Write(io.Discard, filepath.Join(dst, "missing"), nil); err == nil {
+	if _, err := Write(io.Discard, filepath.Join(dst, "missing"), nil, 0); err == nil {
 		t.Error("Write of a missing dir succeeded")
 	}
 	// A truncated stream is an error, not a silently short file.
 	src := t.TempDir()
 	writePseudoRandom(t, filepath.Join(src, "f"), 1<<20, 2)
 	var buf bytes.Buffer
-	_, err := Write(&buf, src, nil)
+	_, err := Write(&buf, src, nil, 0)
 	must(t, err)
 	if _, err := Extract(bytes.NewReader(buf.Bytes()[:buf.Len()/2]), t.TempDir()); err == nil {
 		t.Error("truncated tar extracted without error")

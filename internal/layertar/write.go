@@ -2,27 +2,33 @@ package layertar
 
 import (
 	"archive/tar"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// Write streams the tree under dir as a PAX tar to w: regular files (streamed, never whole in memory),
+// Write streams the tree under dir as a PAX tar to w: regular files (streamed, never whole in memory; a file
+// with holes as a typeSparse entry holding only its data segments),
 // directories, symlinks (targets as-is, never followed), hard links (TypeLink to the first path written of
 // the inode), character and block devices (including overlay whiteouts 0/0) and fifos, with numeric uid/gid,
 // full mode including setuid/setgid/sticky, mtime with nanoseconds and every xattr as a
 // "SCHILY.xattr.<name>" PAX record. Entry names are relative ("a/b", directories "a/b/"); dir itself is
 // recorded as an entry named "." carrying its mode, owner, xattrs and mtime. skip(rel) == true excludes a
-// path and, for a directory, its subtree; a nil skip excludes nothing. Sockets are left out and counted in
+// path and, for a directory, its subtree; a nil skip excludes nothing. maxData > 0 bounds the file data
+// written (Stats.Bytes): a tree holding more fails with an error wrapping EDQUOT, before the file that would
+// pass the bound is written. Sockets are left out and counted in
 // Stats.Skipped. The tree should be quiescent while Write runs (a file that shrinks meanwhile is an error).
-func Write(w io.Writer, dir string, skip func(rel string) bool) (Stats, error) {
-	wr := &writer{tw: tar.NewWriter(w), skip: skip, links: map[inode]string{}, buf: make([]byte, 1<<20)}
+func Write(w io.Writer, dir string, skip func(rel string) bool, maxData int64) (Stats, error) {
+	wr := &writer{tw: tar.NewWriter(w), skip: skip, maxData: maxData, links: map[inode]string{}, buf: make([]byte, 1<<20)}
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return wr.stats, fmt.Errorf("open %s: %w", dir, err)
@@ -37,7 +43,7 @@ func Write(w io.Writer, dir string, skip func(rel string) bool) (Stats, error) {
 	if err != nil {
 		return wr.stats, fmt.Errorf("%s: %w", dir, err)
 	}
-	if err := wr.header(".", &st, tar.TypeDir, "", xattrs, 0); err != nil {
+	if err := wr.header(".", &st, tar.TypeDir, "", xattrs, 0, nil); err != nil {
 		return wr.stats, err
 	}
 	if err := wr.walk(f, fd, ""); err != nil {
@@ -52,11 +58,12 @@ func Write(w io.Writer, dir string, skip func(rel string) bool) (Stats, error) {
 type inode struct{ dev, ino uint64 }
 
 type writer struct {
-	tw    *tar.Writer
-	skip  func(string) bool
-	links map[inode]string // first path written of each multiply-linked inode
-	stats Stats
-	buf   []byte
+	tw      *tar.Writer
+	skip    func(string) bool
+	maxData int64            // bound on Stats.Bytes (0: none)
+	links   map[inode]string // first path written of each multiply-linked inode
+	stats   Stats
+	buf     []byte
 }
 
 // walk writes the entries of the directory open as f/fd, whose path relative to the root is rel.
@@ -121,7 +128,7 @@ func (wr *writer) entry(dirfd int, dirRel, name string) error {
 		if err != nil {
 			return fmt.Errorf("%q: %w", rel, err)
 		}
-		if err := wr.header(rel+"/", &st, tar.TypeDir, "", xattrs, 0); err != nil {
+		if err := wr.header(rel+"/", &st, tar.TypeDir, "", xattrs, 0, nil); err != nil {
 			return err
 		}
 		return wr.walk(f, fd, rel)
@@ -149,7 +156,7 @@ func (wr *writer) other(dirfd int, name, rel string, st *unix.Stat_t, typ byte, 
 	if err != nil {
 		return fmt.Errorf("%q: %w", rel, err)
 	}
-	return wr.header(rel, st, typ, link, xattrs, 0)
+	return wr.header(rel, st, typ, link, xattrs, 0, nil)
 }
 
 // file writes a regular file entry and its content.
@@ -171,25 +178,109 @@ func (wr *writer) file(dirfd int, name, rel string, st *unix.Stat_t) error {
 	if err != nil {
 		return fmt.Errorf("%q: %w", rel, err)
 	}
-	if err := wr.header(rel, st, tar.TypeReg, "", xattrs, st.Size); err != nil {
+	nseg, data, err := dataSegments(fd, st.Size, nil)
+	if err != nil {
+		return fmt.Errorf("%q: %w", rel, err)
+	}
+	if wr.maxData > 0 && wr.stats.Bytes+data > wr.maxData {
+		return fmt.Errorf("%q: the files' data pass %d bytes: %w", rel, wr.maxData, unix.EDQUOT)
+	}
+	if nseg == 1 && data == st.Size || st.Size == 0 {
+		// No hole: a plain regular file entry, as every file was before sparse entries existed.
+		if err := wr.header(rel, st, tar.TypeReg, "", xattrs, st.Size, nil); err != nil {
+			return err
+		}
+		n, err := io.CopyBuffer(wr.tw, io.NewSectionReader(f, 0, st.Size), wr.buf)
+		if err != nil {
+			return fmt.Errorf("write %q: %w", rel, err)
+		}
+		if n != st.Size {
+			return fmt.Errorf("write %q: file shrank from %d to %d bytes while being read", rel, st.Size, n)
+		}
+		wr.stats.Files++
+		wr.stats.Bytes += n
+		return nil
+	}
+	return wr.sparseFile(f, rel, st, xattrs, nseg, data)
+}
+
+// sparseFile writes the regular file f, which has holes, as a typeSparse entry: a record per data segment
+// (segmentRecordSize bytes: offset and length) followed by that segment's bytes, the holes left out. nseg and
+// data are its number of segments and their total length, which fix the entry's size before it is written.
+func (wr *writer) sparseFile(f *os.File, rel string, st *unix.Stat_t, xattrs map[string]string, nseg, data int64) error {
+	size := nseg*segmentRecordSize + data
+	records := map[string]string{sparseSizeRecord: strconv.FormatInt(st.Size, 10)}
+	if err := wr.header(rel, st, typeSparse, "", xattrs, size, records); err != nil {
 		return err
 	}
-	n, err := io.CopyBuffer(wr.tw, io.LimitReader(onlyReader{f}, st.Size), wr.buf)
+	var rec [segmentRecordSize]byte
+	var written, wseg int64
+	_, _, err := dataSegments(int(f.Fd()), st.Size, func(off, n int64) error {
+		binary.BigEndian.PutUint64(rec[:8], uint64(off))
+		binary.BigEndian.PutUint64(rec[8:], uint64(n))
+		if wseg++; wseg > nseg {
+			return errors.New("file changed while being read (more data segments)")
+		}
+		if _, err := wr.tw.Write(rec[:]); err != nil {
+			return err
+		}
+		c, err := io.CopyBuffer(wr.tw, io.NewSectionReader(f, off, n), wr.buf)
+		written += c
+		if err == nil && c != n {
+			err = fmt.Errorf("file shrank while being read (segment at %d: %d of %d bytes)", off, c, n)
+		}
+		return err
+	})
+	if err == nil && (wseg != nseg || written != data) {
+		err = errors.New("file changed while being read (fewer data segments)")
+	}
 	if err != nil {
 		return fmt.Errorf("write %q: %w", rel, err)
 	}
-	if n != st.Size {
-		return fmt.Errorf("write %q: file shrank from %d to %d bytes while being read", rel, st.Size, n)
-	}
 	wr.stats.Files++
-	wr.stats.Bytes += n
+	wr.stats.Bytes += written
 	return nil
 }
 
-// onlyReader hides *os.File's WriterTo so that io.CopyBuffer uses the given buffer.
-type onlyReader struct{ io.Reader }
+// dataSegments finds the data segments of the file open at fd, of the given size, with SEEK_DATA and
+// SEEK_HOLE, calls each (when not nil) with a segment's offset and length, and returns their number and total
+// length. A file system without hole support reports the whole file as one segment. Every segment is at least
+// a block of the file system that the layer's quota counts, so the records of a sparse entry add at most
+// segmentRecordSize bytes per block: a map of millions of tiny segments needs as many blocks of real data, and
+// nothing of it is held in memory.
+func dataSegments(fd int, size int64, each func(off, n int64) error) (nseg, total int64, err error) {
+	for off := int64(0); off < size; {
+		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole from off to the end
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("seek data: %w", err)
+		}
+		if start >= size {
+			break
+		}
+		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
+		if err != nil {
+			return 0, 0, fmt.Errorf("seek hole: %w", err)
+		}
+		end = min(end, size)
+		if end <= start {
+			return 0, 0, fmt.Errorf("seek hole: no progress at offset %d", start)
+		}
+		if each != nil {
+			if err := each(start, end-start); err != nil {
+				return 0, 0, err
+			}
+		}
+		nseg++
+		total += end - start
+		off = end
+	}
+	return nseg, total, nil
+}
 
-func (wr *writer) header(name string, st *unix.Stat_t, typ byte, link string, xattrs map[string]string, size int64) error {
+func (wr *writer) header(name string, st *unix.Stat_t, typ byte, link string, xattrs map[string]string, size int64, records map[string]string) error {
 	hdr := &tar.Header{
 		Typeflag: typ,
 		Name:     name,
@@ -205,8 +296,9 @@ func (wr *writer) header(name string, st *unix.Stat_t, typ byte, link string, xa
 		hdr.Devmajor = int64(unix.Major(uint64(st.Rdev)))
 		hdr.Devminor = int64(unix.Minor(uint64(st.Rdev)))
 	}
-	if len(xattrs) > 0 {
-		hdr.PAXRecords = make(map[string]string, len(xattrs))
+	if len(xattrs)+len(records) > 0 {
+		hdr.PAXRecords = make(map[string]string, len(xattrs)+len(records))
+		maps.Copy(hdr.PAXRecords, records)
 		for k, v := range xattrs {
 			if strings.ContainsAny(k, "=\x00") {
 				return fmt.Errorf("%q: xattr name %q cannot be stored in a tar", name, k)

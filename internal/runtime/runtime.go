@@ -12,6 +12,14 @@ import (
 	"github.com/ramify-dev/ramify/internal/agent"
 )
 
+// RestoreSlack is what a layer restored from a snapshot may hold beyond its disk quota while it is written, so
+// that a layer paused at its quota always resumes. A pause stores no more file data than the quota (a layer of
+// reflinked copies is refused), and the same files written afresh are counted about as much as the originals,
+// usually less (whole extents, no copy-on-write leftovers; holes stay holes: measured, a 64 MiB layer of 4000
+// small files and a file filling the rest came back 416 KiB smaller); but the tree blocks of their metadata are
+// laid out anew and need not come out fewer. Once the overlay is mounted the exact quota applies again.
+const RestoreSlack = 8 << 20
+
 // Spec is what a new sandbox is made from.
 type Spec struct {
 	ID       string
@@ -30,8 +38,12 @@ type Spec struct {
 	// its parent's.
 	Image string
 	// Populate, when set, fills the new sandbox's writable layer (its overlay upper directory, on the host)
-	// before anything runs in it: a resume from a snapshot.
+	// before anything runs in it: a resume from a snapshot. It writes under the layer's cap (DiskMiB plus
+	// RestoreSlack and PopulateExtra): what does not fit fails it with EDQUOT, and the create with it.
 	Populate func(upperDir string) error
+	// PopulateExtra is what Populate may write beyond the cap that is removed before the sandbox's own code
+	// runs (an older snapshot's session files, unpacked into the layer for the interpreter to load).
+	PopulateExtra int64
 	// Preload lists packages the sandbox's interpreter imports as soon as it runs (a resume's session, whose
 	// loading needs them): the runtime may give it an interpreter that imported them ahead, when that makes no
 	// difference to what the sandbox sees.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ramify-dev/ramify/internal/agent"
 	"github.com/ramify-dev/ramify/internal/crashpoint"
 	"github.com/ramify-dev/ramify/internal/errdefs"
@@ -153,7 +155,7 @@ func (s *Service) pauseOnTimeout(ctx context.Context, id string) error {
 func (s *Service) pause(ctx context.Context, e *entry) {
 	start := time.Now()
 	s.mu.Lock()
-	h, id, specJSON := e.handle, e.rec.ID, e.rec.Spec
+	h, id, specJSON, diskMiB := e.handle, e.rec.ID, e.rec.Spec, e.spec.DiskMiB
 	s.mu.Unlock()
 	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
 	fk, ok := s.cfg.Runtime.(runtime.Forker)
@@ -161,7 +163,7 @@ func (s *Service) pause(ctx context.Context, e *entry) {
 		s.failPause(e, h, nil, prefix, errors.New("this runtime cannot pause sandboxes"))
 		return
 	}
-	m, err := s.writeSnapshot(ctx, fk, h, id, prefix, specJSON, start)
+	m, err := s.writeSnapshot(ctx, fk, h, id, prefix, specJSON, diskMiB, start)
 	if err != nil {
 		err = stoppedBy(ctx, err)
 		s.failPause(e, h, fk, prefix, err)
@@ -172,8 +174,12 @@ func (s *Service) pause(ctx context.Context, e *entry) {
 
 // writeSnapshot writes a running sandbox's snapshot under prefix: the interpreter's session (while it runs),
 // then, frozen, its layer, then the manifest that makes the snapshot complete. The sandbox is left frozen.
+// A layer whose files hold more data than its quota of diskMiB (0: none) is refused: the quota counts blocks,
+// and a layer of reflinked copies (cp reflinks by default) or of files btrfs compressed holds more data than
+// blocks; stored, it would take the store more than the quota (without bound: a thousand copies of one file),
+// and could not be restored under the quota.
 func (s *Service) writeSnapshot(ctx context.Context, fk runtime.Forker, h runtime.Handle, id, prefix string,
-	specJSON []byte, start time.Time) (Manifest, error) {
+	specJSON []byte, diskMiB int, start time.Time) (Manifest, error) {
 	c, err := s.cfg.Runtime.Agent(id)
 	if err != nil {
 		return Manifest{}, err
@@ -192,7 +198,11 @@ func (s *Service) writeSnapshot(ctx context.Context, fk runtime.Forker, h runtim
 	}
 	m := Manifest{Version: 1, Sandbox: id, CreatedAt: time.Now().UTC(), Spec: specJSON,
 		Parts: map[string]Part{"session.bin": session.part}, NotSaved: session.notSaved, Preload: session.preload}
-	layerPart, err := s.putTar(ctx, prefix+"layer.tar", fk.UpperDir(h), nil)
+	layerPart, err := s.putTar(ctx, prefix+"layer.tar", fk.UpperDir(h), nil, int64(diskMiB)<<20)
+	if errors.Is(err, unix.EDQUOT) {
+		err = fmt.Errorf("the sandbox's files hold more data than its disk quota (disk_mib %d) once written out: "+
+			"reflinked copies (cp's default) and compressed files count in full in a snapshot: %w", diskMiB, err)
+	}
 	if err != nil {
 		return Manifest{}, fmt.Errorf("write layer.tar: %w", err)
 	}

@@ -70,6 +70,9 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 		ID: id, Hostname: hostname, IP: parseIP(ipStr), VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
 		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
 		Egress: spec.Egress, Image: spec.Image, Preload: m.Preload,
+		// An older snapshot's session files are unpacked into the layer and removed once loaded: they were
+		// never on the sandbox's disk, so they do not count against its quota.
+		PopulateExtra: m.Parts["session.tar"].Size,
 		Populate: func(upper string) error {
 			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
 				return err

@@ -320,14 +320,14 @@ func copyHashed(w io.Writer, r io.Reader, h io.Writer) (int64, error) {
 	return n, werr
 }
 
-// putTar streams a tar of dir into the snapshot store.
-func (s *Service) putTar(ctx context.Context, key, dir string, skip func(string) bool) (Part, error) {
+// putTar streams a tar of dir, of at most maxData bytes of file data (0: no bound), into the snapshot store.
+func (s *Service) putTar(ctx context.Context, key, dir string, skip func(string) bool, maxData int64) (Part, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return Part{}, err
 	}
 	pr, pw := io.Pipe()
 	go func() {
-		_, err := layertar.Write(pw, dir, skip)
+		_, err := layertar.Write(pw, dir, skip, maxData)
 		pw.CloseWithError(err)
 	}()
 	obj, err := s.cfg.Snapshots.Put(ctx, key, pr)

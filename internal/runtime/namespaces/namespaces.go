@@ -686,7 +686,17 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		return runtime.Handle{}, fmt.Errorf("prepare layer: %w", err)
 	}
 	if spec.Populate != nil {
+		// The layer is capped before the first byte is restored: restored first and capped after, a snapshot
+		// (one whose files were written out in full by an older version, or a crafted one) filled the layer
+		// file system that every sandbox shares, whatever its disk_mib. The exact quota follows below, once the
+		// overlay is mounted.
+		if err := r.limitLayerBytes(spec.ID, populateCap(spec)); err != nil {
+			return runtime.Handle{}, err
+		}
 		if err := spec.Populate(filepath.Join(dir, "upper")); err != nil {
+			if errors.Is(err, unix.EDQUOT) {
+				err = fmt.Errorf("the snapshot's files do not fit in the sandbox's disk quota (disk_mib %d): %w", spec.DiskMiB, err)
+			}
 			return runtime.Handle{}, fmt.Errorf("populate layer: %w", err)
 		}
 	} else if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
@@ -729,9 +739,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 		return runtime.Handle{}, err
 	}
 	if spec.Populate != nil {
-		// A populated layer (a resume, a template) is held to its quota only once its root is mounted: it may
-		// be restored up to the quota, and the overlay's mount makes its work directory in the layer (at the
-		// quota, the mount would come up read-only). Nothing of the sandbox's own has run yet.
+		// A populated layer (a resume, a template) is held to its exact quota only once its root is mounted:
+		// it is restored under populateCap, and the overlay's mount makes its work directory in the layer (at
+		// the quota, the mount would come up read-only). Nothing of the sandbox's own has run yet.
 		if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
 			r.Stop(context.Background(), sb.h) //nolint:errcheck // the undo below removes the rest
 			return runtime.Handle{}, err
@@ -1013,14 +1023,27 @@ func (r *Runtime) movesFast() func() {
 	return func() {}
 }
 
+// populateCap is the cap of spec's layer while its Populate runs (0: none).
+func populateCap(spec runtime.Spec) int64 {
+	if spec.DiskMiB <= 0 {
+		return 0
+	}
+	return int64(spec.DiskMiB)<<20 + runtime.RestoreSlack + max(spec.PopulateExtra, 0)
+}
+
 // limitLayer caps layer id at mib MiB (0: no cap) when the layer driver enforces limits (btrfs with quotas);
 // with the copy driver it does nothing.
 func (r *Runtime) limitLayer(id string, mib int) error {
+	return r.limitLayerBytes(id, int64(mib)<<20)
+}
+
+// limitLayerBytes is limitLayer in bytes.
+func (r *Runtime) limitLayerBytes(id string, bytes int64) error {
 	lim, ok := layer.LimiterOf(r.cfg.Layers)
 	if !ok {
 		return nil
 	}
-	if err := lim.SetLimit(id, int64(mib)<<20); err != nil {
+	if err := lim.SetLimit(id, bytes); err != nil {
 		return fmt.Errorf("disk quota: %w", err)
 	}
 	return nil
