@@ -39,6 +39,18 @@ func TestCapacity(t *testing.T) {
 	if _, _, err := e.svc.Resume(ctx, c); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("resume past capacity: %v, want unavailable", err)
 	}
+	// A fork of the paused sandbox whose children would resume is refused up front too (it answered 200, its
+	// children left paused); with start_paused they need no room.
+	if _, err := e.svc.Fork(ctx, c, 1); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("fork of a paused sandbox past capacity: %v, want unavailable", err)
+	}
+	kids, err := e.svc.ForkWithOptions(ctx, c, 1, ForkOptions{StartPaused: true})
+	if err != nil {
+		t.Fatalf("fork of a paused sandbox, start_paused, past capacity: %v", err)
+	}
+	if err := e.svc.Delete(ctx, kids.Children[0]); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.svc.Delete(ctx, d); err != nil {
 		t.Fatal(err)
 	}

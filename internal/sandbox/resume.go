@@ -194,6 +194,16 @@ func (s *Service) forkPaused(ctx context.Context, e *entry, n int, startPaused b
 		childSpec, _ = json.Marshal(spec)
 	}
 	out := ForkResult{Note: "forked from a paused sandbox's snapshot: each child is an independent sandbox with its own id and address"}
+	if !startPaused {
+		// Each child resumes once made: refused for capacity, the children would stay paused where the caller
+		// asked for running ones (and waits for them). Refused up front instead, as a fork of a running parent is.
+		s.mu.Lock()
+		err := s.admitLocked(spec, n)
+		s.mu.Unlock()
+		if err != nil {
+			return ForkResult{}, fmt.Errorf("fork %s: %w", parent.ID, err)
+		}
+	}
 	var undo undoStack
 	fail := func(err error) (ForkResult, error) {
 		return ForkResult{}, s.fail(ctx, &undo, fmt.Errorf("fork %s: %w", parent.ID, err))
