@@ -608,6 +608,7 @@ def _confine():
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _REOPEN_FLAGS = os.O_ACCMODE | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | _O_PATH | getattr(os, "O_DIRECT", 0)
 _COPY_MAX = 64 << 20  # a deleted file or memfd up to this size is copied into a child; larger ones are not
+_maps_scan = None  # a _MapsScan, made at the first fork
 
 
 def _fd_kind(fd):
@@ -711,37 +712,81 @@ def _copy_file(fd, flags):
         os.close(mfd)
 
 
-_SHARED_MAP = None
+class _MapsScan:
+    """What a fork child needs to find its shared mappings, made in the parent as it forks so that its children
+    do not each build it (a child's every allocation, and every page of its parent's it writes to, is memory of
+    its own): libc with mmap, mremap and mprotect declared, a buffer to read /proc/self/maps into, and the device
+    of the image's files, whose mappings need nothing (an image file never changes: a write to it makes a copy in
+    the sandbox's own layer)."""
+
+    def __init__(self):
+        global _libc
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.mmap.restype = ctypes.c_void_p
+        _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+        _libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        _libc.mremap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        _libc.mremap.restype = ctypes.c_void_p
+        self.libc = _libc
+        self.buf = bytearray(1 << 17)
+        # The image's files report the st_dev of the image's file system (not the overlay's: overlayfs shows a
+        # non-directory's own st_dev when its layers are on different file systems, as a btrfs layer over the
+        # image directory is). Where the overlay shows its own for them too (all layers on one file system, or
+        # xino), an image file cannot be told from the sandbox's own: none is skipped.
+        exe = os.stat(os.path.realpath(sys.executable)).st_dev
+        self.image_dev = exe if exe != os.stat("/").st_dev else None
+
+    def mappings(self):
+        """The shared mappings (start, end, perms, offset, path) of /proc/self/maps. Only the lines around a
+        "s " (perms of a shared mapping, or in a path) are split."""
+        found = []
+        buf, mv = self.buf, memoryview(self.buf)
+        fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            kept = 0  # a line begun at the end of the last read, moved to the buffer's start
+            while True:
+                n = os.readv(fd, [mv[kept:]])
+                if n == 0:
+                    break
+                cut = buf.rfind(b"\n", 0, kept + n) + 1
+                i = buf.find(b"s ", 0, cut)
+                while i >= 0:
+                    start = buf.rfind(b"\n", 0, i) + 1
+                    end = buf.find(b"\n", i)
+                    f = bytes(mv[start:end]).split(None, 5)  # range perms offset dev inode [path]
+                    if len(f) >= 5 and len(f[1]) == 4 and f[1].endswith(b"s"):
+                        lo, hi = f[0].split(b"-")
+                        found.append((int(lo, 16), int(hi, 16), f[1], int(f[2], 16),
+                                      f[5].decode(errors="surrogateescape") if len(f) > 5 else ""))
+                    i = buf.find(b"s ", end, cut)
+                kept = kept + n - cut
+                mv[:kept] = bytes(mv[cut:cut + kept])
+        finally:
+            os.close(fd)
+        return found
 
 
-def _unshare_maps():
+def _unshare_maps(scan):
     """In a fork child: make every MAP_SHARED mapping it inherited its own. A mapping of a file the child reaches
     by path is mapped again from the child's copy of the file (its file system is a snapshot of the parent's);
     any other (anonymous shared memory, SysV and POSIX shared memory, memfds, deleted files) is copied into new
     anonymous shared memory moved over it. The content is what it is as the child gets here, a few milliseconds
     after the fork."""
-    global _SHARED_MAP, _libc
-    with open("/proc/self/maps", "rb") as f:
-        maps = f.read()
-    if b"s " not in maps:  # the common case: no shared mapping at all (a p or s follows the rwx bits)
-        return
-    import re
-    if _SHARED_MAP is None:
-        _SHARED_MAP = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) ([r-])([w-])([x-])s ([0-9a-f]+) \S+ \d+ *(.*)$", re.M)
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.mmap.restype = ctypes.c_void_p
-    _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
-    _libc.mremap.restype = ctypes.c_void_p
-    _libc.mremap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
-    _libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    failed = ctypes.c_void_p(-1).value
-    for m in _SHARED_MAP.finditer(maps):
-        start, end = int(m.group(1), 16), int(m.group(2), 16)
+    libc, failed = scan.libc, None
+    for start, end, perms, offset, path in scan.mappings():
+        if scan.image_dev is not None and path.startswith("/") and not path.endswith(" (deleted)"):
+            try:
+                st = os.stat(path)
+                if st.st_dev == scan.image_dev and stat.S_ISREG(st.st_mode):
+                    continue  # an image file (glibc's gconv cache, say): nothing changes it, a write makes a copy
+            except OSError:
+                pass
+        if failed is None:
+            failed = ctypes.c_void_p(-1).value
         size = end - start
-        prot = (m.group(3) == b"r" and mmap.PROT_READ) | (m.group(4) == b"w" and mmap.PROT_WRITE) | \
-            (m.group(5) == b"x" and mmap.PROT_EXEC)
-        path = m.group(7).decode(errors="surrogateescape")
+        prot = (perms[0:1] == b"r" and mmap.PROT_READ) | (perms[1:2] == b"w" and mmap.PROT_WRITE) | \
+            (perms[2:3] == b"x" and mmap.PROT_EXEC)
         if path.startswith("/") and not path.endswith(" (deleted)"):
             try:
                 ffd = os.open(path, os.O_RDWR if prot & mmap.PROT_WRITE else os.O_RDONLY)
@@ -749,20 +794,20 @@ def _unshare_maps():
                 ffd = -1
             if ffd >= 0:
                 try:
-                    if stat.S_ISREG(os.fstat(ffd).st_mode) and _libc.mmap(start, size, prot, mmap.MAP_SHARED | 0x10,
-                                                                          ffd, int(m.group(6), 16)) == start:
+                    if stat.S_ISREG(os.fstat(ffd).st_mode) and libc.mmap(start, size, prot, mmap.MAP_SHARED | 0x10,
+                                                                         ffd, offset) == start:
                         continue  # MAP_FIXED: the child's file in place of the parent's
                 finally:
                     os.close(ffd)
         # A copy: new shared memory, filled, then moved over the old mapping (mremap MAYMOVE|FIXED).
-        new = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS, -1, 0)
+        new = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS, -1, 0)
         if new == failed or new is None:
             raise OSError(ctypes.get_errno(), "copy shared mapping %x-%x" % (start, end))
         if not prot & mmap.PROT_READ:
-            _libc.mprotect(start, size, prot | mmap.PROT_READ)
+            libc.mprotect(start, size, prot | mmap.PROT_READ)
         ctypes.memmove(new, start, size)
-        _libc.mprotect(new, size, prot)
-        if _libc.mremap(new, size, size, 3, start) != start:  # MREMAP_MAYMOVE | MREMAP_FIXED
+        libc.mprotect(new, size, prot)
+        if libc.mremap(new, size, size, 3, start) != start:  # MREMAP_MAYMOVE | MREMAP_FIXED
             raise OSError(ctypes.get_errno(), "move shared mapping copy to %x" % start)
 
 
@@ -777,11 +822,13 @@ def _fork(req):
     # for 250 MB of dicts and lists). A child's own objects are collected as usual; a cycle it inherited that
     # it drops stays until it forks itself. The parent takes its objects back at once, unless the session had
     # frozen some itself (gc.freeze), which it keeps.
-    global _fork_froze
+    global _fork_froze, _maps_scan
     ours = _fork_froze or gc.get_freeze_count() == 0
     gc.freeze()
     try:
         files = _fds_of(set(nsfds) | {_sock.fileno()})
+        if _maps_scan is None:
+            _maps_scan = _MapsScan()
         pids = []
         for t in req["targets"]:
             sys.stdout.flush()
@@ -793,7 +840,7 @@ def _fork(req):
                     for fd in nsfds:
                         if fd not in own:
                             os.close(fd)
-                    _become_child(t, files, own)
+                    _become_child(t, files, own, _maps_scan)
                 except BaseException:
                     _log_failure("fork child for agent %s failed:\n%s" % (t.get("agent_pid"), traceback.format_exc()))
                 os._exit(70)
@@ -816,18 +863,19 @@ def _log_failure(msg):
         pass
 
 
-def _become_child(t, files, nsfds):
+def _become_child(t, files, nsfds, scan):
     global _sock, _rfile, _emit_sync
     _emit_sync = False
     old = _sock
-    # Descriptors another thread opened after the parent listed them, as it forked: listed here, in the
-    # parent's namespaces still (their paths are the parent's).
-    skip = set(nsfds) | set(files) | {old.fileno()}
-    for fd in os.listdir("/proc/self/fd"):
-        if int(fd) > 2 and int(fd) not in skip:
-            k = _fd_kind(int(fd))
-            if k is not None:
-                files[int(fd)] = k
+    # A descriptor another thread of the parent opened after the parent listed its own, as it forked, is
+    # closed: whatever it is, it is the parent's (close_range over the gaps; listing them here would cost every
+    # child memory of its own).
+    prev = -1
+    for fd in sorted(set(files) | set(nsfds) | {0, 1, 2, old.fileno()}):
+        if fd > prev + 1:
+            os.closerange(prev + 1, fd)
+        prev = fd
+    os.closerange(prev + 1, 1 << 30)
     # Wait until the server has moved this process into the child's cgroup: it writes one byte to this pipe
     # after the move (end of file instead: the fork failed). Blocked in read, a child costs no CPU while it waits.
     moved = nsfds.pop()
@@ -854,7 +902,7 @@ def _become_child(t, files, nsfds):
     except OSError:
         os.chdir("/")
     _rebuild_fds(files)
-    _unshare_maps()
+    _unshare_maps(scan)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect("\0ramify-agent")
     old.close()

@@ -237,7 +237,12 @@ attempt("shm", lambda: ctypes.memmove(shm, b"CHILD", 5))
 attempt("pipe", lambda: os.write(wpipe, b"CHILD"))
 attempt("udp", lambda: udp.sendto(b"x", ("10.255.255.53", 53)))
 attempt("tcp", lambda: tcp.connect(("10.255.255.53", 53)))
-leaked = [s.fileno() for s in list(opened) if s.fileno() >= 0 and stat.S_ISSOCK(os.fstat(s.fileno()).st_mode)]
+def is_socket(fd):
+    try:
+        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError:
+        return False  # closed in the child (opened by the parent's thread as it forked)
+leaked = [s.fileno() for s in list(opened) if s.fileno() >= 0 and is_socket(s.fileno())]
 " ".join(out) + " sockets-left:%d" % len(leaked)
 `
 
