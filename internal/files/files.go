@@ -366,8 +366,9 @@ func reopenRegular(pfd int, st *unix.Stat_t, fallback func() (int, error)) (int,
 	return fd, nil
 }
 
-// readNames returns the names in the directory open as fd, without "." and "..".
-func readNames(fd int) ([]string, error) {
+// ReadNames returns the names in the directory open as fd, without "." and ".." (getdents: no stat of each
+// entry, no path resolution). The diff (internal/fsdiff) lists layer directories with it too.
+func ReadNames(fd int) ([]string, error) {
 	buf := make([]byte, 32*1024)
 	var names []string
 	for {

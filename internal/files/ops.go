@@ -315,7 +315,7 @@ func (f *FS) List(p string) ([]Entry, error) {
 		return nil, wrap("list", p, err)
 	}
 	defer unix.Close(fd)
-	names, err := readNames(fd)
+	names, err := ReadNames(fd)
 	if err != nil {
 		return nil, wrap("list", p, err)
 	}
@@ -524,7 +524,7 @@ func removeAll(dirfd int, name, p string) error {
 }
 
 func removeContents(fd int, p string) error {
-	names, err := readNames(fd)
+	names, err := ReadNames(fd)
 	if err != nil {
 		return err
 	}

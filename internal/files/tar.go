@@ -90,7 +90,7 @@ func tarHeader(name string, st *unix.Stat_t) *tar.Header {
 
 // writeTarDir archives the entries of the directory open as fd, named with prefix.
 func writeTarDir(tw *tar.Writer, fd int, prefix, p string) error {
-	names, err := readNames(fd)
+	names, err := ReadNames(fd)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/files"
 )
 
 // noFollow resolves a path below a layer's directory fd without following a symlink in any component (one that
@@ -110,7 +112,7 @@ func (t *tree) names(rel string) ([]string, error) {
 		return nil, fmt.Errorf("open %s: %w", t.at(rel), err)
 	}
 	defer unix.Close(fd)
-	names, err := readNames(fd)
+	names, err := files.ReadNames(fd)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", t.at(rel), err)
 	}
@@ -153,23 +155,4 @@ func (t *tree) openRegular(rel string) (int, error) {
 		return -1, fmt.Errorf("open %s: %w", t.at(rel), err)
 	}
 	return fd, nil
-}
-
-// readNames returns the names in the directory open as fd, without "." and "..".
-func readNames(fd int) ([]string, error) {
-	buf := make([]byte, 32<<10)
-	var names []string
-	for {
-		n, err := unix.ReadDirent(fd, buf)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if n <= 0 {
-			return names, nil
-		}
-		_, _, names = unix.ParseDirent(buf[:n], -1, names)
-	}
 }
