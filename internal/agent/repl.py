@@ -729,6 +729,7 @@ class _MapsScan:
         _libc.mremap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
         _libc.mremap.restype = ctypes.c_void_p
         self.libc = _libc
+        self.failed = ctypes.c_void_p(-1).value  # MAP_FAILED
         self.buf = bytearray(1 << 17)
         # The image's files report the st_dev of the image's file system (not the overlay's: overlayfs shows a
         # non-directory's own st_dev when its layers are on different file systems, as a btrfs layer over the
@@ -773,17 +774,8 @@ def _unshare_maps(scan):
     any other (anonymous shared memory, SysV and POSIX shared memory, memfds, deleted files) is copied into new
     anonymous shared memory moved over it. The content is what it is as the child gets here, a few milliseconds
     after the fork."""
-    libc, failed = scan.libc, None
+    libc = scan.libc
     for start, end, perms, offset, path in scan.mappings():
-        if scan.image_dev is not None and path.startswith("/") and not path.endswith(" (deleted)"):
-            try:
-                st = os.stat(path)
-                if st.st_dev == scan.image_dev and stat.S_ISREG(st.st_mode):
-                    continue  # an image file (glibc's gconv cache, say): nothing changes it, a write makes a copy
-            except OSError:
-                pass
-        if failed is None:
-            failed = ctypes.c_void_p(-1).value
         size = end - start
         prot = (perms[0:1] == b"r" and mmap.PROT_READ) | (perms[1:2] == b"w" and mmap.PROT_WRITE) | \
             (perms[2:3] == b"x" and mmap.PROT_EXEC)
@@ -794,14 +786,18 @@ def _unshare_maps(scan):
                 ffd = -1
             if ffd >= 0:
                 try:
-                    if stat.S_ISREG(os.fstat(ffd).st_mode) and libc.mmap(start, size, prot, mmap.MAP_SHARED | 0x10,
-                                                                         ffd, offset) == start:
-                        continue  # MAP_FIXED: the child's file in place of the parent's
+                    st = os.fstat(ffd)
+                    # An image file (glibc's gconv cache, say) is left as it is: nothing changes it, a write
+                    # makes a copy in the layer. Else the child's file is mapped in place of the parent's
+                    # (MAP_FIXED).
+                    if stat.S_ISREG(st.st_mode) and (st.st_dev == scan.image_dev or libc.mmap(
+                            start, size, prot, mmap.MAP_SHARED | 0x10, ffd, offset) == start):
+                        continue
                 finally:
                     os.close(ffd)
         # A copy: new shared memory, filled, then moved over the old mapping (mremap MAYMOVE|FIXED).
         new = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS, -1, 0)
-        if new == failed or new is None:
+        if new == scan.failed or new is None:
             raise OSError(ctypes.get_errno(), "copy shared mapping %x-%x" % (start, end))
         if not prot & mmap.PROT_READ:
             libc.mprotect(start, size, prot | mmap.PROT_READ)

@@ -54,7 +54,7 @@ type idemCall struct {
 type idemStore struct {
 	mu    sync.Mutex
 	calls map[string]*idemCall
-	order []string // keys of answered calls, oldest first (may name removed or replaced ones: checked)
+	order []string // keys of the answers kept, oldest first
 	bytes int
 	// The limits (idemTTL, idemMaxKeys, idemMaxBytes, idemMaxBody; tests lower them) and the clock.
 	ttl                        time.Duration
