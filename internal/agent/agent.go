@@ -659,7 +659,9 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: "snapshot_repl needs a stream"})
 			return
 		}
-		m, err := a.repl.tracked(func() (replMsg, error) { return a.repl.session("snapshot", req) })
+		m, err := a.repl.tracked(func() (replMsg, error) {
+			return a.repl.session("snapshot", req, func(pid int) { w.emit(Event{Type: "save_copy", Pid: pid}) })
+		})
 		if err != nil {
 			w.emit(replError("save interpreter", err))
 			return
@@ -670,7 +672,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 			w.emit(Event{Type: "error", Message: "restore_repl: the stream did not arrive"})
 			return
 		}
-		m, err := a.repl.session("restore", req)
+		m, err := a.repl.session("restore", req, nil)
 		if err != nil {
 			w.emit(replError("restore interpreter", err))
 			return

@@ -121,9 +121,22 @@ func (c *Client) Interrupt(ctx context.Context, r InterruptRequest) (Interrupted
 
 // SnapshotSession has the interpreter write its session (variables, imports) as a session stream to w, which it
 // takes (and closes once sent). The answer lists what could not be saved, and the packages loading the stream
-// will import (see Preload).
-func (c *Client) SnapshotSession(ctx context.Context, w *os.File) (skipped []Skipped, preload []string, err error) {
-	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpSnapshot, Stream: true}, []*os.File{w}, nil)
+// will import (see Preload). The interpreter saves from a copy of itself that it forks for the save; with moved
+// (the read end of a pipe, which it takes) that copy waits until the caller has moved it into a memory budget of
+// its own: onCopy gets the copy's pid (in the family's PID namespace) as soon as it is forked, and the caller
+// then writes one byte to the pipe (or closes it, and the copy saves where it is).
+func (c *Client) SnapshotSession(ctx context.Context, w, moved *os.File, onCopy func(pid int)) (skipped []Skipped, preload []string, err error) {
+	req, files := Request{Op: OpSnapshot, Stream: true}, []*os.File{w}
+	var on func(Event)
+	if moved != nil {
+		req.Budget, files = true, append(files, moved)
+		on = func(ev Event) {
+			if ev.Type == "save_copy" && ev.Pid > 0 && onCopy != nil {
+				onCopy(ev.Pid)
+			}
+		}
+	}
+	ev, err := c.roundTripWithFiles(ctx, req, files, on)
 	return ev.Skipped, ev.Preload, err
 }
 

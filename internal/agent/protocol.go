@@ -51,6 +51,11 @@ type Request struct {
 	// (snapshots made before session streams).
 	Stream bool   `json:"stream,omitempty"`
 	Dir    string `json:"dir,omitempty"`
+	// snapshot_repl: a second descriptor comes with the stream, the read end of a pipe on which the copy the
+	// interpreter forks to save its session waits until the server has moved it into a memory budget of its own
+	// (one byte; end of file: it saves where it is). A "save_copy" event gives the server the copy's pid, in
+	// the family's PID namespace, before the answer.
+	Budget bool `json:"budget,omitempty"`
 
 	// preload_repl: packages the interpreter imports ahead of a session that needs them
 	Modules []string `json:"modules,omitempty"`

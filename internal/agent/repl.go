@@ -682,7 +682,7 @@ func (p *repl) runMsg(ctx context.Context, msg map[string]any, timeoutS float64,
 // result was read. An interpreter that does not know the op (one started by an older binary and kept across an
 // upgrade) answers with an error, which changes nothing.
 func (p *repl) discardSigint() {
-	p.exchange(map[string]any{"op": "discard_sigint"}) //nolint:errcheck // see above
+	p.exchange(map[string]any{"op": "discard_sigint"}, nil) //nolint:errcheck // see above
 }
 
 // resultList collects a call's rich results within resultsLimit: one that does not fit becomes a text/plain
@@ -772,6 +772,11 @@ func (p *repl) call(req map[string]any) (replMsg, error) { return p.callFile(req
 
 // callFile is call with descriptors fds sent along with the request.
 func (p *repl) callFile(req map[string]any, fds ...int) (replMsg, error) {
+	return p.callFileOn(req, nil, fds...)
+}
+
+// callFileOn is callFile with on given every message the interpreter sends before its result.
+func (p *repl) callFileOn(req map[string]any, on func(replMsg), fds ...int) (replMsg, error) {
 	p.turn <- struct{}{}
 	defer p.endTurn()
 	if p.takeLost() {
@@ -780,7 +785,7 @@ func (p *repl) callFile(req map[string]any, fds ...int) (replMsg, error) {
 	if _, err := p.ensure(); err != nil {
 		return replMsg{}, err
 	}
-	return p.exchange(req, fds...)
+	return p.exchange(req, on, fds...)
 }
 
 // forkHooks asks the running interpreter whether its session registered at-fork handlers that children made
@@ -792,13 +797,14 @@ func (p *repl) forkHooks() (bool, error) {
 	if _, live := p.live(); !live { // none started, or one found dead (lost)
 		return false, errors.New("no interpreter running")
 	}
-	m, err := p.exchange(map[string]any{"op": "fork_check"})
+	m, err := p.exchange(map[string]any{"op": "fork_check"}, nil)
 	return m.ForkHooks, err
 }
 
-// exchange sends req to the interpreter (the caller holds its turn) and waits for its result. An interpreter
-// found dead is dropped, and the next run or call says so (lost).
-func (p *repl) exchange(req map[string]any, fds ...int) (replMsg, error) {
+// exchange sends req to the interpreter (the caller holds its turn) and waits for its result, giving on (if
+// set) every other message it sends meanwhile. An interpreter found dead is dropped, and the next run or call
+// says so (lost).
+func (p *repl) exchange(req map[string]any, on func(replMsg), fds ...int) (replMsg, error) {
 	if err := p.sendFile(req, fds...); err != nil {
 		// Writing to it failed: it had exited since the last call (killed, out of memory).
 		p.dropLost()
@@ -815,6 +821,9 @@ func (p *repl) exchange(req map[string]any, fds ...int) (replMsg, error) {
 				return m, fmt.Errorf("%s: %s: %s", req["op"], m.Error.Name, m.Error.Value)
 			}
 			return m, nil
+		}
+		if on != nil {
+			on(m)
 		}
 	}
 }
@@ -842,8 +851,17 @@ func (p *repl) fork(targets []ForkTarget, files []*os.File) ([]int, error) {
 }
 
 // session runs the interpreter's snapshot or restore op, on the session stream sent with req or (restore of an
-// older snapshot) on req.Dir; its answer lists what it could not handle (and, for a snapshot, Preload).
-func (p *repl) session(op string, req Request) (replMsg, error) {
+// older snapshot) on req.Dir; its answer lists what it could not handle (and, for a snapshot, Preload). A
+// snapshot with req.Budget passes the interpreter the pipe its saving copy waits on, and gives on the copy's pid
+// (repl.py's save_copy message) as soon as it is forked.
+func (p *repl) session(op string, req Request, on func(pid int)) (replMsg, error) {
+	if req.Stream && req.Budget && len(req.files) == 2 {
+		return p.callFileOn(map[string]any{"op": op, "stream": true, "budget": true}, func(m replMsg) {
+			if m.Type == "save_copy" && m.Pid > 0 && on != nil {
+				on(m.Pid)
+			}
+		}, int(req.file.Fd()), int(req.files[1].Fd()))
+	}
 	if req.Stream {
 		return p.callFile(map[string]any{"op": op, "stream": true}, int(req.file.Fd()))
 	}

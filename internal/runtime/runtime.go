@@ -203,6 +203,22 @@ type ForkPreparer interface {
 	PrepareFork(h Handle, limits Spec)
 }
 
+// SaveCopier is implemented by runtimes that give the copy a sandbox's interpreter forks to save its session (a
+// pause, a template) a memory budget of its own, outside the sandbox's: a save that needs more memory than the
+// sandbox has left (the pickler's memo, the pages of the session the copy touches) then fails alone, and the
+// interpreter whose session it saves runs on untouched.
+type SaveCopier interface {
+	// AdoptSaveCopy moves process pid of sandbox h (numbered in its family's PID namespace; it must be one of
+	// h's processes) into a cgroup of its own, with limits for a sandbox of spec (VCPU, MemMiB) and
+	// SaveCopyMemory of memory. end kills whatever is left there, removes the cgroup and reports whether the
+	// kernel killed a process in it for want of memory.
+	AdoptSaveCopy(h Handle, pid int, spec Spec) (end func() (oomKilled bool), err error)
+}
+
+// SaveCopyMemory is the memory a save copy of a sandbox with memMiB of memory may use (SaveCopier): twice the
+// sandbox's, enough for a copy of every page of its session and the pickler's memo.
+func SaveCopyMemory(memMiB int) int64 { return 2 * int64(memMiB) << 20 }
+
 // ResumePreparer is implemented by runtimes that can make a resume (or a create from a template) cheaper ahead
 // of it.
 type ResumePreparer interface {

@@ -155,7 +155,7 @@ func (s *Service) pauseOnTimeout(ctx context.Context, id string) error {
 func (s *Service) pause(ctx context.Context, e *entry) {
 	start := time.Now()
 	s.mu.Lock()
-	h, id, specJSON, diskMiB := e.handle, e.rec.ID, e.rec.Spec, e.spec.DiskMiB
+	h, id, specJSON, spec := e.handle, e.rec.ID, e.rec.Spec, e.spec
 	s.mu.Unlock()
 	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
 	fk, ok := s.cfg.Runtime.(runtime.Forker)
@@ -163,7 +163,7 @@ func (s *Service) pause(ctx context.Context, e *entry) {
 		s.failPause(e, h, nil, prefix, errors.New("this runtime cannot pause sandboxes"))
 		return
 	}
-	m, err := s.writeSnapshot(ctx, fk, h, id, prefix, specJSON, diskMiB, start)
+	m, err := s.writeSnapshot(ctx, fk, h, id, prefix, specJSON, spec, start)
 	if err != nil {
 		err = stoppedBy(ctx, err)
 		s.failPause(e, h, fk, prefix, err)
@@ -174,17 +174,18 @@ func (s *Service) pause(ctx context.Context, e *entry) {
 
 // writeSnapshot writes a running sandbox's snapshot under prefix: the interpreter's session (while it runs),
 // then, frozen, its layer, then the manifest that makes the snapshot complete. The sandbox is left frozen.
-// A layer whose files hold more data than its quota of diskMiB (0: none) is refused: the quota counts blocks,
+// A layer whose files hold more data than its quota of spec.DiskMiB (0: none) is refused: the quota counts blocks,
 // and a layer of reflinked copies (cp reflinks by default) or of files btrfs compressed holds more data than
 // blocks; stored, it would take the store more than the quota (without bound: a thousand copies of one file),
 // and could not be restored under the quota.
 func (s *Service) writeSnapshot(ctx context.Context, fk runtime.Forker, h runtime.Handle, id, prefix string,
-	specJSON []byte, diskMiB int, start time.Time) (Manifest, error) {
+	specJSON []byte, spec CreateRequest, start time.Time) (Manifest, error) {
+	diskMiB := spec.DiskMiB
 	c, err := s.cfg.Runtime.Agent(id)
 	if err != nil {
 		return Manifest{}, err
 	}
-	session, err := s.saveSession(ctx, c, prefix+"session.bin")
+	session, err := s.saveSession(ctx, c, h, spec, prefix+"session.bin")
 	if err != nil {
 		return Manifest{}, fmt.Errorf("save the interpreter: %w", err)
 	}

@@ -101,13 +101,17 @@ type savedSession struct {
 	preload  []string        // the packages loading it will import (Manifest.Preload)
 }
 
-// saveSession has the interpreter write its session as a session stream into a pipe whose other end goes
-// straight into the snapshot store under key.
-func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) (savedSession, error) {
+// saveSession has the interpreter of sandbox h (of spec) write its session as a session stream into a pipe
+// whose other end goes straight into the snapshot store under key. The interpreter saves from a copy of itself,
+// which the runtime, where it can (runtime.SaveCopier), gives a memory budget of its own: only that copy can run
+// out of memory, and the sandbox runs on as it was.
+func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Handle, spec CreateRequest, key string) (savedSession, error) {
 	pr, pw, err := newPipe()
 	if err != nil {
 		return savedSession{}, err
 	}
+	budget := s.saveBudget(h, spec)
+	defer budget.close()
 	// The interpreter must keep the session coming: code in the sandbox can keep it from answering at all (a
 	// thread that holds the GIL in C code, a regular expression that backtracks for hours), which left the
 	// sandbox pausing for ever. A wait of Config.InterpreterStall for its next bytes fails the pause; the sandbox
@@ -141,11 +145,16 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 	}()
 	stop := context.AfterFunc(ctx, unblock)
 	defer stop()
-	skipped, preload, err := c.SnapshotSession(ctx, pw)
+	skipped, preload, err := c.SnapshotSession(ctx, pw, budget.moved, budget.adopt)
+	budget.moved = nil // taken
 	if err != nil {
 		unblock()
 	}
 	p := <-done
+	if budget.end() && err != nil {
+		err = errdefs.New(errdefs.ErrTooLarge, fmt.Sprintf("saving the session needs more memory than the %d MiB "+
+			"a save may use (twice mem_mib); the sandbox runs on as it was (%v)", runtime.SaveCopyMemory(spec.MemMiB)>>20, err))
+	}
 	if cause := context.Cause(ctx); errors.Is(cause, errSessionStalled) {
 		// Every later call would wait behind the save for ever: the agent replaces the interpreter if it is still
 		// silent (its state is lost; the next run_code says so).
@@ -165,6 +174,70 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, key string) 
 		return savedSession{}, fmt.Errorf("write session.bin: %w", p.err)
 	}
 	return savedSession{part: Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, notSaved: skipped, preload: preload}, nil
+}
+
+// saveBudget is how a save's copy of the interpreter gets a memory budget of its own (runtime.SaveCopier).
+type saveBudget struct {
+	log    interface{ Warn(string, ...any) }
+	copier runtime.SaveCopier
+	h      runtime.Handle
+	spec   runtime.Spec
+	moved  *os.File // the pipe's read end, for the interpreter (nil: no budget; the copy saves in the sandbox)
+	tell   *os.File // its write end: one byte once the copy is moved
+	ended  func() bool
+}
+
+// saveBudget prepares a budget for h's save copy, if the runtime gives one.
+func (s *Service) saveBudget(h runtime.Handle, spec CreateRequest) *saveBudget {
+	b := &saveBudget{log: s.log, h: h, spec: runtime.Spec{VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs}}
+	sc, ok := s.cfg.Runtime.(runtime.SaveCopier)
+	if !ok {
+		return b
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		s.log.Warn("save copy stays in its sandbox", "sandbox", h.ID, "err", err)
+		return b
+	}
+	b.copier, b.moved, b.tell = sc, r, w
+	return b
+}
+
+// adopt moves the copy (pid in the sandbox's family) into its budget and tells it; if that fails, the copy is
+// told to save where it is.
+func (b *saveBudget) adopt(pid int) {
+	if b.tell == nil || b.ended != nil {
+		return
+	}
+	end, err := b.copier.AdoptSaveCopy(b.h, pid, b.spec)
+	if err != nil {
+		b.log.Warn("save copy stays in its sandbox", "sandbox", b.h.ID, "err", err)
+	} else {
+		b.ended = end
+		b.tell.Write([]byte{1}) //nolint:errcheck // a copy gone already fails the save on its own
+	}
+	b.tell.Close()
+	b.tell = nil
+}
+
+// end removes the budget once the save is over; it reports whether the kernel killed the copy there for want
+// of memory.
+func (b *saveBudget) end() bool {
+	if b.ended == nil {
+		return false
+	}
+	oom := b.ended()
+	b.ended = func() bool { return false }
+	return oom
+}
+
+func (b *saveBudget) close() {
+	b.end()
+	for _, f := range []*os.File{b.moved, b.tell} {
+		if f != nil {
+			f.Close()
+		}
+	}
 }
 
 // errSessionStalled fails a pause whose interpreter stopped sending its session (saveSession, Config.InterpreterStall).

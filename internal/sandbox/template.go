@@ -123,10 +123,10 @@ func (s *Service) SaveTemplate(ctx context.Context, name, from string) (Template
 func (s *Service) capture(ctx context.Context, fk runtime.Forker, e *entry, name string) (TemplateInfo, error) {
 	start := time.Now()
 	s.mu.Lock()
-	h, id, specJSON, diskMiB := e.handle, e.rec.ID, e.rec.Spec, e.spec.DiskMiB
+	h, id, specJSON, spec := e.handle, e.rec.ID, e.rec.Spec, e.spec
 	s.mu.Unlock()
 	prefix := fmt.Sprintf("templates/%s/%d/", name, time.Now().UnixNano())
-	m, err := s.writeSnapshot(ctx, fk, h, id, prefix, specJSON, diskMiB, start)
+	m, err := s.writeSnapshot(ctx, fk, h, id, prefix, specJSON, spec, start)
 	undoCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
 	if terr := fk.Thaw(undoCtx, h); terr != nil && err == nil {

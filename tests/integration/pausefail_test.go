@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -184,5 +185,65 @@ func TestForkOfAStuckInterpreter(t *testing.T) {
 			t.Fatal("the fork in flight did not answer after the delete")
 		}
 		checkNoLeftovers(t, s, expect{})
+	})
+}
+
+// A pause saves the interpreter's session from a copy of it that the server gives a memory budget of its own
+// (twice mem_mib): a session whose saving needs more memory than the sandbox has left (the pickler's memo holds
+// every object saved) pauses, and one whose saving needs more than that budget fails alone, the sandbox running on
+// with its state. Before, the save ran in the interpreter itself: a dict of two million strings using 60% of a
+// 512 MiB sandbox got the interpreter OOM-killed, and the session the pause was to keep was lost.
+func TestPauseSavesWithinAMemoryBudgetOfItsOwn(t *testing.T) {
+	s := testserver.Start(t, "--fork-ahead", "0")
+	ctx, cancel := context.WithTimeout(ctxT(t), 4*time.Minute)
+	defer cancel()
+	t.Run("a session using most of the sandbox's memory pauses and resumes", func(t *testing.T) {
+		id := create(t, s, &client.CreateRequest{MemMiB: 512})
+		value(t, s, id, "d = {('k%d' % i): ('v%d' % i) * 3 for i in range(2_000_000)}\n1")
+		pauseAndWait(t, s, id)
+		resumeAndWait(t, s, id)
+		if v := value(t, s, id, "(len(d), d['k1999999'])"); v != "(2000000, 'v1999999v1999999v1999999')" {
+			t.Fatalf("the session after the resume: %s", v)
+		}
+		if err := s.Client.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("a save that needs more than its budget fails alone", func(t *testing.T) {
+		id := create(t, s, &client.CreateRequest{MemMiB: 256})
+		// An object whose saving (its own code, run by the pickler) takes 1 GiB: past the 512 MiB a save of this
+		// sandbox may use.
+		value(t, s, id, `keep = list(range(100000))
+class Hog:
+    def __reduce__(self):
+        junk = bytearray(1 << 30)
+        junk[::4096] = b"x" * (len(junk) // 4096)
+        return (Hog, ())
+hog = Hog()
+1`)
+		pid := value(t, s, id, "import os; os.getpid()")
+		if _, _, err := s.Client.Pause(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		sb, err := s.Client.WaitStatus(ctx, id, client.StatusPaused)
+		var pe *client.PauseError
+		if !errors.As(err, &pe) || sb == nil || sb.Status != client.StatusRunning || sb.Pause == nil ||
+			!strings.Contains(sb.Pause.Error, "needs more memory than the 512 MiB a save may use") {
+			t.Fatalf("a pause whose save needs 1 GiB: %+v %v, want it failed with the sandbox running", sb, err)
+		}
+		// The same interpreter, with its state: nothing was lost, nothing of the save's memory is left.
+		if v := value(t, s, id, "(os.getpid(), len(keep), type(hog).__name__)"); v != "("+pid+", 100000, 'Hog')" {
+			t.Fatalf("the session after the failed pause: %s (interpreter pid was %s)", v, pid)
+		}
+		if leftover, _ := filepath.Glob("/sys/fs/cgroup/memory/ramify/*/*-save"); len(leftover) > 0 {
+			t.Errorf("save cgroups left: %v", leftover)
+		}
+		// Without the hog it pauses.
+		value(t, s, id, "del hog\n1")
+		pauseAndWait(t, s, id)
+		resumeAndWait(t, s, id)
+		if v := value(t, s, id, "len(keep)"); v != "100000" {
+			t.Fatalf("after the resume: %s", v)
+		}
 	})
 }
