@@ -178,6 +178,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 	if err := m.initNFT(opened); err != nil {
 		return nil, fmt.Errorf("network: nftables table %s: %w", cfg.table, err)
 	}
+	if n := m.policy.hostNets; len(n) > 0 {
+		m.log.Info("the host's own networks are refused to default sandboxes (open them with --egress-allow)", "networks", n)
+	}
 	go m.refreshLoop(cfg.ResolveEvery)
 	m.log.Debug("network ready", "bridge", cfg.Bridge, "cidr", p.network.String(), "gateway", p.gateway().String(),
 		"resolvers", cfg.Resolvers, "egress_allow", cfg.EgressAllow)

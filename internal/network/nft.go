@@ -70,6 +70,7 @@ type nftPolicy struct {
 	cidr          *net.IPNet
 	opened        []netip.Prefix // operator's --egress-allow
 	resolvers     []netip.Addr   // DNS servers every default-policy sandbox may query on port 53
+	hostNets      []netip.Prefix // the host's own networks outside cidr and Reserved (see hostnets.go)
 }
 
 // oldElements reads the elements of the sets of a table left by a previous run (nil when there is none).
@@ -113,6 +114,7 @@ func oldElements(c *nftables.Conn, s nftSets) map[string][]nftables.SetElement {
 //	    iifname BR ct state established,related accept
 //	    iifname BR jump egress
 //	    iifname BR ip daddr RESERVED jump deny         # for each reserved range, and CIDR
+//	    iifname BR jump hostnets
 //	    iifname BR accept
 //	    oifname BR ct state established,related accept
 //	    oifname BR drop }
@@ -120,6 +122,8 @@ func oldElements(c *nftables.Conn, s nftSets) map[string][]nftables.SetElement {
 //	    iifname BR ct state established,related accept
 //	    iifname BR jump egress
 //	    iifname BR jump deny }
+//	  chain hostnets {
+//	    ip daddr NET jump deny }                       # for each of the host's own networks (hostnets.go)
 //	  chain deny { meta l4proto tcp reject with tcp reset; reject with icmp admin-prohibited }
 //	}
 //
@@ -252,6 +256,14 @@ func ensureNFT(c *nftables.Conn, p nftPolicy, keep map[string][]nftables.SetElem
 			iif(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: br}}, daddrIn(r)...),
 			&expr.Verdict{Kind: expr.VerdictJump, Chain: chainDeny})})
 	}
+	// The host's own networks (its LAN, its VPC subnet), which are not always on reserved ranges. They change
+	// (checkHostNets), so they are a chain of their own, rewritten alone.
+	hn := c.AddChain(&nftables.Chain{Name: chainHostNets, Table: t})
+	addHostNetRules(c, t, hn, p.hostNets)
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{
+		iif(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: br},
+		&expr.Verdict{Kind: expr.VerdictJump, Chain: chainHostNets},
+	}})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{
 		iif(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: br},
 		&expr.Counter{},
