@@ -51,7 +51,8 @@ type Config struct {
 	CIDR string
 
 	// EgressAllow lists IPv4 networks (CIDRs or addresses) every sandbox with the default policy may reach even
-	// though they are reserved ranges or addresses of the host (server flag --egress-allow).
+	// though they are reserved ranges, addresses of the host or networks the host is connected to (server flag
+	// --egress-allow).
 	EgressAllow []string
 	// Resolvers are the DNS servers sandboxes may query on port 53 (UDP and TCP) under the default policy and
 	// under an egress list that names a hostname (see ResolversFrom). Nil means the nameservers of the host's

@@ -27,10 +27,11 @@ const (
 	setPort    = "eg_port"
 )
 
-// Reserved is what a sandbox does not reach by default, besides every address of the host: the private,
-// shared, loopback, link-local, multicast and reserved IPv4 ranges (RFC 6890). The documentation ranges
-// (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24) are not in it: they are routed nowhere on the internet, and
-// the tests use one of them to stand for "a public address".
+// Reserved is what a sandbox does not reach by default, besides every address of the host and the networks
+// the host is connected to (hostnets.go): the private, shared, loopback, link-local, multicast and reserved IPv4
+// ranges (RFC 6890). The documentation ranges (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24) are not in it:
+// they are routed nowhere on the internet, and the tests use those the host is not on to stand for "a public
+// address" (internal/testnet).
 var Reserved = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("10.0.0.0/8"),
