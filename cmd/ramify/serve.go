@@ -87,7 +87,7 @@ func parseServeFlags(name string, args []string) (*serveFlags, error) {
 	fs.StringVar(&f.bridge, "bridge", envOr("RAMIFY_BRIDGE", "ramify0"), "host bridge for sandbox networking (env RAMIFY_BRIDGE)")
 	fs.StringVar(&f.subnet, "subnet", envOr("RAMIFY_SUBNET", "10.213.0.0/16"), "sandbox address range (env RAMIFY_SUBNET)")
 	fs.StringVar(&f.egressAllow, "egress-allow", os.Getenv("RAMIFY_EGRESS_ALLOW"),
-		"comma-separated IPv4 CIDRs sandboxes with the default egress policy may reach although they are private, reserved or the host's (env RAMIFY_EGRESS_ALLOW)")
+		"comma-separated IPv4 CIDRs sandboxes with the default egress policy may reach although they are private, reserved, the host's addresses or networks the host is directly connected to (its LAN) (env RAMIFY_EGRESS_ALLOW)")
 	fs.StringVar(&f.layerDriver, "layer-driver", os.Getenv("RAMIFY_LAYER_DRIVER"), `writable layer driver: "btrfs", "copy" or empty for automatic (env RAMIFY_LAYER_DRIVER)`)
 	fs.IntVar(&f.diskMiB, "disk-mib", envInt("RAMIFY_DISK_MIB", sandbox.DefaultDiskMiB), fmt.Sprintf("disk quota of sandboxes created without disk_mib, %d..%d (env RAMIFY_DISK_MIB)", sandbox.MinDiskMiB, sandbox.MaxDiskMiB))
 	fs.StringVar(&f.layerQuota, "layer-quota", envOr("RAMIFY_LAYER_QUOTA", "full"), `how the btrfs layer driver enforces disk_mib: "full" (qgroups), "simple" (simple quotas, kernel 6.7+) or "off" (env RAMIFY_LAYER_QUOTA)`)

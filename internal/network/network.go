@@ -51,7 +51,8 @@ type Config struct {
 	CIDR string
 
 	// EgressAllow lists IPv4 networks (CIDRs or addresses) every sandbox with the default policy may reach even
-	// though they are reserved ranges or addresses of the host (server flag --egress-allow).
+	// though they are reserved ranges, addresses of the host or networks the host is connected to (server flag
+	// --egress-allow).
 	EgressAllow []string
 	// Resolvers are the DNS servers sandboxes may query on port 53 (UDP and TCP) under the default policy and
 	// under an egress list that names a hostname (see ResolversFrom). Nil means the nameservers of the host's
@@ -177,6 +178,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Manager, error) {
 	}
 	if err := m.initNFT(opened); err != nil {
 		return nil, fmt.Errorf("network: nftables table %s: %w", cfg.table, err)
+	}
+	if n := m.policy.hostNets; len(n) > 0 {
+		m.log.Info("the host's own networks are refused to default sandboxes (open them with --egress-allow)", "networks", n)
 	}
 	go m.refreshLoop(cfg.ResolveEvery)
 	m.log.Debug("network ready", "bridge", cfg.Bridge, "cidr", p.network.String(), "gateway", p.gateway().String(),

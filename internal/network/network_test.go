@@ -525,10 +525,10 @@ func TestNewIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// forward: sandbox to sandbox, established, jump egress, one per reserved range and the CIDR, accept,
-	// established back, drop the rest back.
-	wantRules := map[string]int{chainPostrouting: 1, chainForward: 3 + len(Reserved) + 1 + 3, chainInput: 3,
-		chainEgress: 3 + 2*len(m.resolvers), chainDeny: 2}
+	// forward: sandbox to sandbox, established, jump egress, one per reserved range and the CIDR, jump hostnets,
+	// accept, established back, drop the rest back.
+	wantRules := map[string]int{chainPostrouting: 1, chainForward: 3 + len(Reserved) + 1 + 1 + 3, chainInput: 3,
+		chainEgress: 3 + 2*len(m.resolvers), chainDeny: 2, chainHostNets: len(m.policy.hostNets)}
 	seen := map[string]int{}
 	for _, ch := range chains {
 		if ch.Table.Name != testTable {
@@ -543,8 +543,8 @@ func TestNewIdempotent(t *testing.T) {
 			t.Errorf("chain %s has %d rules, want %d", ch.Name, len(rules), wantRules[ch.Name])
 		}
 	}
-	if len(seen) != 5 || seen[chainDeny] != 1 || seen[chainPostrouting] != 1 || seen[chainForward] != 1 || seen[chainInput] != 1 || seen[chainEgress] != 1 {
-		t.Errorf("chains = %v, want one postrouting, forward, input and egress", seen)
+	if len(seen) != 6 || seen[chainDeny] != 1 || seen[chainPostrouting] != 1 || seen[chainForward] != 1 || seen[chainInput] != 1 || seen[chainEgress] != 1 || seen[chainHostNets] != 1 {
+		t.Errorf("chains = %v, want one postrouting, forward, input, egress, hostnets and deny", seen)
 	}
 
 	// What the kernel made of the rules, as nft prints them (informational and a sanity check of the encoding).
@@ -558,7 +558,7 @@ func TestNewIdempotent(t *testing.T) {
 			`ip daddr 10.0.0.0/8`, `ip saddr . ip daddr @eg_any accept`,
 			`ip saddr . ip daddr . meta l4proto . th dport @eg_port accept`, `ip saddr @custom jump deny`, `reject with tcp reset`,
 			`iifname != @members accept`, `iifname . ether saddr . ip saddr @pins accept`,
-			`iifname . arp saddr ether . arp saddr ip @pins`,
+			`iifname . arp saddr ether . arp saddr ip @pins`, `iifname "rfytest0" jump hostnets`,
 		} {
 			if !strings.Contains(s, want) {
 				t.Errorf("nft listing lacks %q", want)

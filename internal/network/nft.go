@@ -27,10 +27,11 @@ const (
 	setPort    = "eg_port"
 )
 
-// Reserved is what a sandbox does not reach by default, besides every address of the host: the private,
-// shared, loopback, link-local, multicast and reserved IPv4 ranges (RFC 6890). The documentation ranges
-// (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24) are not in it: they are routed nowhere on the internet, and
-// the tests use one of them to stand for "a public address".
+// Reserved is what a sandbox does not reach by default, besides every address of the host and the networks
+// the host is connected to (hostnets.go): the private, shared, loopback, link-local, multicast and reserved IPv4
+// ranges (RFC 6890). The documentation ranges (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24) are not in it:
+// they are routed nowhere on the internet, and the tests use those the host is not on to stand for "a public
+// address" (internal/testnet).
 var Reserved = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("10.0.0.0/8"),
@@ -70,6 +71,7 @@ type nftPolicy struct {
 	cidr          *net.IPNet
 	opened        []netip.Prefix // operator's --egress-allow
 	resolvers     []netip.Addr   // DNS servers every default-policy sandbox may query on port 53
+	hostNets      []netip.Prefix // the host's own networks outside cidr and Reserved (see hostnets.go)
 }
 
 // oldElements reads the elements of the sets of a table left by a previous run (nil when there is none).
@@ -113,6 +115,7 @@ func oldElements(c *nftables.Conn, s nftSets) map[string][]nftables.SetElement {
 //	    iifname BR ct state established,related accept
 //	    iifname BR jump egress
 //	    iifname BR ip daddr RESERVED jump deny         # for each reserved range, and CIDR
+//	    iifname BR jump hostnets
 //	    iifname BR accept
 //	    oifname BR ct state established,related accept
 //	    oifname BR drop }
@@ -120,6 +123,8 @@ func oldElements(c *nftables.Conn, s nftSets) map[string][]nftables.SetElement {
 //	    iifname BR ct state established,related accept
 //	    iifname BR jump egress
 //	    iifname BR jump deny }
+//	  chain hostnets {
+//	    ip daddr NET jump deny }                       # for each of the host's own networks (hostnets.go)
 //	  chain deny { meta l4proto tcp reject with tcp reset; reject with icmp admin-prohibited }
 //	}
 //
@@ -252,6 +257,14 @@ func ensureNFT(c *nftables.Conn, p nftPolicy, keep map[string][]nftables.SetElem
 			iif(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: br}}, daddrIn(r)...),
 			&expr.Verdict{Kind: expr.VerdictJump, Chain: chainDeny})})
 	}
+	// The host's own networks (its LAN, its VPC subnet), which are not always on reserved ranges. They change
+	// (checkHostNets), so they are a chain of their own, rewritten alone.
+	hn := c.AddChain(&nftables.Chain{Name: chainHostNets, Table: t})
+	addHostNetRules(c, t, hn, p.hostNets)
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{
+		iif(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: br},
+		&expr.Verdict{Kind: expr.VerdictJump, Chain: chainHostNets},
+	}})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{
 		iif(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: br},
 		&expr.Counter{},

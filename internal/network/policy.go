@@ -68,6 +68,13 @@ func (m *Manager) initNFT(opened []netip.Prefix) error {
 		}
 	}
 	m.policy = nftPolicy{table: m.table, bridge: m.bridge, cidr: m.pool.network, opened: opened, resolvers: m.resolvers}
+	// Refused from the first rules on: a server that cannot tell its host's networks does not start (fail closed).
+	hostNets, err := currentHostNets(m.policy)
+	if err != nil {
+		c.CloseLasting() //nolint:errcheck
+		return err
+	}
+	m.policy.hostNets = hostNets
 	sets, err := ensureNFT(c, m.policy, keep)
 	if err != nil && len(keep) > 0 {
 		// The old elements did not fit the new sets (an upgrade changed them): start without them.
@@ -366,7 +373,7 @@ func (m *Manager) tablesIntact() bool {
 	for _, c := range []struct {
 		t     *nftables.Table
 		chain string
-	}{{bt, chainPorts}, {t, chainPostrouting}, {t, chainDeny}, {t, chainEgress}, {t, chainForward}, {t, chainInput}} {
+	}{{bt, chainPorts}, {t, chainPostrouting}, {t, chainDeny}, {t, chainEgress}, {t, chainHostNets}, {t, chainForward}, {t, chainInput}} {
 		if _, err := m.nft.ListChain(c.t, c.chain); err != nil {
 			return false
 		}
@@ -451,6 +458,7 @@ func (m *Manager) refreshLoop(every time.Duration) {
 			return
 		case <-g.C:
 			m.guard()
+			m.checkHostNets()
 		case <-t.C:
 			m.refresh()
 		}

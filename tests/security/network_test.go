@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/network"
+	"github.com/ramify-dev/ramify/internal/testnet"
 	"github.com/ramify-dev/ramify/internal/testserver"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -404,104 +406,14 @@ func TestNetworkPolicy(t *testing.T) {
 	})
 }
 
-// netPublicPeer creates a network namespace holding an address of TEST-NET-2 (198.51.100.0/24, a documentation
-// range the policy treats as public), routed from the host through a veth, with a greeter in it. Removed when the
-// test ends.
+// netPublicPeer creates a network namespace holding a public-looking address (a documentation range the
+// policy treats as public and this host does not use), routed from the host via a gateway on a network of the
+// host's own (a veth), as the internet is, with a greeter on it. Removed when the test ends.
 func netPublicPeer(t *testing.T) (string, int) {
 	t.Helper()
-	k := os.Getpid() % 60
-	hostIP := net.IPv4(198, 51, 100, byte(4*k+1))
-	peerIP := net.IPv4(198, 51, 100, byte(4*k+2))
-	hostVeth := fmt.Sprintf("rfypub%d", k)
-
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New() // switches this thread into it
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostVeth}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatalf("create veth %s: %v", hostVeth, err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(hostVeth); err == nil {
-			netlink.LinkDel(l)
-		}
-	})
-	host, err := netlink.LinkByName(hostVeth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: &net.IPNet{IP: hostIP, Mask: net.CIDRMask(30, 32)}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		t.Fatal(err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	for _, name := range []string{"lo", "eth0"} {
-		l, err := h.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if name == "eth0" {
-			if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: peerIP, Mask: net.CIDRMask(30, 32)}}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := h.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := netns.Set(ns); err != nil {
-		t.Fatal(err)
-	}
-	ln, lerr := net.Listen("tcp", net.JoinHostPort(peerIP.String(), "0"))
-	if err := netns.Set(orig); err != nil {
-		panic(err) // this thread must not go back to the pool in the wrong namespace
-	}
-	if lerr != nil {
-		t.Fatal(lerr)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintln(c, "public peer")
-			c.Close()
-		}
-	}()
-	// Ready when the host itself reaches the greeter (the new link's first packets can be lost).
-	addr := ln.Addr().String()
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the public peer %s is not reachable from the host: %v", addr, err)
-		}
-	}
-	return peerIP.String(), ln.Addr().(*net.TCPAddr).Port
+	nets := testnet.Need(t, 2)
+	p := testnet.NewPeer(t, nets[0], nets[1])
+	return p.Public.String(), p.Listen(t, p.Public, "public peer")
 }
 
 // TestNetworkSpoofing: a sandbox cannot take its neighbour's address. The attacker forges ARP replies and
@@ -780,4 +692,68 @@ func TestNetworkEgressAllowFlag(t *testing.T) {
 	netWantReached(t, "default sandbox to a range the operator opened", netProbe(t, s, a.ID, gw, p1), "host port one")
 	netWantBlocked(t, "egress [] despite the operator's range", netProbe(t, s, d.ID, gw, p1))
 	netWantBlocked(t, "another sandbox inside the operator's range", netProbe(t, s, a.ID, b.IP, 8765))
+}
+
+// TestNetworkHostLANRefused: the networks the host is directly connected to (its LAN, a cloud VPC subnet) are
+// refused to default sandboxes even when they are on public-looking addresses, which the private ranges do not
+// cover: a machine on the host's LAN, the LAN's gateway and the host's own address there. The internet behind
+// that gateway stays reachable (forwarded, not addressed to the gateway). A network the host joins while the
+// server runs is refused within seconds; an egress entry or --egress-allow naming a LAN address opens it.
+func TestNetworkHostLANRefused(t *testing.T) {
+	nets := testnet.Need(t, 2)
+	lanHost := testnet.NewPeer(t, nets[0], netip.Prefix{}) // a machine on the host's LAN
+	inet := testnet.NewPeer(t, nets[0], nets[1])           // the LAN's gateway, with an internet address behind it
+	lanPort := lanHost.Listen(t, lanHost.PeerIP, "lan host")
+	gwPort := inet.Listen(t, inet.PeerIP, "lan gateway")
+	pubPort := inet.Listen(t, inet.Public, "public peer")
+	hostPort := netGreeter(t, lanHost.HostIP.String(), "host on its lan")
+	lanAddr := netip.AddrPortFrom(lanHost.PeerIP, uint16(lanPort)).String()
+
+	s := testserver.Start(t)
+	a := netCreate(t, s, nil)
+	c := netCreate(t, s, []string{lanAddr})
+
+	t.Run("RefusedByDefault", func(t *testing.T) {
+		got, err := netProbeMany(s, a.ID, []string{lanAddr,
+			netip.AddrPortFrom(inet.PeerIP, uint16(gwPort)).String(),
+			netip.AddrPortFrom(lanHost.HostIP, uint16(hostPort)).String(),
+			netip.AddrPortFrom(inet.Public, uint16(pubPort)).String()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		netWantBlocked(t, "default sandbox to a machine on the host's LAN "+lanAddr, got[0])
+		netWantBlocked(t, "default sandbox to the LAN's gateway", got[1])
+		netWantBlocked(t, "default sandbox to the host's own address on its LAN", got[2])
+		netWantReached(t, "default sandbox to the internet through the LAN's gateway", got[3], "public peer")
+		if t.Failed() {
+			out, _ := exec.Command("sh", "-c", "nft list table ip ramify_"+s.Bridge()+"; ip -4 addr; ip -4 route").CombinedOutput()
+			t.Logf("the server's rules, the host's addresses and routes (for diagnosis):\n%s", out)
+		}
+	})
+
+	t.Run("EgressEntryOpensExactlyIt", func(t *testing.T) {
+		netWantReached(t, "egress entry naming the LAN machine", netProbe(t, s, c.ID, lanHost.PeerIP.String(), lanPort), "lan host")
+		netWantBlocked(t, "the same list to the LAN's gateway", netProbe(t, s, c.ID, inet.PeerIP.String(), gwPort))
+	})
+
+	t.Run("JoinedWhileRunning", func(t *testing.T) {
+		late := testnet.NewPeer(t, nets[0], netip.Prefix{})
+		port := late.Listen(t, late.PeerIP, "late lan host")
+		// The server reads the host's networks every second: within a few, the new one is refused.
+		var got string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+			if got = netProbe(t, s, a.ID, late.PeerIP.String(), port); strings.HasPrefix(got, "blocked ") {
+				break
+			}
+		}
+		netWantBlocked(t, "a LAN the host joined while the server runs, after 10 s", got)
+	})
+
+	t.Run("EgressAllowFlagOpensIt", func(t *testing.T) {
+		s2 := testserver.Start(t, "--egress-allow", lanHost.PeerIP.String())
+		b := netCreate(t, s2, nil)
+		netWantReached(t, "default sandbox to the LAN machine the operator opened", netProbe(t, s2, b.ID, lanHost.PeerIP.String(), lanPort), "lan host")
+		netWantBlocked(t, "another LAN address (the gateway)", netProbe(t, s2, b.ID, inet.PeerIP.String(), gwPort))
+		netWantReached(t, "the internet", netProbe(t, s2, b.ID, inet.Public.String(), pubPort), "public peer")
+	})
 }
