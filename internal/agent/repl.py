@@ -1429,13 +1429,13 @@ def _save_session(fd, moved):
                 os.read(moved, 1)  # b"\x01": moved; end of file: the server could not, the save runs here
                 os.close(moved)
             skipped, needs = _snapshot_stream(fd)
-            _write_all(w, json.dumps({"skipped": skipped, "needs": needs}).encode())
+            _write_all(w, json.dumps({"skipped": skipped, "needs": needs}).encode() + b"\n")
             status = 0
         except BaseException as e:
             try:
                 _write_all(w, json.dumps({"error": "%s: %s" % (type(e).__name__, e),
                                           "errno": getattr(e, "errno", None) if isinstance(e, OSError) else None,
-                                          "memory": isinstance(e, MemoryError)}).encode())
+                                          "memory": isinstance(e, MemoryError)}).encode() + b"\n")
             except BaseException:
                 pass
         os._exit(status)
@@ -1455,9 +1455,9 @@ def _save_session(fd, moved):
             ready = dict(p.poll())
             if ready.get(r):
                 data = os.read(r, 1 << 16)
-                if not data:
-                    break
                 out += data
+                if not data or data.endswith(b"\n"):  # not its end of file: what it started may hold the pipe
+                    break
             elif ready.get(fd):
                 gave_up = True
                 os.kill(pid, signal.SIGKILL)

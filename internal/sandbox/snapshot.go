@@ -147,11 +147,14 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Ha
 	defer stop()
 	skipped, preload, err := c.SnapshotSession(ctx, pw, budget.moved, budget.adopt)
 	budget.moved = nil // taken
+	// Whatever the copy left running goes now: a process it started holding the stream open would keep the
+	// store's read waiting for the end of it.
+	oom := budget.end()
 	if err != nil {
 		unblock()
 	}
 	p := <-done
-	if budget.end() && err != nil {
+	if oom && err != nil {
 		err = errdefs.New(errdefs.ErrTooLarge, fmt.Sprintf("saving the session needs more memory than the %d MiB "+
 			"a save may use (twice mem_mib); the sandbox runs on as it was (%v)", runtime.SaveCopyMemory(spec.MemMiB)>>20, err))
 	}

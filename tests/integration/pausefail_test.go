@@ -238,8 +238,29 @@ hog = Hog()
 		if leftover, _ := filepath.Glob("/sys/fs/cgroup/memory/ramify/*/*-save"); len(leftover) > 0 {
 			t.Errorf("save cgroups left: %v", leftover)
 		}
-		// Without the hog it pauses.
-		value(t, s, id, "del hog\n1")
+		// A save whose own code leaves a process behind, holding the session's stream open, ends when the copy
+		// answers: what the copy left is killed with its cgroup (the store's read waited for the stall timeout).
+		value(t, s, id, `del hog
+class Leaver:
+    def __reduce__(self):
+        import time
+        if os.fork() == 0:
+            time.sleep(1000)
+            os._exit(0)
+        return (Leaver, ())
+leaver = Leaver()
+1`)
+		start := time.Now()
+		pauseAndWait(t, s, id)
+		if d := time.Since(start); d > 30*time.Second {
+			t.Errorf("a pause whose save left a process holding its stream took %v", d)
+		}
+		resumeAndWait(t, s, id)
+		if v := value(t, s, id, "(len(keep), type(leaver).__name__)"); v != "(100000, 'Leaver')" {
+			t.Fatalf("after the resume: %s", v)
+		}
+		value(t, s, id, "del leaver\n1")
+		// Without them it pauses.
 		pauseAndWait(t, s, id)
 		resumeAndWait(t, s, id)
 		if v := value(t, s, id, "len(keep)"); v != "100000" {
