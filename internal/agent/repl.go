@@ -856,16 +856,35 @@ func (p *repl) fork(targets []ForkTarget, files []*os.File) ([]int, error) {
 // (repl.py's save_copy message) as soon as it is forked.
 func (p *repl) session(op string, req Request, on func(pid int)) (replMsg, error) {
 	if req.Stream && req.Budget && len(req.files) == 2 {
+		told := false
 		return p.callFileOn(map[string]any{"op": op, "stream": true, "budget": true}, func(m replMsg) {
-			if m.Type == "save_copy" && m.Pid > 0 && on != nil {
-				on(m.Pid)
+			// Once, and only a child of this interpreter: the server moves the process it names out of the
+			// sandbox's cgroup, and kills what is left there when the save ends.
+			if m.Type != "save_copy" || told || on == nil || !p.isChild(m.Pid) {
+				return
 			}
+			told = true
+			on(m.Pid)
 		}, int(req.file.Fd()), int(req.files[1].Fd()))
 	}
 	if req.Stream {
 		return p.callFile(map[string]any{"op": op, "stream": true}, int(req.file.Fd()))
 	}
 	return p.call(map[string]any{"op": op, "dir": req.Dir})
+}
+
+// isChild reports whether pid is a child of the running interpreter.
+func (p *repl) isChild(pid int) bool {
+	parent := p.currentPid()
+	if pid <= 0 || parent <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	st, ok := parseStat(pid, b)
+	return ok && st.ppid == parent
 }
 
 // tracked runs op, a save or a fork by the interpreter, so that replaceStuck can find it.
