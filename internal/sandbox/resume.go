@@ -41,7 +41,7 @@ func (s *Service) resume(ctx context.Context, e *entry) {
 	s.mu.Lock()
 	id, prefix := e.rec.ID, e.rec.Snapshot
 	s.mu.Unlock()
-	m, h, notRestored, err := s.restore(ctx, e, prefix, start)
+	m, h, notRestored, err := s.restoreSnapshot(ctx, e, prefix, start, true)
 	if err != nil {
 		err = stoppedBy(ctx, err)
 		s.failResume(e, err)
@@ -113,10 +113,18 @@ func (s *Service) overQuotaWarning(e *entry, h runtime.Handle) string {
 	return w
 }
 
-// restore creates sandbox e afresh from the snapshot under prefix (its own, or a template's: it only reads
-// the snapshot): its layer extracted into a new one, its interpreter's session loaded into the new
-// interpreter. On failure nothing of it is left running.
+// restore creates sandbox e afresh from the template snapshot under prefix (restoreSnapshot): a layer holding
+// more than e's disk_mib fails it (a create from a template asking for less disk than the template's files).
 func (s *Service) restore(ctx context.Context, e *entry, prefix string, start time.Time) (Manifest, runtime.Handle, []agent.Skipped, error) {
+	return s.restoreSnapshot(ctx, e, prefix, start, false)
+}
+
+// restoreSnapshot creates sandbox e afresh from the snapshot under prefix (its own, or a template's: it only
+// reads the snapshot): its layer extracted into a new one, its interpreter's session loaded into the new
+// interpreter. With wholeLayer (a resume), a layer holding more than e's disk_mib (an older version's
+// snapshot) is restored whole, under a cap its size bounds (layerExtra). On failure nothing of it is left
+// running.
+func (s *Service) restoreSnapshot(ctx context.Context, e *entry, prefix string, start time.Time, wholeLayer bool) (Manifest, runtime.Handle, []agent.Skipped, error) {
 	s.mu.Lock()
 	id, spec, ipStr, hostname := e.rec.ID, e.spec, e.rec.IP, e.rec.Hostname
 	s.mu.Unlock()
@@ -126,6 +134,10 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 	}
 	s.log.Debug("resume phase", "sandbox", id, "phase", "manifest read", "ms", ms(time.Since(start)))
 	_, streamed := m.Parts["session.bin"]
+	var extra int64
+	if wholeLayer {
+		extra = layerExtra(m.Parts["layer.tar"].Size, spec.DiskMiB)
+	}
 	// Nothing of this id may exist while it is paused; clear what a crash may have left (a layer, a cgroup).
 	s.cfg.Runtime.Destroy(ctx, runtime.Handle{ID: id}) //nolint:errcheck // usually there is nothing to remove
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
@@ -135,7 +147,7 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 		// An older snapshot's session files are unpacked into the layer and removed once loaded: they were
 		// never on the sandbox's disk, so they do not count against its quota. An older snapshot's layer may
 		// hold more than the quota: it is restored whole (layerExtra).
-		PopulateExtra: m.Parts["session.tar"].Size + layerExtra(m.Parts["layer.tar"].Size, spec.DiskMiB),
+		PopulateExtra: m.Parts["session.tar"].Size + extra,
 		Populate: func(upper string) error {
 			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
 				return snapshotFault(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/events"
 	"github.com/ramify-dev/ramify/internal/runtime"
+	"github.com/ramify-dev/ramify/internal/store"
 )
 
 // pausedWith makes a sandbox with x = 41, pauses it and returns its id and its snapshot's objects.
@@ -106,7 +107,15 @@ func TestFailedResumeStaysPaused(t *testing.T) {
 				t.Fatalf("after the failed resume: status %s, error %q, pause %+v; want paused with pause.error", in.Status, in.Error, in.Pause)
 			}
 			t.Logf("pause.error: %s", in.Pause.Error)
-			rec, err := e.store.Get(ctx, id)
+			// The record is written just after the status changes in memory (what Wait answers on).
+			var rec store.Record
+			var err error
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				rec, err = e.store.Get(ctx, id)
+				if err == nil && Status(rec.Status) == StatusPaused || time.Now().After(deadline) {
+					break
+				}
+			}
 			if err != nil || Status(rec.Status) != StatusPaused || rec.Snapshot == "" || rec.Error != "" {
 				t.Fatalf("the record says %s, snapshot %q, error %q (%v); want paused with its snapshot", rec.Status, rec.Snapshot, rec.Error, err)
 			}
