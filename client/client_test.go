@@ -736,6 +736,23 @@ func TestPauseWaitStatus(t *testing.T) {
 	}
 }
 
+// A resume that failed leaves the sandbox paused with pause.error set; the server's wait for running answers
+// then, and WaitStatus returns a *ResumeError at once rather than waiting on.
+func TestWaitStatusResumeFailed(t *testing.T) {
+	s, c := newStub(t)
+	s.handle("GET /v1/sandboxes/{id}/wait", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, 200, map[string]any{"id": r.PathValue("id"), "status": "paused",
+			"pause": map[string]string{"error": "resume failed: the store did not answer"}})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	sb, err := c.WaitStatus(ctx, "sbx_1", StatusRunning)
+	var re *ResumeError
+	if !errors.As(err, &re) || sb == nil || sb.Status != StatusPaused || !strings.Contains(err.Error(), "the store did not answer") {
+		t.Fatalf("wait for running after a failed resume: %+v %v, want a *ResumeError", sb, err)
+	}
+}
+
 func TestPollAfter(t *testing.T) {
 	for v, want := range map[string]time.Duration{"": 0, "2": 2 * time.Second, "0.5": 500 * time.Millisecond, "250ms": 250 * time.Millisecond, "-1": 0, "soon": 0} {
 		h := http.Header{}

@@ -99,6 +99,17 @@ func (e *PauseError) Error() string {
 	return fmt.Sprintf("sandbox %s was not paused and keeps running: %s", e.Sandbox.ID, e.Sandbox.Pause.Error)
 }
 
+// ResumeError is returned by WaitStatus, waiting for "running", when the resume failed for a reason that
+// retrying may cure: the sandbox is paused again with its snapshot intact; Sandbox.Pause.Error says why. (A
+// broken snapshot puts the sandbox in status "error": a *StatusError.)
+type ResumeError struct {
+	Sandbox *Sandbox
+}
+
+func (e *ResumeError) Error() string {
+	return fmt.Sprintf("sandbox %s was not resumed and is paused again: %s", e.Sandbox.ID, e.Sandbox.Pause.Error)
+}
+
 // StatusError is returned by WaitStatus when the sandbox went to status "error".
 type StatusError struct {
 	Sandbox *Sandbox
@@ -116,7 +127,8 @@ func (e *StatusError) Error() string {
 // status changes (GET /v1/sandboxes/{id}/wait, up to 20 s per request, again until ctx ends), so it returns
 // within milliseconds of the transition. If the sandbox goes to status "error" (and want is not "error") it
 // returns the sandbox and a *StatusError; waiting for "paused", if the pause failed (the sandbox keeps
-// running), the sandbox and a *PauseError. Bound the wait with ctx.
+// running), the sandbox and a *PauseError; waiting for "running", if the resume failed (the sandbox is paused
+// again), the sandbox and a *ResumeError. Bound the wait with ctx.
 func (c *Client) WaitStatus(ctx context.Context, id, want string) (*Sandbox, error) {
 	for {
 		timeout := waitChunk
@@ -136,6 +148,9 @@ func (c *Client) WaitStatus(ctx context.Context, id, want string) (*Sandbox, err
 		}
 		if want == StatusPaused && sb.Status == StatusRunning && sb.Pause != nil && sb.Pause.Error != "" {
 			return &sb, &PauseError{Sandbox: &sb}
+		}
+		if want == StatusRunning && sb.Status == StatusPaused && sb.Pause != nil && sb.Pause.Error != "" {
+			return &sb, &ResumeError{Sandbox: &sb}
 		}
 		if err := ctx.Err(); err != nil {
 			return &sb, fmt.Errorf("waiting for sandbox %s to be %s (status %s): %w", id, want, sb.Status, err)

@@ -100,7 +100,11 @@ type PauseInfo struct {
 	PauseMs       float64    `json:"pause_ms,omitempty"`
 	ResumeMs      float64    `json:"resume_ms,omitempty"`
 	PausedAt      *time.Time `json:"paused_at,omitempty"`
-	Error         string     `json:"error,omitempty"`
+	// Error is why the last pause (the sandbox runs on) or the last resume (it is paused again) failed.
+	Error string `json:"error,omitempty"`
+	// Warning: the resumed sandbox's files take more than its disk_mib (a snapshot of an older version);
+	// its writes fail until it frees space.
+	Warning string `json:"warning,omitempty"`
 }
 
 // CreateRequest is the body of POST /v1/sandboxes. Zero fields take the server's defaults.

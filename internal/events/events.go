@@ -1,7 +1,7 @@
 // Package events owns ramify's lifecycle event stream: the Event type the sandbox service publishes (created,
-// forked, merged, diffed, pausing, paused, pause_failed, resuming, resumed, destroyed, error), a bounded in-memory
-// history that followers resume from by event id, and the filters of GET /v1/events. It knows nothing of HTTP
-// beyond the server-sent events encoding of one event.
+// forked, merged, diffed, pausing, paused, pause_failed, resuming, resumed, resume_failed, destroyed, error), a
+// bounded in-memory history that followers resume from by event id, and the filters of GET /v1/events. It knows
+// nothing of HTTP beyond the server-sent events encoding of one event.
 package events
 
 import (
@@ -25,9 +25,12 @@ const (
 	PauseFailed = "pause_failed" // the pause failed; the sandbox runs on (error)
 	Resuming    = "resuming"     // a resume began
 	Resumed     = "resumed"      // the resume finished (bytes, ms)
-	Destroyed   = "destroyed"    // the sandbox is gone (reason)
-	Error       = "error"        // the sandbox's status became error (error)
-	Restarted   = "restarted"    // ramify's processes for a running sandbox died and it was restarted: files kept, interpreter state lost (reason)
+	// ResumeFailed: the resume failed and the sandbox is paused again, its snapshot intact (error); a resume
+	// whose snapshot is broken is an Error event instead.
+	ResumeFailed = "resume_failed"
+	Destroyed    = "destroyed" // the sandbox is gone (reason)
+	Error        = "error"     // the sandbox's status became error (error)
+	Restarted    = "restarted" // ramify's processes for a running sandbox died and it was restarted: files kept, interpreter state lost (reason)
 	// Missed is sent (without an id) to a follower whose Last-Event-ID is older than the history or unknown to
 	// this server (e.g. from before a restart): events between it and the first event that follows were lost.
 	Missed = "missed"
@@ -51,7 +54,7 @@ type Event struct {
 	PauseMs  float64  `json:"pause_ms,omitempty"` // forked: how long the parent was frozen
 	Bytes    int64    `json:"bytes,omitempty"`    // paused, resumed: the snapshot's size
 	Reason   string   `json:"reason,omitempty"`   // destroyed, restarted: why
-	Error    string   `json:"error,omitempty"`    // error, pause_failed: what went wrong
+	Error    string   `json:"error,omitempty"`    // error, pause_failed, resume_failed: what went wrong
 	// Missed: the Last-Event-ID the follower gave, and the oldest id still held.
 	After  uint64 `json:"after,omitempty"`
 	Oldest uint64 `json:"oldest,omitempty"`

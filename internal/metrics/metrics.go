@@ -113,6 +113,8 @@ func (m *Metrics) observeEvent(e events.Event) {
 		m.snapBytes.WithLabelValues("resume").Observe(float64(e.Bytes))
 	case events.PauseFailed:
 		m.opErrors.WithLabelValues("pause", "failed").Inc()
+	case events.ResumeFailed: // the sandbox is paused again, its snapshot kept
+		m.opErrors.WithLabelValues("resume", "failed").Inc()
 	case events.Error:
 		if strings.HasPrefix(e.Error, "resume failed") { // set by the service when a resume fails
 			m.opErrors.WithLabelValues("resume", "failed").Inc()

@@ -49,7 +49,8 @@ func TestCloseCancelsPause(t *testing.T) {
 }
 
 // TestCloseCancelsResume: Close cancels a resume held in its session restore; the half-resumed sandbox is
-// destroyed, the record says error, and the snapshot is kept so that the resume can be retried.
+// destroyed, the record says paused, as before the resume, and the snapshot is kept so that the resume can be
+// retried.
 func TestCloseCancelsResume(t *testing.T) {
 	e := newEnv(t, nil)
 	id := e.create()
@@ -77,8 +78,8 @@ func TestCloseCancelsResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if Status(rec.Status) != StatusError || rec.Snapshot == "" {
-		t.Fatalf("after Close the record says %s with snapshot %q, want error with the snapshot", rec.Status, rec.Snapshot)
+	if Status(rec.Status) != StatusPaused || rec.Snapshot == "" {
+		t.Fatalf("after Close the record says %s with snapshot %q, want paused with the snapshot", rec.Status, rec.Snapshot)
 	}
 	if left := e.rt.IDs(); len(left) != 0 {
 		t.Fatalf("the half-resumed sandbox is left: %v", left)

@@ -29,6 +29,9 @@ func (s *Service) emitStatus(e *entry, from, to Status) {
 	case from == StatusPausing && to == StatusRunning:
 		s.emit(events.Event{Type: events.PauseFailed, Sandbox: e.rec.ID, Family: e.rec.FamilyID, Status: string(to),
 			Error: s.pauseInfo(e).Error})
+	case from == StatusResuming && to == StatusPaused:
+		s.emit(events.Event{Type: events.ResumeFailed, Sandbox: e.rec.ID, Family: e.rec.FamilyID, Status: string(to),
+			Error: s.pauseInfo(e).Error})
 	case to == StatusPausing:
 		s.emit(events.Event{Type: events.Pausing, Sandbox: e.rec.ID, Family: e.rec.FamilyID, Status: string(to)})
 	case to == StatusResuming:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ramify-dev/ramify/internal/events"
 )
@@ -75,7 +76,8 @@ func TestLifecycleEvents(t *testing.T) {
 	}
 }
 
-// A failed resume publishes an error event that says why.
+// A failed resume publishes an event that says why: resume_failed, the sandbox paused again (a snapshot that
+// is itself broken is an error event: TestBrokenSnapshotResumeIsError).
 func TestErrorEventSaysWhy(t *testing.T) {
 	hub := events.New(0)
 	e := newEnv(t, func(c *Config) { c.Events = hub })
@@ -95,9 +97,11 @@ func TestErrorEventSaysWhy(t *testing.T) {
 	if _, _, err := e.svc.Resume(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	e.waitFor(a, StatusError)
+	if in, _ := e.svc.Wait(ctx, a, StatusRunning, 20*time.Second); in.Status != StatusPaused {
+		t.Fatalf("after the failed resume %s is %s, want paused", a, in.Status)
+	}
 	evs, _ := hub.Since(from)
-	if len(evs) != 2 || evs[1].Type != events.Error || evs[1].Sandbox != a || evs[1].Error == "" {
+	if len(evs) != 2 || evs[1].Type != events.ResumeFailed || evs[1].Sandbox != a || evs[1].Error == "" || evs[1].Status != "paused" {
 		t.Fatalf("events %+v", evs)
 	}
 }

@@ -25,7 +25,12 @@ type PauseInfo struct {
 	PauseMs       float64         `json:"pause_ms,omitempty"`
 	ResumeMs      float64         `json:"resume_ms,omitempty"`
 	PausedAt      *time.Time      `json:"paused_at,omitempty"`
-	Error         string          `json:"error,omitempty"`
+	// Error is why the last pause failed (the sandbox runs on) or why the last resume failed (it is paused
+	// again, its snapshot intact); cleared as the next pause or resume begins.
+	Error string `json:"error,omitempty"`
+	// Warning is set by a resume whose restored files take more than the sandbox's disk_mib (a snapshot of
+	// an older version): the sandbox runs over its quota and its writes fail until it frees space.
+	Warning string `json:"warning,omitempty"`
 	// Preload, kept with the record and not shown by the API, lists the packages the paused session imports
 	// as it loads (Manifest.Preload): keepResumesReady has the runtime keep them imported ahead for its resume.
 	Preload []string `json:"preload,omitempty"`
@@ -120,7 +125,13 @@ func (s *Service) startLifecycle(ctx context.Context, id string, op Op, done, bu
 			s.setPauseInfo(e, pi)
 		}
 	case OpResume:
-		e.rec.Error = "" // the last resume's failure: this one is under way
+		// The last resume's failure (error field: a broken snapshot; pause.error: any other), which this one
+		// replaces (and a wait for running must not end on it: see resumeFailed).
+		e.rec.Error = ""
+		if pi := s.pauseInfo(e); pi.Error != "" {
+			pi.Error = ""
+			s.setPauseInfo(e, pi)
+		}
 	}
 	s.setStatus(e, busy) //nolint:errcheck // admitted above; e is held exclusively
 	in := s.info(e)

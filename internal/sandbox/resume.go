@@ -34,36 +34,110 @@ func (s *Service) Resume(ctx context.Context, id string) (info Info, accepted bo
 
 // resume does the work on the service's context (Close cancels it: the resume then fails, the snapshot is kept);
 // the caller holds e.op exclusively. Its phases: bring the sandbox back from its snapshot (restore), then commit
-// (commitResume); a failure marks the sandbox error with its snapshot kept, so it can be resumed again
-// (failResume).
+// (commitResume); a failure leaves the sandbox as it was, paused with its snapshot, unless the snapshot itself
+// is broken (failResume).
 func (s *Service) resume(ctx context.Context, e *entry) {
 	start := time.Now()
 	s.mu.Lock()
 	id, prefix := e.rec.ID, e.rec.Snapshot
 	s.mu.Unlock()
-	m, h, notRestored, err := s.restore(ctx, e, prefix, start)
+	m, h, notRestored, err := s.restoreSnapshot(ctx, e, prefix, start, true)
 	if err != nil {
 		err = stoppedBy(ctx, err)
 		s.failResume(e, err)
 		return
 	}
-	s.commitResume(e, h, prefix, m, notRestored, start)
+	warning := s.overQuotaWarning(e, h)
+	s.commitResume(e, h, prefix, m, notRestored, warning, start)
 	s.log.Info("sandbox resumed", "sandbox", id, "ms", time.Since(start).Milliseconds())
 }
 
-// restore creates sandbox e afresh from the snapshot under prefix (its own, or a template's: it only reads
-// the snapshot): its layer extracted into a new one, its interpreter's session loaded into the new
-// interpreter. On failure nothing of it is left running.
+// brokenSnapshotError is a resume's failure that is the snapshot's own: its manifest or a part is missing, or
+// does not match (a part's size or SHA-256 is not the manifest's, the manifest does not parse), or its
+// layer.tar holds what this server refuses to restore. Trying again cannot help: the sandbox goes to error
+// (with its snapshot kept, as it is). Every other failure (out of capacity, the store or the host's disk
+// failing, the interpreter killed while it loads, a shutdown or a delete) leaves the sandbox paused.
+type brokenSnapshotError struct{ err error }
+
+func (e *brokenSnapshotError) Error() string { return e.err.Error() }
+func (e *brokenSnapshotError) Unwrap() error { return e.err }
+
+// snapshotFault marks err, from reading the snapshot (its manifest, a part), as the snapshot's own fault when
+// it is: the snapshot functions report a missing object as errdefs.ErrNotFound and a mismatch or an unusable
+// content as errdefs.ErrInvalid; a store that failed to answer, or a transfer cut short, is neither.
+func snapshotFault(err error) error {
+	if err != nil && (errors.Is(err, errdefs.ErrInvalid) || errors.Is(err, errdefs.ErrNotFound)) {
+		return &brokenSnapshotError{err: err}
+	}
+	return err
+}
+
+// restoreLayerFactor bounds what a layer.tar of n bytes takes once restored, at 3/2 n: a tar stores a file's
+// data in 512-byte blocks after a 512-byte header, the layers' btrfs in 4 KiB blocks plus its metadata (a file
+// of 2049 bytes: 3 KiB in the tar, ~4.4 KiB restored); larger files take about what they hold. The runtime
+// adds runtime.RestoreSlack.
+const restoreLayerFactor = 1.5
+
+// layerExtra is what restoring a layer.tar of tarBytes may write beyond a quota of diskMiB (0: none): nothing
+// for a layer a pause of this version made (it stores no more file data than the quota), more for one an
+// older version made, which stored reflinked copies and sparse files in full. Such a layer is restored whole,
+// under a cap its snapshot's size bounds (the shared layer file system is not filled whatever the snapshot),
+// rather than failing every resume; the sandbox then runs over its quota (overQuotaWarning).
+func layerExtra(tarBytes int64, diskMiB int) int64 {
+	if diskMiB <= 0 {
+		return 0
+	}
+	return max(int64(float64(tarBytes)*restoreLayerFactor)-int64(diskMiB)<<20, 0)
+}
+
+// overQuotaWarning returns, for a sandbox just restored whose files take more than its disk quota (an older
+// version's snapshot: layerExtra), what the resume tells its user: writes fail with EDQUOT until it frees space.
+// "" when it is within its quota, has none, or the runtime does not account for disk.
+func (s *Service) overQuotaWarning(e *entry, h runtime.Handle) string {
+	s.mu.Lock()
+	id, diskMiB := e.rec.ID, e.spec.DiskMiB
+	s.mu.Unlock()
+	if diskMiB <= 0 {
+		return ""
+	}
+	u, err := s.cfg.Runtime.Usage(h)
+	quota := int64(diskMiB) << 20
+	if err != nil || u.DiskBytes <= quota {
+		return ""
+	}
+	w := fmt.Sprintf("the restored files take %.1f MiB, more than the sandbox's disk_mib %d (its snapshot was made by an "+
+		"older ramify version, which stored reflinked copies and sparse files in full): until it frees %.1f MiB, "+
+		"writes fail with EDQUOT (disk quota exceeded) and a pause fails", float64(u.DiskBytes)/(1<<20), diskMiB,
+		float64(u.DiskBytes-quota)/(1<<20))
+	s.log.Warn("sandbox resumed over its disk quota", "sandbox", id, "disk_bytes", u.DiskBytes, "disk_mib", diskMiB)
+	return w
+}
+
+// restore creates sandbox e afresh from the template snapshot under prefix (restoreSnapshot): a layer holding
+// more than e's disk_mib fails it (a create from a template asking for less disk than the template's files).
 func (s *Service) restore(ctx context.Context, e *entry, prefix string, start time.Time) (Manifest, runtime.Handle, []agent.Skipped, error) {
+	return s.restoreSnapshot(ctx, e, prefix, start, false)
+}
+
+// restoreSnapshot creates sandbox e afresh from the snapshot under prefix (its own, or a template's: it only
+// reads the snapshot): its layer extracted into a new one, its interpreter's session loaded into the new
+// interpreter. With wholeLayer (a resume), a layer holding more than e's disk_mib (an older version's
+// snapshot) is restored whole, under a cap its size bounds (layerExtra). On failure nothing of it is left
+// running.
+func (s *Service) restoreSnapshot(ctx context.Context, e *entry, prefix string, start time.Time, wholeLayer bool) (Manifest, runtime.Handle, []agent.Skipped, error) {
 	s.mu.Lock()
 	id, spec, ipStr, hostname := e.rec.ID, e.spec, e.rec.IP, e.rec.Hostname
 	s.mu.Unlock()
 	m, err := s.readManifest(ctx, prefix)
 	if err != nil {
-		return Manifest{}, runtime.Handle{}, nil, err
+		return Manifest{}, runtime.Handle{}, nil, snapshotFault(err)
 	}
 	s.log.Debug("resume phase", "sandbox", id, "phase", "manifest read", "ms", ms(time.Since(start)))
 	_, streamed := m.Parts["session.bin"]
+	var extra int64
+	if wholeLayer {
+		extra = layerExtra(m.Parts["layer.tar"].Size, spec.DiskMiB)
+	}
 	// Nothing of this id may exist while it is paused; clear what a crash may have left (a layer, a cgroup).
 	s.cfg.Runtime.Destroy(ctx, runtime.Handle{ID: id}) //nolint:errcheck // usually there is nothing to remove
 	h, err := s.cfg.Runtime.Create(ctx, runtime.Spec{
@@ -71,11 +145,12 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 		DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd,
 		Egress: spec.Egress, Image: spec.Image, Preload: m.Preload,
 		// An older snapshot's session files are unpacked into the layer and removed once loaded: they were
-		// never on the sandbox's disk, so they do not count against its quota.
-		PopulateExtra: m.Parts["session.tar"].Size,
+		// never on the sandbox's disk, so they do not count against its quota. An older snapshot's layer may
+		// hold more than the quota: it is restored whole (layerExtra).
+		PopulateExtra: m.Parts["session.tar"].Size + extra,
 		Populate: func(upper string) error {
 			if err := s.extractPart(ctx, prefix, "layer.tar", m, upper); err != nil {
-				return err
+				return snapshotFault(err)
 			}
 			if streamed {
 				return nil
@@ -85,7 +160,7 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 				return err
 			}
 			os.Lchown(sd, s.cfg.HostUID, s.cfg.HostGID) //nolint:errcheck // extract sets what the tar says
-			return s.extractPart(ctx, prefix, "session.tar", m, sd)
+			return snapshotFault(s.extractPart(ctx, prefix, "session.tar", m, sd))
 		},
 	})
 	if err != nil {
@@ -99,6 +174,7 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 	case err != nil:
 	case streamed:
 		notRestored, err = s.loadSession(ctx, c, prefix, m)
+		err = snapshotFault(err)
 	default:
 		notRestored, err = c.RestoreSessionDir(ctx, sessionDir)
 		if err == nil {
@@ -113,28 +189,49 @@ func (s *Service) restore(ctx context.Context, e *entry, prefix string, start ti
 	return m, h, notRestored, nil
 }
 
-// failResume marks a sandbox whose resume failed error, with the reason; its snapshot is kept.
+// failResume undoes the status of a resume that failed (restore left nothing of it running). The sandbox is
+// paused again, exactly as before the resume, with the reason in pause.error and a resume_failed event: its
+// snapshot is intact and a later resume can succeed. Only a snapshot that is itself broken
+// (brokenSnapshotError) puts the sandbox in error, with the reason in its error field; the snapshot is kept
+// there too. It runs even when the failure is Close's cancellation.
 func (s *Service) failResume(e *entry, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), rollbackTimeout)
 	defer cancel()
+	var broken *brokenSnapshotError
 	s.mu.Lock()
 	id := e.rec.ID
-	if errors.Is(err, errDeleted) {
+	msg := "resume failed: " + errdefs.Message(err)
+	switch {
+	case errors.Is(err, errDeleted):
 		s.log.Info("resume stopped by a delete of the sandbox", "sandbox", id, "err", err)
-	} else {
-		s.log.Warn("resume failed; the snapshot is kept, resume may be retried", "sandbox", id, "err", err)
+	case errors.As(err, &broken):
+		s.log.Warn("resume failed: the snapshot is broken; it is kept, the sandbox is in error", "sandbox", id, "err", err)
+	default:
+		s.log.Warn("resume failed; the sandbox stays paused with its snapshot, resume may be retried", "sandbox", id, "err", err)
 	}
-	e.rec.Error = "resume failed: " + errdefs.Message(err) // before setStatus: the error event says it
-	if err := s.setStatus(e, StatusError); err != nil {
-		s.log.Error("resume failed", "sandbox", id, "err", err)
+	if broken != nil {
+		e.rec.Error = msg // before setStatus: the error event says it
+		if err := s.setStatus(e, StatusError); err != nil {
+			s.log.Error("resume failed", "sandbox", id, "err", err)
+		}
+	} else {
+		pi := s.pauseInfo(e)
+		pi.Error = msg // before setStatus: the resume_failed event says it
+		s.setPauseInfo(e, pi)
+		if err := s.setStatus(e, StatusPaused); err != nil {
+			s.log.Error("resume failed", "sandbox", id, "err", err)
+		}
 	}
 	rec := e.rec
 	s.mu.Unlock()
-	s.cfg.Store.Put(ctx, rec) //nolint:errcheck
+	if err := s.cfg.Store.Put(ctx, rec); err != nil {
+		// The record still says resuming: the next start makes it paused (New), as it is here.
+		s.log.Error("resume failed: record", "sandbox", id, "err", err)
+	}
 }
 
 // commitResume records a resumed sandbox as running (even if Close cancels now) and drops its spent snapshot.
-func (s *Service) commitResume(e *entry, h runtime.Handle, prefix string, m Manifest, notRestored []agent.Skipped, start time.Time) {
+func (s *Service) commitResume(e *entry, h runtime.Handle, prefix string, m Manifest, notRestored []agent.Skipped, warning string, start time.Time) {
 	ctx := context.WithoutCancel(s.ctx)
 	hj, _ := json.Marshal(h)
 	s.mu.Lock()
@@ -148,7 +245,7 @@ func (s *Service) commitResume(e *entry, h runtime.Handle, prefix string, m Mani
 	e.rec.FamilyID = h.FamilyID
 	e.rec.Snapshot = ""
 	pi := s.pauseInfo(e)
-	pi.NotRestored, pi.ResumeMs, pi.Error, pi.Preload = notRestored, ms(time.Since(start)), "", nil
+	pi.NotRestored, pi.ResumeMs, pi.Error, pi.Preload, pi.Warning = notRestored, ms(time.Since(start)), "", nil, warning
 	s.setPauseInfo(e, pi)
 	rec := e.rec
 	s.emit(events.Event{Type: events.Resumed, Sandbox: id, Family: rec.FamilyID, Status: string(StatusRunning),

@@ -252,7 +252,23 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 				e.rec.Error = "interrupted by a server restart while pausing: " + err.Error()
 			}
 			cfg.Store.Put(ctx, e.rec) //nolint:errcheck
-		case StatusCreating, StatusResuming:
+		case StatusResuming:
+			// Interrupted before its commit (which records it running): what the resume made of it is stopped
+			// here and removed by reclaim (a paused sandbox owns nothing but its snapshot), and it is paused
+			// again with its snapshot, as before the resume.
+			stopLater(e)
+			if rec.Snapshot != "" {
+				s.recoverAs(e, StatusPaused)
+				e.rec.Handle, e.handle = nil, runtime.Handle{}
+				pi := s.pauseInfo(e)
+				pi.Error = "resume failed: interrupted by a server restart (the sandbox is paused again: resume it)"
+				s.setPauseInfo(e, pi)
+			} else {
+				s.recoverAs(e, StatusError)
+				e.rec.Error = "interrupted by a server restart while resuming"
+			}
+			cfg.Store.Put(ctx, e.rec) //nolint:errcheck
+		case StatusCreating:
 			// Interrupted half-way by the restart: nothing usable is left.
 			stopLater(e)
 			s.recoverAs(e, StatusError)
@@ -516,9 +532,9 @@ func usageOf(u runtime.Usage) *UsageInfo {
 	return in
 }
 
-// Wait returns the sandbox's info as soon as its status is want or error (a failed pause or resume), or when
-// timeout has passed or ctx ends (with the status it has then). It lets clients wait for a pause or resume
-// without polling over HTTP.
+// Wait returns the sandbox's info as soon as its status is want or error, or the pause or resume it waits for
+// failed (pauseFailed, resumeFailed), or when timeout has passed or ctx ends (with the status it has then). It
+// lets clients wait for a pause or resume without polling over HTTP.
 func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time.Duration) (Info, error) {
 	switch want {
 	case StatusCreating, StatusRunning, StatusPausing, StatusPaused, StatusResuming, StatusError:
@@ -541,7 +557,7 @@ func (s *Service) Wait(ctx context.Context, id string, want Status, timeout time
 		info := s.info(e)
 		changed := s.changes(e) // woken by setStatus and retire
 		s.mu.Unlock()
-		if info.Status == want || info.Status == StatusError || pauseFailed(info, want) {
+		if info.Status == want || info.Status == StatusError || pauseFailed(info, want) || resumeFailed(info, want) {
 			return info, nil
 		}
 		select {
@@ -567,6 +583,13 @@ var errDeleted = errors.New("the sandbox is being deleted")
 // paused by that pause.
 func pauseFailed(info Info, want Status) bool {
 	return want == StatusPaused && info.Status == StatusRunning && info.Pause != nil && info.Pause.Error != ""
+}
+
+// resumeFailed reports whether a wait for want can end because the resume it waits for failed: a failed resume
+// leaves the sandbox paused with pause.error set (a new resume clears it as it starts), so it would never be
+// running by that resume.
+func resumeFailed(info Info, want Status) bool {
+	return want == StatusRunning && info.Status == StatusPaused && info.Pause != nil && info.Pause.Error != ""
 }
 
 // ListOptions filters List.

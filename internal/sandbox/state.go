@@ -63,7 +63,7 @@ var transitions = map[Status][]Status{
 	StatusRunning:  {StatusPausing, StatusError},               // pause begins; lost at a restart or for good
 	StatusPausing:  {StatusPaused, StatusRunning, StatusError}, // done; failed (keeps running); lost at a restart
 	StatusPaused:   {StatusResuming},
-	StatusResuming: {StatusRunning, StatusError},
+	StatusResuming: {StatusRunning, StatusPaused, StatusError}, // done; failed, snapshot kept (resumeFailure); snapshot broken
 	StatusError:    {StatusResuming},
 }
 

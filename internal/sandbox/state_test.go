@@ -56,7 +56,7 @@ func TestTransitionTable(t *testing.T) {
 		{StatusRunning, StatusPausing}: true, {StatusRunning, StatusError}: true,
 		{StatusPausing, StatusPaused}: true, {StatusPausing, StatusRunning}: true, {StatusPausing, StatusError}: true,
 		{StatusPaused, StatusResuming}:  true,
-		{StatusResuming, StatusRunning}: true, {StatusResuming, StatusError}: true,
+		{StatusResuming, StatusRunning}: true, {StatusResuming, StatusPaused}: true, {StatusResuming, StatusError}: true,
 		{StatusError, StatusResuming}: true,
 	}
 	all := []Status{StatusCreating, StatusWarm, StatusRunning, StatusPausing, StatusPaused, StatusResuming, StatusError}

@@ -206,8 +206,13 @@ func TestCrashMidOperationLeavesNothingBehind(t *testing.T) {
 			_, err := s.Client.WaitStatus(ctx, big, "running")
 			return err
 		})
-		// In error with its snapshot kept; the half-resumed sandbox is gone.
+		// Paused again with its snapshot kept, as before the resume, the interruption in pause.error; the
+		// half-resumed sandbox is gone.
 		checkNoLeftovers(t, s, expect{snapshots: []string{big}})
+		if sb, err := s.Client.Get(ctx, big); err != nil || sb.Status != "paused" || sb.Pause == nil ||
+			!strings.Contains(sb.Pause.Error, "server restart") {
+			t.Fatalf("after a restart in the middle of its resume: %+v %v; want paused, pause.error saying the restart", sb, err)
+		}
 		if _, _, err := s.Client.Resume(ctx, big); err != nil {
 			t.Fatal(err)
 		}

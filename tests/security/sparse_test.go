@@ -206,33 +206,41 @@ func TestSparseQuota(t *testing.T) {
 		}
 	})
 
-	// A snapshot whose files do not fit in the quota (an older version wrote sparse files out in full; or a
-	// store written by someone else) fails to resume without filling the shared layer file system, and leaves
-	// the snapshot as it was: put back what it held, and it resumes.
-	t.Run("RestoreTooBig", func(t *testing.T) {
+	// A snapshot whose files hold more than the quota (an older version wrote sparse files and reflinked copies
+	// out in full) still resumes, with every file: its layer is restored under a cap its layer.tar bounds (the
+	// shared layer file system is not filled whatever its disk_mib), and the sandbox then runs over its quota,
+	// pause.warning saying so: its writes fail with EDQUOT until it frees space, then all is as usual.
+	t.Run("OldSnapshotOverQuota", func(t *testing.T) {
 		sb := diskCreate(t, s, client.CreateRequest{DiskMiB: diskQuota})
 		diskWantWrite(t, "small file", diskSh(t, s, sb.ID, "echo kept > /root/kept && sync"))
 		sparsePause(t, s, sb.ID)
-		dir := sparseSnapshot(t, s, sb.ID)
-		orig := sparseSwapLayer(t, dir, 3*diskQuota<<20)
-		_, err := sparseResume(t, s, sb.ID)
-		var se *client.StatusError
-		if !errors.As(err, &se) || !strings.Contains(se.Sandbox.Error, "disk quota") {
-			t.Fatalf("resume of a snapshot three times its quota: %v, want status error saying the disk quota", err)
+		const big = 3 * diskQuota << 20
+		sparseSwapLayer(t, sparseSnapshot(t, s, sb.ID), big)
+		got, err := sparseResume(t, s, sb.ID)
+		if err != nil {
+			t.Fatalf("resume of an older version's snapshot holding three times its quota: %v, want it resumed with its files", err)
 		}
-		t.Logf("failed resume: %s", se.Sandbox.Error)
-		for _, l := range s.Inventory().Layers {
-			if l == sb.ID {
-				t.Errorf("the failed resume left its layer %s behind", l)
-			}
+		if got.Pause == nil || !strings.Contains(got.Pause.Warning, "EDQUOT") || !strings.Contains(got.Pause.Warning, fmt.Sprint(diskQuota)) {
+			t.Errorf("resumed over its quota: pause %+v, want pause.warning saying writes fail until it frees space", got.Pause)
+		} else {
+			t.Logf("pause.warning: %s", got.Pause.Warning)
 		}
-		if sparseSnapshot(t, s, sb.ID) != dir {
-			t.Fatalf("the failed resume changed the snapshot")
+		if res := diskSh(t, s, sb.ID, "cat /root/kept; stat -c %s /root/big"); res.Stdout != fmt.Sprintf("kept\n%d\n", big) {
+			t.Fatalf("resumed: /root/kept and the size of /root/big: %q", res.Stdout)
 		}
-		// The snapshot is intact: with its own layer back, the sandbox resumes with its files.
-		orig()
-		if _, err := sparseResume(t, s, sb.ID); err != nil {
-			t.Fatalf("resume with the original layer: %v", err)
+		if res := diskSh(t, s, sb.ID, "dd if=/dev/zero of=/root/more bs=1M count=1 conv=fsync 2>&1"); res.ExitCode == 0 ||
+			!strings.Contains(res.Stdout, "Disk quota exceeded") {
+			t.Errorf("a write of a sandbox over its quota: exit %d %q, want EDQUOT", res.ExitCode, res.Stdout)
+		} else {
+			t.Logf("a write over the quota: %s", strings.TrimSpace(res.Stdout))
+		}
+		// Freed, it writes again, and pauses and resumes as any other.
+		diskSh(t, s, sb.ID, "rm -f /root/big /root/more; sync")
+		diskWantWrite(t, "after freeing space", diskSh(t, s, sb.ID, "dd if=/dev/zero of=/root/more bs=1M count=8 conv=fsync 2>&1"))
+		sparsePause(t, s, sb.ID)
+		got, err = sparseResume(t, s, sb.ID)
+		if err != nil || got.Pause == nil || got.Pause.Warning != "" {
+			t.Fatalf("resume after freeing space: %+v %v, want running without a warning", got, err)
 		}
 		if res := diskSh(t, s, sb.ID, "cat /root/kept"); res.Stdout != "kept\n" {
 			t.Errorf("resumed: /root/kept %q", res.Stdout)

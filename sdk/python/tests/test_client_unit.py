@@ -30,6 +30,7 @@ from ramify import (  # noqa: E402
     FileNotFound,
     InvalidRequest,
     PauseFailed,
+    ResumeFailed,
     RamifyError,
     Sandbox,
     SandboxDefunct,
@@ -691,6 +692,20 @@ class TestPauseResume(StubTestCase):
         self.assertLess(time.monotonic() - t0, 2)
         self.assertIn("its state is lost", str(cm.exception))
         self.assertEqual(cm.exception.body["status"], "running")
+        self.assertEqual(len(self.stub.reqs("GET")), 1)
+
+    def test_resume_failed(self):
+        # A resume that failed leaves the sandbox paused with pause.error: the wait ends on it at once.
+        self.stub.on("POST", SBX + "/resume", Reply(202, sandbox_json("sbx_1", status="resuming")))
+        sb = self.sandbox()
+        failed = sandbox_json("sbx_1", status="paused", pause={"error": "resume failed: the store did not answer"})
+        self.stub.on("GET", SBX + "/wait", Reply(200, failed))
+        t0 = time.monotonic()
+        with self.assertRaises(ResumeFailed) as cm:
+            sb.resume(poll_timeout=30)
+        self.assertLess(time.monotonic() - t0, 2)
+        self.assertIn("the store did not answer", str(cm.exception))
+        self.assertEqual(cm.exception.body["status"], "paused")
         self.assertEqual(len(self.stub.reqs("GET")), 1)
 
     def test_pause_conflict(self):

@@ -72,6 +72,13 @@ export class SandboxErrorState extends RamifyError {}
 export class PauseFailed extends RamifyError {}
 
 /**
+ * The resume waited for failed for a reason retrying may cure: the sandbox is paused again with its snapshot
+ * intact (`body` holds the sandbox info, whose `pause.error` says why). A broken snapshot puts the sandbox in
+ * status `error` instead (`SandboxErrorState`).
+ */
+export class ResumeFailed extends RamifyError {}
+
+/**
  * The server's 404 for a sandbox: "sandbox not found", or for an id it retired "sandbox sbx_... was merged into
  * sbx_... at ..." / "sandbox sbx_... was deleted at ...". A file route's 404 for a missing path says otherwise.
  */

@@ -41,4 +41,5 @@ export {
   SandboxDefunct,
   SandboxErrorState,
   PauseFailed,
+  ResumeFailed,
 } from "./errors.js";

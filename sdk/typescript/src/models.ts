@@ -20,8 +20,12 @@ export interface SandboxInfo {
   parent_id?: string | null;
   forked_from?: string | null;
   error?: string;
-  /** What the last pause and resume reported; `error` when the last pause failed (the sandbox keeps running). */
-  pause?: { error?: string; [key: string]: unknown };
+  /**
+   * What the last pause and resume reported; `error` when the last pause failed (the sandbox keeps running) or the
+   * last resume failed (it is paused again); `warning` when the resumed sandbox's files take more than its
+   * `disk_mib` (its writes fail until it frees space).
+   */
+  pause?: { error?: string; warning?: string; [key: string]: unknown };
   /** Whether the sandbox's ports are reachable over HTTP, and where (`{port}` stands for the port). */
   ingress?: IngressInfo;
   /** The template the sandbox was created from, if any. */

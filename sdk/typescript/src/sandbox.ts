@@ -4,6 +4,7 @@ import {
   SandboxDefunct,
   SandboxErrorState,
   PauseFailed,
+  ResumeFailed,
   SandboxNotFound,
   ServerError,
   TimeoutError,
@@ -573,9 +574,10 @@ export class Sandbox {
 
   /**
    * @internal Wait until the status is `target`: the server answers `GET .../wait` as soon as it is (or when it goes
-   * to `error`, or, waiting for `paused`, when the pause failed), so this returns within milliseconds of the
-   * transition (the 202's `X-Poll-After` is not needed). Throws `SandboxErrorState` on `error` and `PauseFailed`
-   * when the pause failed.
+   * to `error`, or, waiting for `paused`, when the pause failed, or, waiting for `running`, when the resume failed),
+   * so this returns within milliseconds of the transition (the 202's `X-Poll-After` is not needed). Throws
+   * `SandboxErrorState` on `error`, `PauseFailed` when the pause failed and `ResumeFailed` when the resume failed
+   * (the sandbox is paused again).
    */
   async _waitFor(target: string, timeoutS: number): Promise<SandboxInfo> {
     const deadline = Date.now() + timeoutS * 1000;
@@ -606,6 +608,9 @@ export class Sandbox {
       const pauseError = this.info.pause?.error;
       if (target === "paused" && status === "running" && pauseError) {
         throw new PauseFailed(`sandbox ${this.id} was not paused and keeps running: ${pauseError}`, undefined, this.info);
+      }
+      if (target === "running" && status === "paused" && pauseError) {
+        throw new ResumeFailed(`sandbox ${this.id} was not resumed and is paused again: ${pauseError}`, undefined, this.info);
       }
     }
   }

@@ -17,6 +17,7 @@ import {
   SandboxDefunct,
   SandboxErrorState,
   PauseFailed,
+  ResumeFailed,
   retryPolicy,
 } from "../dist/index.js";
 import { startStub, sendJson, json, info, sleep, ID, ID2, ID3 } from "./helpers/stub.js";
@@ -479,6 +480,20 @@ describe("pause and resume", () => {
     await assert.rejects(sb.pause({ pollTimeoutS: 30 }), (e) => e instanceof PauseFailed && /state is lost/.test(e.message));
     assert.ok(Date.now() - t0 < 2000, `the failure took ${Date.now() - t0}ms`);
     assert.equal(sb.info.status, "running");
+    assert.equal(stub.requests.length, 2);
+  });
+
+  test("a failed resume -> ResumeFailed at once, the sandbox paused again", async () => {
+    const sb = await connected();
+    stub.handler = routes({
+      [`POST /v1/sandboxes/${ID}/resume`]: (rec, res) => sendJson(res, 202, info(ID, "resuming")),
+      [`GET /v1/sandboxes/${ID}/wait`]: (rec, res) =>
+        sendJson(res, 200, info(ID, "paused", { pause: { error: "resume failed: the store did not answer" } })),
+    });
+    const t0 = Date.now();
+    await assert.rejects(sb.resume({ pollTimeoutS: 30 }), (e) => e instanceof ResumeFailed && /did not answer/.test(e.message));
+    assert.ok(Date.now() - t0 < 2000, `the failure took ${Date.now() - t0}ms`);
+    assert.equal(sb.info.status, "paused");
     assert.equal(stub.requests.length, 2);
   });
 

@@ -16,6 +16,7 @@ from .exceptions import (
     InvalidRequest,
     NotFound,
     PauseFailed,
+    ResumeFailed,
     RamifyError,
     SandboxDefunct,
     SandboxErrorState,
@@ -53,4 +54,5 @@ __all__ = [
     "SandboxDefunct",
     "SandboxErrorState",
     "PauseFailed",
+    "ResumeFailed",
 ]

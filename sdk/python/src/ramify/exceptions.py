@@ -24,6 +24,7 @@ __all__ = [
     "SandboxDefunct",
     "SandboxErrorState",
     "PauseFailed",
+    "ResumeFailed",
 ]
 
 
@@ -99,6 +100,12 @@ class SandboxErrorState(RamifyError):
 class PauseFailed(RamifyError):
     """The pause waited for failed: the sandbox was not paused and keeps running (``body`` is the sandbox info;
     ``body["pause"]["error"]`` says why)."""
+
+
+class ResumeFailed(RamifyError):
+    """The resume waited for failed for a reason retrying may cure: the sandbox is paused again with its snapshot
+    intact (``body`` is the sandbox info; ``body["pause"]["error"]`` says why). A broken snapshot puts the sandbox
+    in status ``error`` instead (:class:`SandboxErrorState`)."""
 
 
 # The server's 404 for a sandbox: "sandbox not found", or for an id it retired "sandbox sbx_... was merged into

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from ._http import DEFAULT_REQUEST_TIMEOUT, HTTPClient, Response, StreamResponse, iter_ndjson
 from .exceptions import (
     PauseFailed,
+    ResumeFailed,
     RamifyError,
     SandboxDefunct,
     SandboxErrorState,
@@ -621,9 +622,10 @@ class Sandbox:
 
     def _wait_for(self, target: str, timeout: float) -> Dict[str, Any]:
         """Wait until the sandbox's status is ``target``: the server answers ``GET .../wait`` as soon as it is (or
-        when ``status`` goes to ``error``, or, waiting for ``paused``, when the pause failed), so this returns
-        within milliseconds of the transition (the 202's ``X-Poll-After`` is not needed). Raises
-        :class:`SandboxErrorState` on ``error`` and :class:`PauseFailed` when the pause failed."""
+        when ``status`` goes to ``error``, or, waiting for ``paused``, when the pause failed, or, waiting for
+        ``running``, when the resume failed), so this returns within milliseconds of the transition (the 202's
+        ``X-Poll-After`` is not needed). Raises :class:`SandboxErrorState` on ``error``, :class:`PauseFailed` when
+        the pause failed and :class:`ResumeFailed` when the resume failed (the sandbox is paused again)."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -654,6 +656,8 @@ class Sandbox:
             pause_error = (self.info.get("pause") or {}).get("error")
             if target == "paused" and status == "running" and pause_error:
                 raise PauseFailed(f"sandbox {self.id} was not paused and keeps running: {pause_error}", None, self.info)
+            if target == "running" and status == "paused" and pause_error:
+                raise ResumeFailed(f"sandbox {self.id} was not resumed and is paused again: {pause_error}", None, self.info)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
