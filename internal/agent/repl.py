@@ -1339,11 +1339,16 @@ def _plain_pickler(needs):
     return Plain
 
 
-def _snapshot_stream(fd):
+def _picklers():
+    """The session's picklers: dill's (see _session_pickler) and the plain one, which share their needs."""
+    Pickler = _session_pickler()
+    return Pickler, _plain_pickler(Pickler.needs)
+
+
+def _snapshot_stream(fd, picklers=None):
     """Write the session's variables to fd as a session stream; return what could not be saved and the packages
     its loading will import (see Pickler.needs)."""
-    Pickler = _session_pickler()
-    Plain = _plain_pickler(Pickler.needs)
+    Pickler, Plain = picklers or _picklers()
     out = _StreamOut(fd)
     skipped = []
     try:
@@ -1425,10 +1430,11 @@ def _save_session(fd, moved):
                     f.write("1000")
             except OSError:
                 pass
+            picklers = _picklers()  # imports dill if need be (~30 ms) while the server moves this process
             if moved is not None:
                 os.read(moved, 1)  # b"\x01": moved; end of file: the server could not, the save runs here
                 os.close(moved)
-            skipped, needs = _snapshot_stream(fd)
+            skipped, needs = _snapshot_stream(fd, picklers)
             _write_all(w, json.dumps({"skipped": skipped, "needs": needs}).encode() + b"\n")
             status = 0
         except BaseException as e:

@@ -106,6 +106,13 @@ func removeDirs(dirs []string) error {
 	return errors.Join(errs...)
 }
 
+// MemoryCreator is implemented by managers that can make a cgroup in the memory hierarchy alone (v1): moving a
+// process there is one migration instead of one per hierarchy (each can wait out an RCU grace period, up to
+// ~25 ms after a quiet spell), and the process keeps its CPU, tasks and freezer cgroups.
+type MemoryCreator interface {
+	CreateMemory(name string, memoryBytes int64) (Cgroup, error)
+}
+
 // MoveWarmer is a Manager whose moves can be kept fast while moves are coming. Moving a process (Add) takes the
 // kernel's cgroup thread-group lock for writing, and the first writer after the lock has gone unused for a
 // while waits for an RCU grace period (~8 ms here, the same for one hierarchy or five); a hierarchy mounted with

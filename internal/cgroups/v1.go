@@ -152,6 +152,31 @@ func (m *v1Manager) Create(name string, l Limits) (Cgroup, error) {
 	return c, nil
 }
 
+// CreateMemory implements MemoryCreator: the cgroup is made in the memory hierarchy only, with a limit of
+// memoryBytes (0: none). A process moved into it keeps its CPU, tasks and freezer cgroups.
+func (m *v1Manager) CreateMemory(name string, memoryBytes int64) (Cgroup, error) {
+	if err := validName(name); err != nil {
+		return nil, fmt.Errorf("create cgroup: %w", err)
+	}
+	if err := validLimits(Limits{MemoryBytes: memoryBytes}); err != nil {
+		return nil, fmt.Errorf("create cgroup %s: %w", name, err)
+	}
+	dir := filepath.Join(m.ctrl["memory"], name)
+	c := &v1Cgroup{name: name, ctrl: map[string]string{"memory": dir}, dirs: []string{dir}}
+	if exists(dir) {
+		return nil, fmt.Errorf("create cgroup %s: %w", name, errdefs.New(errdefs.ErrConflict, "cgroup already exists"))
+	}
+	if _, err := mkdir(dir); err != nil {
+		return nil, fmt.Errorf("create cgroup %s: %w", name, err)
+	}
+	if err := c.applyMemory(memoryBytes); err != nil {
+		_ = c.Delete()
+		return nil, fmt.Errorf("create cgroup %s: %w", name, err)
+	}
+	m.log.Debug("created memory cgroup", "name", name, "memory", memoryBytes)
+	return c, nil
+}
+
 // Rename implements Renamer: the directory is renamed in each hierarchy, and renamed back in those already done
 // if one fails.
 func (m *v1Manager) Rename(old, new string) (Cgroup, error) {
@@ -238,10 +263,18 @@ func (c *v1Cgroup) apply(l Limits) error {
 		return err
 	}
 
+	if err := c.applyMemory(l.MemoryBytes); err != nil {
+		return err
+	}
+	return writeFile(c.file("pids", "pids.max"), tasksLimit(l.Pids))
+}
+
+// applyMemory writes the memory limit (0: none).
+func (c *v1Cgroup) applyMemory(bytes int64) error {
 	limit, memsw := c.file("memory", "memory.limit_in_bytes"), c.file("memory", "memory.memsw.limit_in_bytes")
 	want := "-1"
-	if l.MemoryBytes > 0 {
-		want = strconv.FormatInt(l.MemoryBytes, 10)
+	if bytes > 0 {
+		want = strconv.FormatInt(bytes, 10)
 	}
 	// memory.memsw.limit_in_bytes must stay >= memory.limit_in_bytes (the kernel refuses either write with EINVAL
 	// otherwise): when the limit goes down, write the memory limit first; when it goes up, memsw first.
@@ -252,7 +285,7 @@ func (c *v1Cgroup) apply(l Limits) error {
 			return err
 		}
 		old, _ := strconv.ParseInt(strings.TrimSpace(string(cur)), 10, 64)
-		if l.MemoryBytes <= 0 || l.MemoryBytes > old {
+		if bytes <= 0 || bytes > old {
 			order = []string{memsw, limit}
 		}
 	} else {
@@ -264,11 +297,7 @@ func (c *v1Cgroup) apply(l Limits) error {
 		}
 	}
 	// OOM killer enabled (the default, written in case the parent was configured otherwise).
-	if err := writeFile(c.file("memory", "memory.oom_control"), "0"); err != nil {
-		return err
-	}
-
-	return writeFile(c.file("pids", "pids.max"), tasksLimit(l.Pids))
+	return writeFile(c.file("memory", "memory.oom_control"), "0")
 }
 
 func (c *v1Cgroup) TasksLimit() (int64, error) {
@@ -459,10 +488,13 @@ func (c *v1Cgroup) Stats() (Stats, error) {
 	if s.MemoryBytes, err = readUint(c.file("memory", "memory.usage_in_bytes")); err != nil {
 		return Stats{}, c.statsErr(err)
 	}
-	if s.Pids, err = readUint(c.file("pids", "pids.current")); err != nil {
+	if s.OOMKills, _, err = readKey(c.file("memory", "memory.oom_control"), "oom_kill"); err != nil {
 		return Stats{}, c.statsErr(err)
 	}
-	if s.OOMKills, _, err = readKey(c.file("memory", "memory.oom_control"), "oom_kill"); err != nil {
+	if _, ok := c.ctrl["pids"]; !ok { // a memory-only cgroup (CreateMemory)
+		return s, nil
+	}
+	if s.Pids, err = readUint(c.file("pids", "pids.current")); err != nil {
 		return Stats{}, c.statsErr(err)
 	}
 	if s.CPUNanos, err = readUint(c.file("cpuacct", "cpuacct.usage")); err != nil {

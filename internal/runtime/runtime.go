@@ -208,11 +208,12 @@ type ForkPreparer interface {
 // sandbox has left (the pickler's memo, the pages of the session the copy touches) then fails alone, and the
 // interpreter whose session it saves runs on untouched.
 type SaveCopier interface {
-	// AdoptSaveCopy moves process pid of sandbox h (numbered in its family's PID namespace; it must be one of
-	// h's processes) into a cgroup of its own, with limits for a sandbox of spec (VCPU, MemMiB) and
-	// SaveCopyMemory of memory. end kills whatever is left there, removes the cgroup and reports whether the
-	// kernel killed a process in it for want of memory.
-	AdoptSaveCopy(h Handle, pid int, spec Spec) (end func() (oomKilled bool), err error)
+	// SaveBudget makes the cgroup for h's save copy, with limits for a sandbox of spec (VCPU) and
+	// SaveCopyMemory(spec.MemMiB) of memory, ahead of the copy. adopt moves the copy (pid, numbered in the
+	// family's PID namespace; it must be one of h's processes) into it. end, which must be called, kills
+	// whatever is left there, removes the cgroup and reports whether the kernel killed a process in it for want
+	// of memory.
+	SaveBudget(h Handle, spec Spec) (adopt func(pid int) error, end func() (oomKilled bool), err error)
 }
 
 // SaveCopyMemory is the memory a save copy of a sandbox with memMiB of memory may use (SaveCopier): twice the

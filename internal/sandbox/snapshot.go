@@ -181,42 +181,50 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Ha
 
 // saveBudget is how a save's copy of the interpreter gets a memory budget of its own (runtime.SaveCopier).
 type saveBudget struct {
-	log    interface{ Warn(string, ...any) }
-	copier runtime.SaveCopier
-	h      runtime.Handle
-	spec   runtime.Spec
-	moved  *os.File // the pipe's read end, for the interpreter (nil: no budget; the copy saves in the sandbox)
-	tell   *os.File // its write end: one byte once the copy is moved
-	ended  func() bool
+	log interface {
+		Warn(string, ...any)
+		Debug(string, ...any)
+	}
+	id    string
+	moved *os.File // the pipe's read end, for the interpreter (nil: no budget; the copy saves in the sandbox)
+	tell  *os.File // its write end: one byte once the copy is moved
+	move  func(pid int) error
+	ended func() bool // nil once ended
 }
 
 // saveBudget prepares a budget for h's save copy, if the runtime gives one.
 func (s *Service) saveBudget(h runtime.Handle, spec CreateRequest) *saveBudget {
-	b := &saveBudget{log: s.log, h: h, spec: runtime.Spec{VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs}}
+	b := &saveBudget{log: s.log, id: h.ID}
 	sc, ok := s.cfg.Runtime.(runtime.SaveCopier)
 	if !ok {
 		return b
 	}
-	r, w, err := os.Pipe()
+	move, end, err := sc.SaveBudget(h, runtime.Spec{VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs})
 	if err != nil {
 		s.log.Warn("save copy stays in its sandbox", "sandbox", h.ID, "err", err)
 		return b
 	}
-	b.copier, b.moved, b.tell = sc, r, w
+	r, w, err := os.Pipe()
+	if err != nil {
+		end()
+		s.log.Warn("save copy stays in its sandbox", "sandbox", h.ID, "err", err)
+		return b
+	}
+	b.moved, b.tell, b.move, b.ended = r, w, move, end
 	return b
 }
 
 // adopt moves the copy (pid in the sandbox's family) into its budget and tells it; if that fails, the copy is
 // told to save where it is.
 func (b *saveBudget) adopt(pid int) {
-	if b.tell == nil || b.ended != nil {
+	if b.tell == nil {
 		return
 	}
-	end, err := b.copier.AdoptSaveCopy(b.h, pid, b.spec)
-	if err != nil {
-		b.log.Warn("save copy stays in its sandbox", "sandbox", b.h.ID, "err", err)
+	start := time.Now()
+	if err := b.move(pid); err != nil {
+		b.log.Warn("save copy stays in its sandbox", "sandbox", b.id, "err", err)
 	} else {
-		b.ended = end
+		b.log.Debug("pause phase", "sandbox", b.id, "phase", "save copy moved", "ms", ms(time.Since(start)))
 		b.tell.Write([]byte{1}) //nolint:errcheck // a copy gone already fails the save on its own
 	}
 	b.tell.Close()
@@ -229,8 +237,10 @@ func (b *saveBudget) end() bool {
 	if b.ended == nil {
 		return false
 	}
+	start := time.Now()
 	oom := b.ended()
-	b.ended = func() bool { return false }
+	b.ended = nil
+	b.log.Debug("pause phase", "sandbox", b.id, "phase", "save copy's cgroup removed", "ms", ms(time.Since(start)))
 	return oom
 }
 

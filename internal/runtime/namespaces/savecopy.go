@@ -13,60 +13,70 @@ import (
 
 var _ runtime.SaveCopier = (*Runtime)(nil)
 
-// saveCopyTasks is the tasks limit of a save copy's cgroup: the copy itself, and what code it runs as it saves
-// (an object's __reduce__) may start.
+// saveCopyTasks is the tasks limit of a save copy's cgroup where it cannot be a memory cgroup alone (v2): the
+// copy itself, and what code it runs as it saves (an object's __reduce__) may start.
 const saveCopyTasks = 64
 
 // saveCgroupName is the cgroup of the save copy of the sandbox whose cgroup is named cg. A server killed during
 // a save leaves it behind; the reclaim scan at the next start removes it (no record names it).
 func saveCgroupName(cg string) string { return cg + "-save" }
 
-// AdoptSaveCopy implements runtime.SaveCopier. The copy's pages stay charged to the sandbox's memory cgroup for
+// SaveBudget implements runtime.SaveCopier. The copy's pages stay charged to the sandbox's memory cgroup for
 // what it shares with the interpreter (a v1 move does not carry charges along); what it copies on write and
-// allocates as it saves is charged to its own.
-func (r *Runtime) AdoptSaveCopy(h runtime.Handle, pid int, spec runtime.Spec) (func() bool, error) {
+// allocates as it saves is charged to its own. Moves are kept fast from here on (the grace period a v1 move
+// waits for after a quiet spell, up to ~25 ms, passes while the interpreter forks the copy).
+func (r *Runtime) SaveBudget(h runtime.Handle, spec runtime.Spec) (func(int) error, func() bool, error) {
 	sb, err := r.running(h.ID)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	// Only a process of this sandbox: the pid comes from inside it.
-	procs, err := sb.cg.Procs()
-	if err != nil {
-		return nil, fmt.Errorf("adopt save copy of %s: %w", h.ID, err)
-	}
-	hostPid := 0
-	for _, p := range procs {
-		if nsPidOf(p) == pid {
-			hostPid = p
-			break
-		}
-	}
-	if hostPid == 0 {
-		return nil, fmt.Errorf("adopt save copy of %s: %w", h.ID, errdefs.New(errdefs.ErrNotFound,
-			fmt.Sprintf("no process %d in the sandbox", pid)))
-	}
-	l := limitsOf(spec)
-	l.MemoryBytes, l.Pids = runtime.SaveCopyMemory(spec.MemMiB), saveCopyTasks
+	warm := r.movesFast()
 	name := saveCgroupName(sb.cg.Name())
-	cg, err := r.cfg.Cgroups.Create(name, l)
+	create := func() (cgroups.Cgroup, error) {
+		if mc, ok := r.cfg.Cgroups.(cgroups.MemoryCreator); ok {
+			// The memory hierarchy alone: the copy's CPU and tasks count as the sandbox's, as they should.
+			return mc.CreateMemory(name, runtime.SaveCopyMemory(spec.MemMiB))
+		}
+		l := limitsOf(spec)
+		l.MemoryBytes, l.Pids = runtime.SaveCopyMemory(spec.MemMiB), saveCopyTasks
+		return r.cfg.Cgroups.Create(name, l)
+	}
+	cg, err := create()
 	if errors.Is(err, errdefs.ErrConflict) { // left by an earlier save cut short
 		if old, lerr := r.cfg.Cgroups.Load(name); lerr == nil {
 			removeCgroup(old)
 		}
-		cg, err = r.cfg.Cgroups.Create(name, l)
+		cg, err = create()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("adopt save copy of %s: %w", h.ID, err)
+		warm()
+		return nil, nil, fmt.Errorf("save budget of %s: %w", h.ID, err)
 	}
-	if err := cg.Add(hostPid); err != nil {
-		removeCgroup(cg)
-		return nil, fmt.Errorf("adopt save copy of %s: %w", h.ID, err)
+	adopt := func(pid int) error {
+		defer warm()
+		// Only a process of this sandbox: the pid comes from inside it.
+		procs, err := sb.cg.Procs()
+		if err != nil {
+			return fmt.Errorf("adopt save copy of %s: %w", h.ID, err)
+		}
+		for _, p := range procs {
+			if nsPidOf(p) == pid {
+				if err := cg.Add(p); err != nil {
+					return fmt.Errorf("adopt save copy of %s: %w", h.ID, err)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("adopt save copy of %s: %w", h.ID, errdefs.New(errdefs.ErrNotFound,
+			fmt.Sprintf("no process %d in the sandbox", pid)))
 	}
-	return func() bool {
+	end := func() bool {
+		warm()
 		st, _ := cg.Stats()
 		removeCgroup(cg)
 		return st.OOMKills > 0
-	}, nil
+	}
+	return adopt, end, nil
 }
 
 // removeCgroup kills what is left in cg and removes it.
