@@ -6,10 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"net/url"
 )
-
-func pathQuery(path string) url.Values { return url.Values{"path": {path}} }
 
 // ReadFile opens a file of the sandbox for reading; the content is streamed from the server. The caller closes
 // the reader. A missing file is ErrNotFound, a directory ErrInvalid.
@@ -63,9 +60,13 @@ func (c *Client) Stat(ctx context.Context, id, path string) (*Entry, error) {
 // Mkdir creates a directory of the sandbox (and its parents when parents is true).
 func (c *Client) Mkdir(ctx context.Context, id, path string, parents bool) (*Entry, error) {
 	body := struct {
-		Path    string `json:"path"`
+		Path    string `json:"path,omitempty"`
+		PathB64 string `json:"path_b64,omitempty"`
 		Parents bool   `json:"parents"`
-	}{path, parents}
+	}{Path: path, Parents: parents}
+	if _, b := encodeName(path); b != "" {
+		body.Path, body.PathB64 = "", b
+	}
 	var e Entry
 	if _, err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "/files/mkdir"), json: body}, &e); err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Fork makes n children of a sandbox (1 <= n <= 32), each starting from the parent's state at the moment of
@@ -174,8 +176,17 @@ func (c *Client) Diff(ctx context.Context, a, b string, paths []string) (*Diff, 
 		}
 	}
 	q := url.Values{}
+	key := "paths"
 	for _, p := range paths {
-		q.Add("paths", p)
+		if !utf8.ValidString(p) {
+			key = "paths_b64" // all in base64: the server takes one form or the other
+		}
+	}
+	for _, p := range paths {
+		if key == "paths_b64" {
+			p = base64.StdEncoding.EncodeToString([]byte(p))
+		}
+		q.Add(key, p)
 	}
 	var d Diff
 	if _, err := c.do(ctx, request{method: http.MethodGet, path: sandboxPath(a, "/diff/"+url.PathEscape(b)), query: q}, &d); err != nil {

@@ -13,10 +13,12 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"sort"
@@ -534,7 +536,7 @@ func (c *contract) files(id string) {
 	c.do(exchange{method: "GET", path: p + "?path=/root/missing", status: 404})
 	c.do(exchange{method: "GET", path: p + "?path=/root", status: 400})
 	c.do(exchange{method: "GET", path: p + "?path=/proc/self/status", status: 400})
-	c.do(exchange{method: "GET", path: p, status: 400, invalid: true})
+	c.do(exchange{method: "GET", path: p, status: 400}) // neither path nor path_b64: the document cannot say "one of"
 	c.do(exchange{method: "GET", path: p + "/list?path=/root", status: 200})
 	c.do(exchange{method: "GET", path: p + "/list?path=/dev", status: 200})
 	c.do(exchange{method: "GET", path: p + "/list?path=/proc", status: 400})
@@ -544,7 +546,7 @@ func (c *contract) files(id string) {
 	c.do(exchange{method: "GET", path: p + "/stat?path=/root/missing", status: 404})
 	c.do(exchange{method: "POST", path: p + "/mkdir", body: []byte(`{"path": "/root/d/e"}`), status: 200})
 	c.do(exchange{method: "POST", path: p + "/mkdir", body: []byte(`{"path": "/root/d/e", "parents": false}`), status: 409})
-	c.do(exchange{method: "POST", path: p + "/mkdir", body: []byte(`{}`), status: 400, invalid: true})
+	c.do(exchange{method: "POST", path: p + "/mkdir", body: []byte(`{}`), status: 400})
 	c.do(exchange{method: "GET", path: p + "/archive?path=/root", status: 200})
 	c.do(exchange{method: "GET", path: p + "/archive?path=/proc", status: 400})
 	c.do(exchange{method: "GET", path: p + "/archive?path=/root/a.txt", status: 400})
@@ -555,6 +557,31 @@ func (c *contract) files(id string) {
 	c.do(exchange{method: "DELETE", path: p + "?path=/proc", status: 400})
 	c.do(exchange{method: "DELETE", path: p + "?path=/root/d&recursive=true", status: 204})
 	c.do(exchange{method: "GET", path: "/v1/sandboxes/" + unknownID + "/files/list?path=/", status: 404})
+
+	// A name that is not UTF-8 ("caf\xe9", Latin-1): path_b64 in requests, name_b64 and path_b64 in answers.
+	latin := base64.StdEncoding.EncodeToString([]byte("/root/raw/caf\xe9"))
+	_, b = c.do(exchange{method: "PUT", path: p + "?path_b64=" + url.QueryEscape(latin), body: []byte("latin"), contentType: oct, status: 200})
+	if !strings.Contains(string(b), `"path_b64":"`+latin+`"`) {
+		c.t.Errorf("write by path_b64: %s", b)
+	}
+	_, b = c.do(exchange{method: "GET", path: p + "/list?path=/root/raw", status: 200})
+	if !strings.Contains(string(b), `"name_b64":"`+base64.StdEncoding.EncodeToString([]byte("caf\xe9"))+`"`) {
+		c.t.Errorf("list of a name that is not UTF-8: %s", b)
+	}
+	c.do(exchange{method: "GET", path: p + "/stat?path_b64=" + url.QueryEscape(latin), status: 200})
+	if _, b = c.do(exchange{method: "GET", path: p + "?path_b64=" + url.QueryEscape(latin), status: 200}); string(b) != "latin" {
+		c.t.Errorf("read by path_b64: %q", b)
+	}
+	c.do(exchange{method: "GET", path: p + "?path=/root/raw&path_b64=" + url.QueryEscape(latin), status: 400})
+	c.do(exchange{method: "GET", path: p + "/stat?path_b64=%21%21", status: 400})
+	c.do(exchange{method: "POST", path: p + "/mkdir", body: []byte(`{"path_b64": "` + base64.StdEncoding.EncodeToString([]byte("/root/raw/d\xe9")) + `"}`), status: 200})
+	c.do(exchange{method: "POST", path: p + "/mkdir", body: []byte(`{"path": "/root/raw/x", "path_b64": "L3Jvb3QvcmF3L3g="}`), status: 400})
+	c.do(exchange{method: "GET", path: p + "/archive?path_b64=" + url.QueryEscape(base64.StdEncoding.EncodeToString([]byte("/root/raw/d\xe9"))), status: 200})
+	_, b = c.do(exchange{method: "PUT", path: p + "/archive?path_b64=" + url.QueryEscape(base64.StdEncoding.EncodeToString([]byte("/root/raw/d\xe9"))), body: tarOf(c.t, "f.txt", "tar"), contentType: "application/x-tar", status: 200})
+	if !strings.Contains(string(b), `"path_b64"`) {
+		c.t.Errorf("archive upload by path_b64: %s", b)
+	}
+	c.do(exchange{method: "DELETE", path: p + "?recursive=true&path_b64=" + url.QueryEscape(base64.StdEncoding.EncodeToString([]byte("/root/raw"))), status: 204})
 }
 
 func tarOf(t *testing.T, name, content string) []byte {
@@ -604,6 +631,15 @@ func (c *contract) forkMergeDiff(id string) {
 	c.do(exchange{method: "GET", path: p + "/diff/" + kid + "?paths=root", status: 400})
 	c.do(exchange{method: "POST", path: p + "/diff/" + kid, body: []byte(`{"paths": "/root"}`), status: 400, invalid: true})
 	c.do(exchange{method: "GET", path: p + "/diff/" + unknownID, status: 404})
+	// A path that is not UTF-8 in the diff: added_b64 beside added; paths_b64 in place of paths.
+	c.do(exchange{method: "POST", path: "/v1/sandboxes/" + kid + "/exec", body: []byte(`{"cmd": "echo new > /root/caf$(printf '\\351')"}`), status: 200})
+	rootB64 := base64.StdEncoding.EncodeToString([]byte("/root"))
+	_, b = c.do(exchange{method: "GET", path: p + "/diff/" + kid + "?paths_b64=" + url.QueryEscape(rootB64), status: 200})
+	if !strings.Contains(string(b), `"added_b64":[`) || !strings.Contains(string(b), base64.StdEncoding.EncodeToString([]byte("/root/caf\xe9"))) {
+		c.t.Errorf("diff of a path that is not UTF-8: %s", b)
+	}
+	c.do(exchange{method: "POST", path: p + "/diff/" + kid, body: []byte(`{"paths_b64": ["` + rootB64 + `"]}`), status: 200})
+	c.do(exchange{method: "POST", path: p + "/diff/" + kid, body: []byte(`{"paths": ["/root"], "paths_b64": ["` + rootB64 + `"]}`), status: 400})
 
 	c.do(exchange{method: "POST", path: p + "/merge_into/" + id, status: 400})
 	c.do(exchange{method: "POST", path: p + "/merge_into/" + kid, status: 204})

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/files"
 	"github.com/ramify-dev/ramify/internal/sandbox"
 )
 
@@ -137,16 +139,24 @@ func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errNotFound)
 		return
 	}
-	paths := r.URL.Query()["paths"]
+	q := r.URL.Query()
+	paths, b64s := q["paths"], q["paths_b64"]
 	if r.Method == http.MethodPost {
 		var req struct {
-			Paths []string `json:"paths"`
+			Paths    []string `json:"paths"`
+			PathsB64 []string `json:"paths_b64"`
 		}
 		if err := decode(w, r, &req, true); err != nil {
 			writeError(w, err)
 			return
 		}
 		paths = append(paths, req.Paths...)
+		b64s = append(b64s, req.PathsB64...)
+	}
+	paths, err := diffPaths(paths, b64s)
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	res, err := s.svc.Diff(r.Context(), r.PathValue("id"), other, paths)
 	if err != nil {
@@ -154,4 +164,28 @@ func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, res)
+}
+
+// diffPaths is the directories a diff request names: as paths or as paths_b64 (each the standard base64 of a
+// path's raw bytes), not both. A path holding a NUL byte is refused.
+func diffPaths(paths, b64s []string) ([]string, error) {
+	if len(paths) > 0 && len(b64s) > 0 {
+		return nil, errdefs.New(errdefs.ErrInvalid, "give paths or paths_b64, not both")
+	}
+	if len(b64s) > 0 {
+		paths = make([]string, 0, len(b64s))
+		for _, b := range b64s {
+			p, _, err := files.PathParam("paths", "", false, b, true)
+			if err != nil {
+				return nil, err
+			}
+			paths = append(paths, p)
+		}
+	}
+	for _, p := range paths {
+		if strings.IndexByte(p, 0) >= 0 {
+			return nil, errdefs.New(errdefs.ErrInvalid, "paths must not contain NUL bytes")
+		}
+	}
+	return paths, nil
 }

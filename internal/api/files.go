@@ -18,7 +18,30 @@ import (
 // ends (an upload that stops coming, a download the client stops reading), and a delete of the sandbox ends it
 // at once: neither holds the sandbox back.
 func (s *Server) withFS(w http.ResponseWriter, r *http.Request, fn func(fs *files.FS, w http.ResponseWriter, p string) error) {
-	p, err := files.CleanPath(r.URL.Query().Get("path"))
+	p, err := queryPath(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.withFSPath(w, r, p, fn)
+}
+
+// queryPath is the path a files request names in its query: path (whose percent-encoding may carry any bytes)
+// or path_b64 (standard base64 of the raw bytes), exactly one of them.
+func queryPath(r *http.Request) (string, error) {
+	q := r.URL.Query()
+	_, hasPlain := q["path"]
+	_, hasB64 := q["path_b64"]
+	raw, _, err := files.PathParam("path", q.Get("path"), hasPlain, q.Get("path_b64"), hasB64)
+	if err != nil {
+		return "", err
+	}
+	return raw, nil
+}
+
+// withFSPath is withFS for the raw path p (not yet cleaned), given by the caller.
+func (s *Server) withFSPath(w http.ResponseWriter, r *http.Request, p string, fn func(fs *files.FS, w http.ResponseWriter, p string) error) {
+	p, err := files.CleanPath(p)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -122,7 +145,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, map[string]any{"path": p, "size": n})
+		writeJSON(w, 200, withPath(map[string]any{"size": n}, p))
 		return nil
 	})
 }
@@ -179,18 +202,21 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Path    string `json:"path"`
-		Parents *bool  `json:"parents"`
+		Path    *string `json:"path"`
+		PathB64 *string `json:"path_b64"`
+		Parents *bool   `json:"parents"`
 	}
 	if err := decode(w, r, &req, false); err != nil {
 		writeError(w, err)
 		return
 	}
-	q := r.URL.Query()
-	q.Set("path", req.Path)
-	r.URL.RawQuery = q.Encode()
+	p, _, err := files.PathParam("path", deref(req.Path), req.Path != nil, deref(req.PathB64), req.PathB64 != nil)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	parents := req.Parents == nil || *req.Parents
-	s.withFS(w, r, func(fs *files.FS, w http.ResponseWriter, p string) error {
+	s.withFSPath(w, r, p, func(fs *files.FS, w http.ResponseWriter, p string) error {
 		e, err := fs.Mkdir(p, parents)
 		if err != nil {
 			return err
@@ -221,7 +247,24 @@ func (s *Server) uploadArchive(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, map[string]any{"path": p, "files": n})
+		writeJSON(w, 200, withPath(map[string]any{"files": n}, p))
 		return nil
 	})
+}
+
+// withPath adds the field "path" to m, with "path_b64" beside it when p is not valid UTF-8 (files.EncodeName).
+func withPath(m map[string]any, p string) map[string]any {
+	d, b := files.EncodeName(p)
+	m["path"] = d
+	if b != "" {
+		m["path_b64"] = b
+	}
+	return m
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }

@@ -14,6 +14,7 @@ package fsdiff
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -22,6 +23,8 @@ import (
 	"sort"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ramify-dev/ramify/internal/files"
 )
 
 // Result lists paths of b relative to a: present only in b, only in a, and in both with different content.
@@ -535,4 +538,55 @@ func equal(c *comparison, a, b *entry, shared func(a, b *entry) bool) (bool, err
 		return true, nil
 	}
 	return sameContent(c, a, b)
+}
+
+// resultJSON is Result's wire form: each list of paths as strings, with a parallel list of base64 beside it
+// when some path is not valid UTF-8 (files.EncodePaths).
+type resultJSON struct {
+	Added       []string  `json:"added"`
+	AddedB64    []*string `json:"added_b64,omitempty"`
+	Removed     []string  `json:"removed"`
+	RemovedB64  []*string `json:"removed_b64,omitempty"`
+	Modified    []string  `json:"modified"`
+	ModifiedB64 []*string `json:"modified_b64,omitempty"`
+	Truncated   bool      `json:"truncated,omitempty"`
+}
+
+// MarshalJSON writes the result in the API's form: a path whose bytes are not valid UTF-8 is listed in its
+// display form (files.DisplayName), and the list's _b64 twin holds its bytes at the same index.
+func (r Result) MarshalJSON() ([]byte, error) {
+	j := resultJSON{Truncated: r.Truncated}
+	j.Added, j.AddedB64 = files.EncodePaths(nonNil(r.Added))
+	j.Removed, j.RemovedB64 = files.EncodePaths(nonNil(r.Removed))
+	j.Modified, j.ModifiedB64 = files.EncodePaths(nonNil(r.Modified))
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads the API's form back into raw paths.
+func (r *Result) UnmarshalJSON(b []byte) error {
+	var j resultJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	var out Result
+	var err error
+	if out.Added, err = files.DecodePaths(j.Added, j.AddedB64); err != nil {
+		return fmt.Errorf("added_b64: %w", err)
+	}
+	if out.Removed, err = files.DecodePaths(j.Removed, j.RemovedB64); err != nil {
+		return fmt.Errorf("removed_b64: %w", err)
+	}
+	if out.Modified, err = files.DecodePaths(j.Modified, j.ModifiedB64); err != nil {
+		return fmt.Errorf("modified_b64: %w", err)
+	}
+	out.Truncated = j.Truncated
+	*r = out
+	return nil
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }

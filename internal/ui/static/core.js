@@ -25,6 +25,31 @@ function h(tag, attrs, ...kids) {
   return el;
 }
 
+// File names are bytes. The API gives a name that is not UTF-8 as a display form plus its base64 (path_b64);
+// pathQuery names a file by the base64 when there is one. shownName makes control characters visible (a name
+// may hold ESC or newlines): "\x1b" is shown as "\x1b", never passed on raw.
+function pathQuery(path, b64) {
+  return b64 ? "path_b64=" + encodeURIComponent(b64) : "path=" + encodeURIComponent(path);
+}
+
+function shownName(s) {
+  return String(s).replace(/[\u0000-\u001f\u007f-\u009f]/g, (c) => "\\x" + c.charCodeAt(0).toString(16).padStart(2, "0"));
+}
+
+// parentBytes is the parent directory of a path held as a binary string (one char per byte); utf8 tells whether
+// such bytes are UTF-8, and decodeShown decodes them for display (U+FFFD for what is not).
+function parentBytes(bin) {
+  return bin.replace(/\/[^/]+\/?$/, "") || "/";
+}
+
+function utf8(bin) {
+  try { new TextDecoder("utf-8", { fatal: true }).decode(Uint8Array.from(bin, (c) => c.charCodeAt(0))); return true; } catch (e) { return false; }
+}
+
+function decodeShown(bin) {
+  return new TextDecoder().decode(Uint8Array.from(bin, (c) => c.charCodeAt(0)));
+}
+
 function toast(msg, bad) {
   const t = document.getElementById("toast");
   t.textContent = msg;

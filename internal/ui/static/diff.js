@@ -35,8 +35,8 @@ function hunks(script) {
   return out;
 }
 
-async function fileText(id, path) {
-  const r = await api(sbPath(id, "/files?path=" + encodeURIComponent(path)), { raw: true });
+async function fileText(id, path, b64) {
+  const r = await api(sbPath(id, "/files?" + pathQuery(path, b64)), { raw: true });
   const buf = new Uint8Array(await r.arrayBuffer());
   if (buf.length > 2 << 20 || buf.includes(0)) return null;
   try { return new TextDecoder("utf-8", { fatal: true }).decode(buf); } catch (e) { return null; }
@@ -51,10 +51,11 @@ function diffView(a, b) {
   const fileBox = h("div", { id: "file-diff" });
   api("/v1/sandboxes?status=running").then((r) => dl.replaceChildren(...r.sandboxes.map((s) => h("option", { value: s.id })))).catch(() => {});
 
-  async function showFile(kind, path) {
+  async function showFile(kind, rawPath, b64) {
+    const path = shownName(rawPath);
     fileBox.replaceChildren(h("p", { class: "muted", text: "loading " + path + "…" }));
     try {
-      const [ta, tb] = await Promise.all([kind === "added" ? "" : fileText(ia.value, path), kind === "removed" ? "" : fileText(ib.value, path)]);
+      const [ta, tb] = await Promise.all([kind === "added" ? "" : fileText(ia.value, rawPath, b64), kind === "removed" ? "" : fileText(ib.value, rawPath, b64)]);
       if (ta === null || tb === null) { fileBox.replaceChildren(h("h3", { class: "mono", text: path }), h("p", { class: "muted", text: "binary or larger than 2 MiB: no line diff" })); return; }
       const split = (t) => (t === "" ? [] : t.replace(/\n$/, "").split("\n"));
       const script = lineDiff(split(ta), split(tb));
@@ -76,7 +77,10 @@ function diffView(a, b) {
       paths.value.split(/\s+/).filter(Boolean).forEach((p) => q.append("paths", p));
       const d = await api(sbPath(ia.value, "/diff/" + encodeURIComponent(ib.value) + "?" + q));
       const col = (kind, sign) => h("div", { class: "dcol " + kind }, h("h3", { text: kind + " (" + d[kind].length + ")" }),
-        h("ul", {}, ...d[kind].map((p) => h("li", {}, h("button", { type: "button", class: "link mono", "data-path": p, "data-kind": kind, onclick: () => showFile(kind, p), text: sign + " " + p })))));
+        h("ul", {}, ...d[kind].map((p, i) => {
+          const b64 = (d[kind + "_b64"] || [])[i] || null; // the path is not UTF-8: p is a display form
+          return h("li", {}, h("button", { type: "button", class: "link mono", "data-path": p, "data-kind": kind, onclick: () => showFile(kind, p, b64), text: sign + " " + shownName(p) }));
+        })));
       res.replaceChildren(h("div", { class: "cols3" }, col("added", "+"), col("removed", "−"), col("modified", "M")), d.truncated ? h("p", { class: "muted", text: "truncated: narrow the paths" }) : "");
       if (!d.added.length && !d.removed.length && !d.modified.length) res.append(h("p", { class: "muted", text: "No differences." }));
     } catch (ex) { res.replaceChildren(h("p", { class: "error", text: ex.message })); }

@@ -74,25 +74,31 @@ function filesCard(id) {
   const dir = h("input", { id: "dir", type: "text", value: "/root", "aria-label": "directory" });
   const filesBody = h("tbody");
   const upload = h("input", { type: "file", id: "upload", multiple: true, "aria-label": "upload files" });
+  // dirB64: the directory shown, as the API's path_b64, when its name is not UTF-8 (dir.value then holds a
+  // display form, which names no file); typing in the box drops it.
+  let dirB64 = null;
+  dir.addEventListener("input", () => { dirB64 = null; });
   async function listDir() {
     try {
-      const r = await api(sbPath(id, "/files/list?path=" + encodeURIComponent(dir.value)));
+      const r = await api(sbPath(id, "/files/list?" + pathQuery(dir.value, dirB64)));
+      const upRaw = (dirB64 ? atob(dirB64) : null);
       const up = dir.value.replace(/\/[^/]+\/?$/, "") || "/";
+      const upB64 = upRaw && !utf8(parentBytes(upRaw)) ? btoa(parentBytes(upRaw)) : null;
       const rows = r.entries.map((e) => h("tr", {},
         h("td", {}, e.type === "dir"
-          ? h("button", { type: "button", class: "link", onclick: () => { dir.value = e.path; listDir(); }, text: e.name + "/" })
-          : h("span", { class: "mono", text: e.name + (e.type === "symlink" ? " → " + e.link_target : "") })),
+          ? h("button", { type: "button", class: "link", onclick: () => { dir.value = e.path; dirB64 = e.path_b64 || (/[\r\n]/.test(e.path) ? btoa(String.fromCharCode(...new TextEncoder().encode(e.path))) : null); listDir(); }, text: shownName(e.name) + "/" })
+          : h("span", { class: "mono", text: shownName(e.name) + (e.type === "symlink" ? " → " + shownName(e.link_target) : "") })),
         h("td", { class: "num", text: e.type === "file" ? fmtBytes(e.size) : e.type }),
         h("td", { class: "mono", text: e.mode }),
         h("td", { text: new Date(e.mtime).toLocaleString() }),
-        h("td", {}, e.type === "file" ? h("button", { type: "button", class: "link", onclick: () => download(e.path, e.name), text: "download" }) : "")));
-      if (dir.value !== "/") rows.unshift(h("tr", {}, h("td", { colspan: 5 }, h("button", { type: "button", class: "link", onclick: () => { dir.value = up; listDir(); }, text: "../" }))));
+        h("td", {}, e.type === "file" ? h("button", { type: "button", class: "link", onclick: () => download(e.path, e.name, e.path_b64), text: "download" }) : "")));
+      if (dir.value !== "/") rows.unshift(h("tr", {}, h("td", { colspan: 5 }, h("button", { type: "button", class: "link", onclick: () => { dir.value = upRaw ? decodeShown(parentBytes(upRaw)) : up; dirB64 = upB64; listDir(); }, text: "../" }))));
       filesBody.replaceChildren(...rows);
     } catch (e) { filesBody.replaceChildren(h("tr", {}, h("td", { colspan: 5, class: "error", text: e.message }))); }
   }
-  async function download(path, name) {
+  async function download(path, name, b64) {
     try {
-      const r = await api(sbPath(id, "/files?path=" + encodeURIComponent(path)), { raw: true });
+      const r = await api(sbPath(id, "/files?" + pathQuery(path, b64)), { raw: true });
       const url = URL.createObjectURL(await r.blob());
       const a = h("a", { href: url, download: name });
       document.body.append(a); a.click(); a.remove();
@@ -102,7 +108,9 @@ function filesCard(id) {
   upload.addEventListener("change", async () => {
     for (const f of upload.files) {
       const path = dir.value.replace(/\/$/, "") + "/" + f.name;
-      try { await api(sbPath(id, "/files?path=" + encodeURIComponent(path)), { method: "PUT", body: f }); toast("uploaded " + path); } catch (e) { toast(e.message, true); }
+      // Below a directory whose name is not UTF-8: the file's path as bytes (the directory's, then the name's UTF-8).
+      const b64 = dirB64 ? btoa(atob(dirB64).replace(/\/$/, "") + "/" + String.fromCharCode(...new TextEncoder().encode(f.name))) : null;
+      try { await api(sbPath(id, "/files?" + pathQuery(path, b64)), { method: "PUT", body: f }); toast("uploaded " + shownName(path)); } catch (e) { toast(e.message, true); }
     }
     upload.value = "";
     listDir();

@@ -461,6 +461,39 @@ class TestFiles(StubTestCase):
         self.assertEqual(d1.query, {"path": ["/root/a.txt"]})
         self.assertEqual(d2.query, {"path": ["/root/d"], "recursive": ["true"]})
 
+    def test_names_that_are_not_utf8(self):
+        # The server's answer for b"caf\xe9" (Latin-1), next to the UTF-8 b"caf\xc3\xa9": display string + b64.
+        latin = {"name": "caf\ufffd", "name_b64": "Y2Fm6Q==", "path": "/root/caf\ufffd", "path_b64": "L3Jvb3QvY2Fm6Q==",
+                 "type": "symlink", "size": 3, "mode": "0777", "mtime": "2026-01-01T00:00:00Z",
+                 "link_target": "/x\ufffd", "link_target_b64": "L3jp"}
+        utf8 = {"name": "café", "path": "/root/café", "type": "file", "size": 1, "mode": "0644",
+                "mtime": "2026-01-01T00:00:00Z", "link_target": ""}
+        self.stub.on("GET", SBX + "/files/list", Reply(200, {"entries": [utf8, latin]}))
+        self.stub.on("GET", SBX + "/files", Reply(200, b"latin", {"Content-Type": "application/octet-stream"}))
+        self.stub.on("PUT", SBX + "/files", Reply(200, {"path": "/root/caf\ufffd", "path_b64": "L3Jvb3QvY2Fm6Q==", "size": 2}))
+        self.stub.on("POST", SBX + "/files/mkdir", Reply(200, latin))
+        self.stub.on("DELETE", SBX + "/files", Reply(204))
+        sb = self.sandbox()
+        lst = sb.files.list(b"/root")
+        self.assertEqual([e.name for e in lst], ["café", b"caf\xe9"])
+        self.assertEqual((lst[1].path, lst[1].link_target), (b"/root/caf\xe9", b"/x\xe9"))
+        self.assertEqual(sb.files.read(lst[1].path), b"latin")
+        self.assertEqual(sb.files.read(lst[0].path), b"latin")
+        self.assertEqual(sb.files.write(lst[1].path, b"hi"), {"path": b"/root/caf\xe9", "size": 2})
+        sb.files.mkdir(b"/root/d\xe9")
+        sb.files.remove(os.fsdecode(b"/root/caf\xe9"))  # a str with surrogate escapes: the bytes it stands for
+        sb.files.remove(b"/root/caf\xc3\xa9")  # bytes that are UTF-8 go as the plain path
+        r_list = self.stub.reqs("GET", "/v1/sandboxes/sbx_1/files/list")[-1]
+        self.assertEqual(r_list.query, {"path": ["/root"]})
+        r1, r2 = self.stub.reqs("GET", "/v1/sandboxes/sbx_1/files")[-2:]
+        self.assertEqual(r1.query, {"path_b64": ["L3Jvb3QvY2Fm6Q=="]})
+        self.assertEqual(r2.query, {"path": ["/root/café"]})
+        self.assertEqual(self.stub.reqs("PUT", "/v1/sandboxes/sbx_1/files")[-1].query, {"path_b64": ["L3Jvb3QvY2Fm6Q=="]})
+        self.assertEqual(self.stub.reqs("POST", "/v1/sandboxes/sbx_1/files/mkdir")[-1].json(), {"path_b64": "L3Jvb3QvZOk=", "parents": True})
+        d1, d2 = self.stub.reqs("DELETE", "/v1/sandboxes/sbx_1/files")[-2:]
+        self.assertEqual(d1.query, {"path_b64": ["L3Jvb3QvY2Fm6Q=="]})
+        self.assertEqual(d2.query, {"path": ["/root/café"]})
+
     def test_upload_dir(self):
         seen = {}
 
@@ -631,6 +664,16 @@ class TestForkMergeDiff(StubTestCase):
         r1, r2 = self.stub.reqs("GET")[-3], self.stub.reqs("GET")[-1]
         self.assertEqual((r1.path, r1.query), ("/v1/sandboxes/sbx_1/diff/sbx_b", {}))
         self.assertEqual((r2.path, r2.query), ("/v1/sandboxes/sbx_1/diff/sbx_c", {"paths": ["/root", "/srv"]}))
+
+    def test_diff_names_that_are_not_utf8(self):
+        d = {"added": ["/root/caf\ufffd", "/root/café"], "added_b64": ["L3Jvb3QvY2Fm6Q==", None],
+             "removed": [], "modified": ["/x"]}
+        self.stub.on("GET", SBX + "/diff/(sbx_[a-z0-9]+)", Reply(200, d))
+        a = self.sandbox()
+        got = a.diff("sbx_b", paths=["/root", b"/d\xe9"])
+        self.assertEqual(got, {"added": [b"/root/caf\xe9", "/root/café"], "removed": [], "modified": ["/x"]})
+        r = self.stub.reqs("GET")[-1]
+        self.assertEqual(r.query, {"paths_b64": ["L3Jvb3Q=", "L2Tp"]})
 
 
 class TestPauseResume(StubTestCase):

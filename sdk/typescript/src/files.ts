@@ -1,7 +1,7 @@
 /** File operations of a sandbox (`sb.files`). */
 import { RamifyError, FileNotFound } from "./errors.js";
 import { readBody, readError, type RequestOptions } from "./http.js";
-import { entryFrom, type Entry } from "./models.js";
+import { entryFrom, fromBase64, pathField, type Entry, type SandboxPath } from "./models.js";
 import type { Sandbox } from "./sandbox.js";
 
 const TRANSFER_TIMEOUT_S = 300;
@@ -12,6 +12,11 @@ export type FileData = string | Uint8Array | ArrayBuffer | Blob | ReadableStream
 export interface WriteOptions {
   /** File mode: a number (`0o755`) or an octal string (`"0755"`); server default `0644`. */
   mode?: number | string;
+}
+
+/** A path for messages: the string, or the bytes decoded with U+FFFD for what is not UTF-8. */
+function showPath(p: SandboxPath): string {
+  return typeof p === "string" ? p : new TextDecoder().decode(p);
 }
 
 function modeStr(mode: number | string | undefined): string | undefined {
@@ -47,17 +52,17 @@ export class Files {
 
   // -- reading ------------------------------------------------------------------------------------
   /** The whole content of a file. */
-  async read(path: string): Promise<Uint8Array> {
+  async read(path: SandboxPath): Promise<Uint8Array> {
     const res = await this.req("GET", "/files", {
-      query: { path },
+      query: pathField(path),
       timeoutS: this.transferTimeout(),
       headers: { Accept: "application/octet-stream" },
     });
-    return readBody(res, `read ${path}`);
+    return readBody(res, `read ${showPath(path)}`);
   }
 
   /** The content of a file decoded as UTF-8 (invalid bytes replaced, or an error with `fatal`). */
-  async readText(path: string, opts: { fatal?: boolean } = {}): Promise<string> {
+  async readText(path: SandboxPath, opts: { fatal?: boolean } = {}): Promise<string> {
     return new TextDecoder("utf-8", { fatal: opts.fatal ?? false }).decode(await this.read(path));
   }
 
@@ -65,9 +70,9 @@ export class Files {
    * A stream of the file's bytes, read from the network as it is consumed. Errors (missing file,
    * ...) are thrown by this call, not on the first read. Cancel the stream if you stop early.
    */
-  async readStream(path: string): Promise<ReadableStream<Uint8Array>> {
+  async readStream(path: SandboxPath): Promise<ReadableStream<Uint8Array>> {
     const res = await this.req("GET", "/files", {
-      query: { path },
+      query: pathField(path),
       timeoutS: this.transferTimeout(),
       headers: { Accept: "application/octet-stream" },
     });
@@ -81,7 +86,7 @@ export class Files {
           if (done) controller.close();
           else controller.enqueue(value);
         } catch (e) {
-          controller.error(readError(e, `read ${path}`));
+          controller.error(readError(e, `read ${showPath(path)}`));
         }
       },
       cancel(reason) {
@@ -118,7 +123,7 @@ export class Files {
    * Write `data` to `path` (parent directories are created). A `ReadableStream` is sent as it is
    * read (chunked transfer encoding). Returns the server's `{path, size}`.
    */
-  async write(path: string, data: FileData, opts: WriteOptions = {}): Promise<{ path: string; size: number }> {
+  async write(path: SandboxPath, data: FileData, opts: WriteOptions = {}): Promise<{ path: string; size: number; pathBytes?: Uint8Array }> {
     let body: BodyInit;
     if (typeof data === "string") body = new TextEncoder().encode(data);
     else if (data instanceof Uint8Array || data instanceof ArrayBuffer) body = data as BodyInit;
@@ -126,33 +131,35 @@ export class Files {
     else if (typeof ReadableStream !== "undefined" && data instanceof ReadableStream) body = data;
     else throw new TypeError("data must be a string, Uint8Array, ArrayBuffer, Blob or ReadableStream");
     const r = await this.json("PUT", "/files", {
-      query: { path, mode: modeStr(opts.mode) },
+      query: { ...pathField(path), mode: modeStr(opts.mode) },
       body,
       headers: { "Content-Type": "application/octet-stream" },
       timeoutS: this.transferTimeout(),
     });
-    return { path: String(r?.path ?? path), size: Number(r?.size ?? 0) };
+    const out: { path: string; size: number; pathBytes?: Uint8Array } = { path: String(r?.path ?? showPath(path)), size: Number(r?.size ?? 0) };
+    if (r?.path_b64) out.pathBytes = fromBase64(String(r.path_b64));
+    return out;
   }
 
   /** Stream a local file (node:fs) into the sandbox. */
-  async uploadFile(localPath: string, remotePath: string, opts: WriteOptions = {}): Promise<{ path: string; size: number }> {
+  async uploadFile(localPath: string, remotePath: SandboxPath, opts: WriteOptions = {}): Promise<{ path: string; size: number; pathBytes?: Uint8Array }> {
     const { openAsBlob } = await import("node:fs");
     return this.write(remotePath, await openAsBlob(localPath), opts);
   }
 
   // -- metadata -----------------------------------------------------------------------------------
   /** List a directory (entries sorted by name). */
-  async list(path: string): Promise<Entry[]> {
-    const data = await this.json("GET", "/files/list", { query: { path } });
+  async list(path: SandboxPath): Promise<Entry[]> {
+    const data = await this.json("GET", "/files/list", { query: pathField(path) });
     const entries = (data?.entries as Record<string, unknown>[] | undefined) ?? [];
     return entries.map(entryFrom);
   }
 
-  async stat(path: string): Promise<Entry> {
-    return entryFrom(await this.json("GET", "/files/stat", { query: { path } }));
+  async stat(path: SandboxPath): Promise<Entry> {
+    return entryFrom(await this.json("GET", "/files/stat", { query: pathField(path) }));
   }
 
-  async exists(path: string): Promise<boolean> {
+  async exists(path: SandboxPath): Promise<boolean> {
     try {
       await this.stat(path);
       return true;
@@ -163,14 +170,14 @@ export class Files {
   }
 
   /** Create a directory (with its parents unless `parents: false`). */
-  async mkdir(path: string, opts: { parents?: boolean } = {}): Promise<Entry> {
-    return entryFrom(await this.json("POST", "/files/mkdir", { json: { path, parents: opts.parents ?? true } }));
+  async mkdir(path: SandboxPath, opts: { parents?: boolean } = {}): Promise<Entry> {
+    return entryFrom(await this.json("POST", "/files/mkdir", { json: { ...pathField(path), parents: opts.parents ?? true } }));
   }
 
   /** Remove a file, or a directory with `recursive: true`. */
-  async remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+  async remove(path: SandboxPath, opts: { recursive?: boolean } = {}): Promise<void> {
     const res = await this.req("DELETE", "/files", {
-      query: { path, recursive: opts.recursive ? "true" : undefined },
+      query: { ...pathField(path), recursive: opts.recursive ? "true" : undefined },
       timeoutS: this.transferTimeout(),
     });
     await res.body?.cancel().catch(() => {});

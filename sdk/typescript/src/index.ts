@@ -25,8 +25,8 @@ export {
 export { Files, type FileData, type WriteOptions } from "./files.js";
 export { events, type LifecycleEvent, type EventsOptions } from "./events.js";
 export { DEFAULT_API_URL, DEFAULT_REQUEST_TIMEOUT_S, retryPolicy, type ClientOptions } from "./http.js";
-export type { SandboxInfo, IngressInfo, SSHInfo, TemplateInfo, ImageInfo, Execution, ExecutionError, CommandResult, Entry, DiffResult, Interrupted } from "./models.js";
-export { Result } from "./models.js";
+export type { SandboxInfo, IngressInfo, SSHInfo, TemplateInfo, ImageInfo, Execution, ExecutionError, CommandResult, Entry, DiffResult, Interrupted, SandboxPath } from "./models.js";
+export { Result, diffPaths } from "./models.js";
 export {
   RamifyError,
   AuthError,

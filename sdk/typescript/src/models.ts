@@ -120,13 +120,6 @@ const EXT: Record<string, string> = {
   "application/json": ".json", "text/markdown": ".md", "text/latex": ".tex", "text/plain": ".txt",
 };
 
-function fromBase64(s: string): Uint8Array {
-  const bin = atob(s);
-  const out = new Uint8Array(bin.length);
-  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
-  return out;
-}
-
 /**
  * A rich result of `runCode`: `type` is `"execute_result"` or `"display_data"`; `data` maps mime types to values
  * (`image/png` base64, `text/plain` always). The getters give the common formats, `undefined` when absent:
@@ -201,7 +194,17 @@ export interface Interrupted {
   exec: number;
 }
 
-/** A file-system entry (from `files.list` / `files.stat` / `files.mkdir`). */
+/**
+ * A path of a sandbox file: a string, or its raw bytes (any name Linux allows, also one that is not UTF-8, which
+ * is sent as `path_b64`).
+ */
+export type SandboxPath = string | Uint8Array;
+
+/**
+ * A file-system entry (from `files.list` / `files.stat` / `files.mkdir`). When a name is not UTF-8, `name`,
+ * `path` and `linkTarget` are display forms (U+FFFD for each byte that is not UTF-8) and `nameBytes`,
+ * `pathBytes` and `linkTargetBytes` hold the raw bytes: address such a file with `entry.pathBytes ?? entry.path`.
+ */
 export interface Entry {
   name: string;
   path: string;
@@ -210,6 +213,9 @@ export interface Entry {
   mode: string;
   mtime: string;
   linkTarget: string;
+  nameBytes?: Uint8Array;
+  pathBytes?: Uint8Array;
+  linkTargetBytes?: Uint8Array;
 }
 
 /** Result of `diff`: files of the other sandbox relative to this one. */
@@ -257,7 +263,7 @@ export function commandResultFrom(d: Dict): CommandResult {
 
 export function entryFrom(d: Dict | null): Entry {
   d = d ?? {};
-  return {
+  const e: Entry = {
     name: str(d.name),
     path: str(d.path),
     type: str(d.type) || "other",
@@ -266,4 +272,43 @@ export function entryFrom(d: Dict | null): Entry {
     mtime: str(d.mtime),
     linkTarget: str(d.link_target),
   };
+  if (d.name_b64) e.nameBytes = fromBase64(str(d.name_b64));
+  if (d.path_b64) e.pathBytes = fromBase64(str(d.path_b64));
+  if (d.link_target_b64) e.linkTargetBytes = fromBase64(str(d.link_target_b64));
+  return e;
+}
+
+export function toBase64(b: Uint8Array): string {
+  let s = "";
+  for (let i = 0; i < b.length; i += 0x8000) s += String.fromCharCode(...b.subarray(i, i + 0x8000));
+  return btoa(s);
+}
+
+export function fromBase64(s: string): Uint8Array {
+  const bin = atob(s);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+/**
+ * The request field naming `p` under `key`: `{[key]: string}` for a string or for bytes that are UTF-8, else
+ * `{[key + "_b64"]: base64}` (the server takes it in place of the plain field).
+ */
+export function pathField(p: SandboxPath, key = "path"): Record<string, string> {
+  if (typeof p === "string") return { [key]: p };
+  try {
+    return { [key]: new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }).decode(p) };
+  } catch {
+    return { [key + "_b64"]: toBase64(p) };
+  }
+}
+
+/**
+ * The paths of a diff list (`"added"`, `"removed"` or `"modified"`) as the files they name: a string, or the
+ * raw bytes where the server gave the path in base64 (`added_b64`, ...: the path is not UTF-8).
+ */
+export function diffPaths(d: DiffResult, kind: "added" | "removed" | "modified"): SandboxPath[] {
+  const b64 = d[`${kind}_b64`];
+  return d[kind].map((p, i) => (Array.isArray(b64) && typeof b64[i] === "string" ? fromBase64(b64[i] as string) : p));
 }

@@ -24,6 +24,9 @@ import {
   type SandboxInfo,
   type TemplateInfo,
   type ImageInfo,
+  type SandboxPath,
+  pathField,
+  toBase64,
 } from "./models.js";
 
 /** Called with each chunk of output as it arrives. */
@@ -450,13 +453,20 @@ export class Sandbox {
 
   /**
    * Compare file-system state with another sandbox: `added` = only in `other`, `removed` = only in
-   * this one, `modified` = different content. `paths` default to the server's (`/root`, `/tmp`).
+   * this one, `modified` = different content. `paths` default to the server's (`/root`, `/tmp`). A path
+   * that is not UTF-8 is listed in a display form with its base64 at the same index of `added_b64` (...):
+   * `diffPaths(d, "added")` gives each as the string or the raw bytes to pass to `files`.
    */
-  async diff(other: Sandbox | string, opts: { paths?: string[] | string } = {}): Promise<DiffResult> {
+  async diff(other: Sandbox | string, opts: { paths?: SandboxPath[] | SandboxPath } = {}): Promise<DiffResult> {
     this._check();
-    const paths = typeof opts.paths === "string" ? [opts.paths] : (opts.paths ?? []);
+    const paths = typeof opts.paths === "string" || opts.paths instanceof Uint8Array ? [opts.paths] : (opts.paths ?? []);
+    let fields = paths.map((p) => pathField(p, "paths"));
+    if (fields.some((f) => "paths_b64" in f)) {
+      // One form for all: the server takes paths or paths_b64, not both.
+      fields = fields.map((f) => ("paths_b64" in f ? f : { paths_b64: toBase64(new TextEncoder().encode(f.paths)) }));
+    }
     const d = await this._client.json<Partial<DiffResult> | null>("GET", this._path(`/diff/${enc(sandboxId(other))}`), {
-      query: paths.map((p): [string, string] => ["paths", p]),
+      query: fields.flatMap((f) => Object.entries(f) as [string, string][]),
       timeoutS: this._client.longer(300),
     });
     return { ...(d ?? {}), added: d?.added ?? [], removed: d?.removed ?? [], modified: d?.modified ?? [] };

@@ -19,6 +19,7 @@ import {
   PauseFailed,
   ResumeFailed,
   retryPolicy,
+  diffPaths,
 } from "../dist/index.js";
 import { startStub, sendJson, json, info, sleep, ID, ID2, ID3 } from "./helpers/stub.js";
 
@@ -346,6 +347,44 @@ describe("files", () => {
     assert.equal(c.body.toString(), "chunk1-chunk2");
     assert.equal(c.query.get("mode"), "0600");
     assert.equal(c.headers["transfer-encoding"], "chunked");
+  });
+
+  test("names that are not UTF-8: bytes paths go as path_b64, entries carry the raw bytes", async () => {
+    const sb = await connected();
+    const latin = { name: "caf\ufffd", name_b64: "Y2Fm6Q==", path: "/root/caf\ufffd", path_b64: "L3Jvb3QvY2Fm6Q==", type: "file",
+      size: 1, mode: "0644", mtime: "2026-01-01T00:00:00Z", link_target: "" };
+    const utf8 = { name: "café", path: "/root/café", type: "file", size: 1, mode: "0644", mtime: "2026-01-01T00:00:00Z", link_target: "" };
+    stub.handler = routes({
+      [`GET /v1/sandboxes/${ID}/files/list`]: (rec, res) => sendJson(res, 200, { entries: [utf8, latin] }),
+      [`GET /v1/sandboxes/${ID}/files`]: (rec, res) => {
+        res.writeHead(200, { "Content-Type": "application/octet-stream" });
+        res.end("x");
+      },
+      [`PUT /v1/sandboxes/${ID}/files`]: (rec, res) => sendJson(res, 200, { path: "/root/caf\ufffd", path_b64: rec.query.get("path_b64"), size: 2 }),
+      [`POST /v1/sandboxes/${ID}/files/mkdir`]: (rec, res) => sendJson(res, 200, latin),
+      [`GET /v1/sandboxes/${ID}/diff/${ID2}`]: (rec, res) =>
+        sendJson(res, 200, { added: ["/root/caf\ufffd", "/root/café"], added_b64: ["L3Jvb3QvY2Fm6Q==", null], removed: [], modified: [] }),
+    });
+    const [u, l] = await sb.files.list("/root");
+    assert.equal(u.pathBytes, undefined);
+    assert.deepEqual([...l.nameBytes], [0x63, 0x61, 0x66, 0xe9]);
+    await sb.files.read(l.pathBytes ?? l.path);
+    await sb.files.read(new TextEncoder().encode("/root/café"));
+    const w = await sb.files.write(l.pathBytes, "hi");
+    assert.deepEqual([...w.pathBytes], [...new TextEncoder().encode("/root/"), 0x63, 0x61, 0x66, 0xe9]);
+    await sb.files.mkdir(new Uint8Array([0x2f, 0x64, 0xe9]));
+    const d = await sb.diff(ID2, { paths: ["/root", new Uint8Array([0x2f, 0x64, 0xe9])] });
+    const added = diffPaths(d, "added");
+    assert.ok(added[0] instanceof Uint8Array && added[0].at(-1) === 0xe9);
+    assert.equal(added[1], "/root/café");
+    const [, r1, r2, pw, mk, df] = stub.requests;
+    assert.equal(r1.query.get("path_b64"), "L3Jvb3QvY2Fm6Q==");
+    assert.equal(r1.query.get("path"), null);
+    assert.equal(r2.query.get("path"), "/root/café");
+    assert.equal(pw.query.get("path_b64"), "L3Jvb3QvY2Fm6Q==");
+    assert.deepEqual(JSON.parse(mk.body.toString()), { path_b64: "L2Tp", parents: true });
+    assert.deepEqual(df.query.getAll("paths_b64"), ["L3Jvb3Q=", "L2Tp"]);
+    assert.deepEqual(df.query.getAll("paths"), []);
   });
 
   test("list, stat, mkdir, remove", async () => {

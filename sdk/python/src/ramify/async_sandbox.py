@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Ite
 
 from ._http import DEFAULT_REQUEST_TIMEOUT
 from .files import DEFAULT_CHUNK_SIZE, Files
-from .models import CommandResult, Entry, Execution, Result
+from .models import CommandResult, Entry, Execution, PathArg, Result
 from .sandbox import DEFAULT_POLL_TIMEOUT, Sandbox
 
 __all__ = ["AsyncSandbox", "AsyncFiles"]
@@ -94,13 +94,13 @@ class AsyncFiles:
     def __init__(self, files: Files):
         self._files = files
 
-    async def read(self, path: str) -> bytes:
+    async def read(self, path: PathArg) -> bytes:
         return await _run(self._files.read, path)
 
-    async def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
+    async def read_text(self, path: PathArg, encoding: str = "utf-8", errors: str = "strict") -> str:
         return await _run(self._files.read_text, path, encoding, errors)
 
-    async def read_stream(self, path: str, chunk_size: int = DEFAULT_CHUNK_SIZE) -> AsyncIterator[bytes]:
+    async def read_stream(self, path: PathArg, chunk_size: int = DEFAULT_CHUNK_SIZE) -> AsyncIterator[bytes]:
         """Async iterator of bytes chunks: ``async for chunk in await sb.files.read_stream(p)``."""
         stream = await _run(self._files.read_stream, path, chunk_size)
 
@@ -116,36 +116,36 @@ class AsyncFiles:
 
         return gen()
 
-    async def download_file(self, remote_path: str, local_path: Union[str, os.PathLike],
+    async def download_file(self, remote_path: PathArg, local_path: Union[str, os.PathLike],
                             chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
         return await _run(self._files.download_file, remote_path, local_path, chunk_size)
 
-    async def write(self, path: str, data: Any, mode: Union[int, str, None] = None) -> Dict[str, Any]:
+    async def write(self, path: PathArg, data: Any, mode: Union[int, str, None] = None) -> Dict[str, Any]:
         return await _run(self._files.write, path, data, mode)
 
-    async def upload_file(self, local_path: Union[str, os.PathLike], remote_path: str,
+    async def upload_file(self, local_path: Union[str, os.PathLike], remote_path: PathArg,
                           mode: Union[int, str, None] = None) -> Dict[str, Any]:
         return await _run(self._files.upload_file, local_path, remote_path, mode)
 
-    async def list(self, path: str) -> List[Entry]:
+    async def list(self, path: PathArg) -> List[Entry]:
         return await _run(self._files.list, path)
 
-    async def stat(self, path: str) -> Entry:
+    async def stat(self, path: PathArg) -> Entry:
         return await _run(self._files.stat, path)
 
-    async def exists(self, path: str) -> bool:
+    async def exists(self, path: PathArg) -> bool:
         return await _run(self._files.exists, path)
 
-    async def mkdir(self, path: str, parents: bool = True) -> Entry:
+    async def mkdir(self, path: PathArg, parents: bool = True) -> Entry:
         return await _run(self._files.mkdir, path, parents)
 
-    async def remove(self, path: str, recursive: bool = False) -> None:
+    async def remove(self, path: PathArg, recursive: bool = False) -> None:
         return await _run(self._files.remove, path, recursive)
 
-    async def upload_dir(self, local_dir: Union[str, os.PathLike], remote_dir: str) -> Dict[str, Any]:
+    async def upload_dir(self, local_dir: Union[str, os.PathLike], remote_dir: PathArg) -> Dict[str, Any]:
         return await _run(self._files.upload_dir, local_dir, remote_dir)
 
-    async def download_dir(self, remote_dir: str, local_dir: Union[str, os.PathLike]) -> int:
+    async def download_dir(self, remote_dir: PathArg, local_dir: Union[str, os.PathLike]) -> int:
         return await _run(self._files.download_dir, remote_dir, local_dir)
 
 
@@ -378,7 +378,7 @@ class AsyncSandbox:
         await _run(self._s().merge_into, _unwrap(winner))
 
     async def diff(self, other: Union["AsyncSandbox", Sandbox, str],
-                   paths: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+                   paths: Optional[Iterable[PathArg]] = None) -> Dict[str, Any]:
         return await _run(self._s().diff, _unwrap(other), paths)
 
     # -- images (see Sandbox) --------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Dict, Iterator, List, Optional,
 
 from ._http import BodyError, Response, StreamResponse, chunked_file_reader
 from .exceptions import FileNotFound, RamifyError
-from .models import Entry
+from .models import Entry, PathArg, path_fields, raw_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sandbox import Sandbox
@@ -22,6 +22,14 @@ DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
 _TRANSFER_TIMEOUT = 300.0
 
 Data = Union[bytes, bytearray, memoryview, str, BinaryIO, Any]
+
+
+def _raw_path(d: Dict[str, Any]) -> Dict[str, Any]:
+    """An answer's "path" as the raw bytes of its "path_b64" when the server gave one (not UTF-8)."""
+    if d.get("path_b64"):
+        d["path"] = raw_name(d, "path")
+        del d["path_b64"]
+    return d
 
 
 def _mode_str(mode: Union[int, str, None]) -> Optional[str]:
@@ -97,25 +105,25 @@ class Files:
         return None if rt is None else max(rt, _TRANSFER_TIMEOUT)
 
     # -- reading ----------------------------------------------------------------------------------
-    def read(self, path: str) -> bytes:
+    def read(self, path: PathArg) -> bytes:
         """Return the whole content of a file as bytes."""
-        resp = self._req("GET", "/files", query={"path": path}, timeout=self._transfer_timeout())
+        resp = self._req("GET", "/files", query=path_fields(path), timeout=self._transfer_timeout())
         return resp.data
 
-    def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
+    def read_text(self, path: PathArg, encoding: str = "utf-8", errors: str = "strict") -> str:
         return self.read(path).decode(encoding, errors)
 
-    def read_stream(self, path: str, chunk_size: int = DEFAULT_CHUNK_SIZE) -> FileStream:
+    def read_stream(self, path: PathArg, chunk_size: int = DEFAULT_CHUNK_SIZE) -> FileStream:
         """Return an iterator of ``bytes`` chunks of the file (streamed, not loaded in memory).
 
         Errors (missing file, ...) are raised by this call, not on first iteration.
         """
-        resp = self._req("GET", "/files", query={"path": path}, stream=True,
+        resp = self._req("GET", "/files", query=path_fields(path), stream=True,
                          timeout=self._transfer_timeout(),
                          headers={"Accept": "application/octet-stream"})
         return FileStream(resp, chunk_size)
 
-    def download_file(self, remote_path: str, local_path: Union[str, os.PathLike],
+    def download_file(self, remote_path: PathArg, local_path: Union[str, os.PathLike],
                       chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
         """Stream a sandbox file to a local file; return the number of bytes written."""
         n = 0
@@ -126,7 +134,7 @@ class Files:
         return n
 
     # -- writing ----------------------------------------------------------------------------------
-    def write(self, path: str, data: Data, mode: Union[int, str, None] = None) -> Dict[str, Any]:
+    def write(self, path: PathArg, data: Data, mode: Union[int, str, None] = None) -> Dict[str, Any]:
         """Write ``data`` (bytes, str (UTF-8) or a file-like object) to ``path``.
 
         File-like objects are streamed in chunks (``Content-Length`` from the file size when it is
@@ -149,46 +157,46 @@ class Files:
             raise TypeError(f"data must be bytes, str or a file-like object, not {type(data).__name__}")
         if isinstance(body, (bytes, bytearray, memoryview)):
             headers["Content-Length"] = str(memoryview(body).nbytes)
-        query = {"path": path, "mode": _mode_str(mode)}
+        query = {**path_fields(path), "mode": _mode_str(mode)}
         try:
             resp = self._req("PUT", "/files", query=query, body=body, headers=headers,
                              timeout=self._transfer_timeout())
         except BodyError as e:
             raise e.original
-        return resp.json() or {}
+        return _raw_path(resp.json() or {})
 
-    def upload_file(self, local_path: Union[str, os.PathLike], remote_path: str,
+    def upload_file(self, local_path: Union[str, os.PathLike], remote_path: PathArg,
                     mode: Union[int, str, None] = None) -> Dict[str, Any]:
         """Stream a local file into the sandbox."""
         with open(local_path, "rb") as f:
             return self.write(remote_path, f, mode=mode)
 
     # -- metadata ---------------------------------------------------------------------------------
-    def list(self, path: str) -> List[Entry]:
+    def list(self, path: PathArg) -> List[Entry]:
         """List a directory (entries sorted by name)."""
-        data = self._json("GET", "/files/list", query={"path": path}) or {}
+        data = self._json("GET", "/files/list", query=path_fields(path)) or {}
         return [Entry.from_dict(e) for e in data.get("entries") or []]
 
-    def stat(self, path: str) -> Entry:
-        return Entry.from_dict(self._json("GET", "/files/stat", query={"path": path}) or {})
+    def stat(self, path: PathArg) -> Entry:
+        return Entry.from_dict(self._json("GET", "/files/stat", query=path_fields(path)) or {})
 
-    def exists(self, path: str) -> bool:
+    def exists(self, path: PathArg) -> bool:
         try:
             self.stat(path)
             return True
         except FileNotFound:
             return False
 
-    def mkdir(self, path: str, parents: bool = True) -> Entry:
+    def mkdir(self, path: PathArg, parents: bool = True) -> Entry:
         return Entry.from_dict(self._json("POST", "/files/mkdir",
-                                          json_body={"path": path, "parents": bool(parents)}) or {})
+                                          json_body={**path_fields(path), "parents": bool(parents)}) or {})
 
-    def remove(self, path: str, recursive: bool = False) -> None:
-        query = {"path": path, "recursive": "true" if recursive else None}
+    def remove(self, path: PathArg, recursive: bool = False) -> None:
+        query = {**path_fields(path), "recursive": "true" if recursive else None}
         self._req("DELETE", "/files", query=query, timeout=self._transfer_timeout())
 
     # -- directories (tar) ------------------------------------------------------------------------
-    def upload_dir(self, local_dir: Union[str, os.PathLike], remote_dir: str) -> Dict[str, Any]:
+    def upload_dir(self, local_dir: Union[str, os.PathLike], remote_dir: PathArg) -> Dict[str, Any]:
         """Upload the contents of ``local_dir`` into ``remote_dir`` as a streamed tar archive.
 
         Returns the server's ``{"path": ..., "files": N}``.
@@ -224,7 +232,7 @@ class Files:
         t = threading.Thread(target=produce, name="ramify-upload-dir", daemon=True)
         t.start()
         try:
-            resp = self._req("PUT", "/files/archive", query={"path": remote_dir}, body=body(),
+            resp = self._req("PUT", "/files/archive", query=path_fields(remote_dir), body=body(),
                              headers={"Content-Type": "application/x-tar"},
                              timeout=self._transfer_timeout())
         except BodyError as e:
@@ -232,9 +240,9 @@ class Files:
         finally:
             rf.close()  # unblocks the producer if the request failed early
             t.join()
-        return resp.json() or {}
+        return _raw_path(resp.json() or {})
 
-    def download_dir(self, remote_dir: str, local_dir: Union[str, os.PathLike]) -> int:
+    def download_dir(self, remote_dir: PathArg, local_dir: Union[str, os.PathLike]) -> int:
         """Download the contents of ``remote_dir`` into ``local_dir`` (created if missing).
 
         The tar stream is extracted as it arrives; entries that would land outside ``local_dir``
@@ -244,7 +252,7 @@ class Files:
         local_dir = os.fspath(local_dir)
         os.makedirs(local_dir, exist_ok=True)
         dest = os.path.realpath(local_dir)
-        resp = self._req("GET", "/files/archive", query={"path": remote_dir}, stream=True,
+        resp = self._req("GET", "/files/archive", query=path_fields(remote_dir), stream=True,
                          timeout=self._transfer_timeout(), headers={"Accept": "application/x-tar"})
         count = 0
         with resp:

@@ -9,6 +9,46 @@ from typing import Any, Dict, List, Optional, Union
 
 __all__ = ["Execution", "ExecutionError", "Result", "CommandResult", "Entry"]
 
+# A path of a sandbox file as the SDK takes it: str (UTF-8; a str from os.fsdecode with surrogate escapes is sent
+# as the bytes it stands for), bytes (any name Linux allows), or os.PathLike of either.
+PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+
+def path_fields(path: Any, key: str = "path") -> Dict[str, str]:
+    """The request field naming ``path``: ``{key: str}`` when its bytes are UTF-8, else ``{key + "_b64": ...}``
+    (standard base64 of the raw bytes), which the server takes in its place."""
+    p = os.fspath(path)
+    if isinstance(p, str):
+        try:
+            p.encode("utf-8")
+            return {key: p}
+        except UnicodeEncodeError:  # lone surrogates: os.fsdecode's escapes of bytes that are not UTF-8
+            p = os.fsencode(p)
+    raw = bytes(p)
+    try:
+        return {key: raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {key + "_b64": base64.b64encode(raw).decode("ascii")}
+
+
+def raw_name(d: Dict[str, Any], key: str) -> Union[str, bytes]:
+    """Field ``key`` of a server answer: the str as sent, or the raw bytes of ``key + "_b64"`` when the server gave
+    one (the name is not UTF-8; the str beside it is only a display form)."""
+    b = d.get(key + "_b64")
+    if b:
+        return base64.b64decode(b)
+    return d.get(key) or ""
+
+
+def raw_path_list(d: Dict[str, Any], key: str) -> List[Union[str, bytes]]:
+    """List ``key`` of a server answer with each path that has a base64 twin (``key + "_b64"``, a parallel list
+    with null where the path is UTF-8) as its raw bytes."""
+    plain = list(d.get(key) or [])
+    b64 = d.get(key + "_b64")
+    if not b64:
+        return plain
+    return [base64.b64decode(b) if b else p for p, b in zip(plain, b64)]
+
 
 def _short(s: Optional[str], n: int = 60) -> str:
     if s is None:
@@ -210,24 +250,26 @@ class CommandResult:
 class Entry:
     """A file-system entry (from ``files.list`` / ``files.stat`` / ``files.mkdir``)."""
 
-    name: str
-    path: str
+    # name, path and link_target are str, or bytes when the name is not UTF-8 (the server's *_b64 forms): pass
+    # them back as they are (sb.files.read(entry.path)); os.fsdecode(entry.name) gives a str either way.
+    name: Union[str, bytes]
+    path: Union[str, bytes]
     type: str  # "file", "dir", "symlink" or "other"
     size: int = 0
     mode: str = ""
     mtime: str = ""
-    link_target: str = ""
+    link_target: Union[str, bytes] = ""
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Entry":
         return cls(
-            name=d.get("name", ""),
-            path=d.get("path", ""),
+            name=raw_name(d, "name"),
+            path=raw_name(d, "path"),
             type=d.get("type", "other"),
             size=int(d.get("size") or 0),
             mode=str(d.get("mode") or ""),
             mtime=str(d.get("mtime") or ""),
-            link_target=d.get("link_target") or "",
+            link_target=raw_name(d, "link_target"),
         )
 
     @property

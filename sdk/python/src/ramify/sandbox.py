@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 import urllib.parse
@@ -19,7 +20,7 @@ from .exceptions import (
     Timeout,
 )
 from .files import Files
-from .models import CommandResult, Execution, Result
+from .models import CommandResult, Execution, PathArg, Result, path_fields, raw_path_list
 
 __all__ = ["Sandbox"]
 
@@ -490,21 +491,32 @@ class Sandbox:
         except RamifyError:
             pass
 
-    def diff(self, other: Union["Sandbox", str], paths: Optional[Iterable[str]] = None) -> Dict[str, Any]:
+    def diff(self, other: Union["Sandbox", str], paths: Optional[Iterable[PathArg]] = None) -> Dict[str, Any]:
         """Compare file-system state with another sandbox.
 
         Returns the server's JSON, e.g. ``{"added": [...], "removed": [...], "modified": [...]}``
-        (``added`` = only in ``other``, ``removed`` = only in ``self``).
+        (``added`` = only in ``other``, ``removed`` = only in ``self``). A path that is not UTF-8 is
+        listed as its raw ``bytes`` (the server's ``added_b64``, ... are folded in); ``paths`` may be
+        str or bytes.
         """
         self._check()
         oid = _sandbox_id(other)
-        query = [("paths", p) for p in (paths or [])]
-        if isinstance(paths, str):
-            query = [("paths", paths)]
-        return self._client.json(
+        if isinstance(paths, (str, bytes)):
+            paths = [paths]
+        fields = [path_fields(p, "paths") for p in (paths or [])]
+        if any("paths_b64" in f for f in fields):  # one form for all: the server takes paths or paths_b64
+            fields = [f if "paths_b64" in f else {"paths_b64": base64.b64encode(f["paths"].encode("utf-8")).decode("ascii")}
+                      for f in fields]
+        query = [kv for f in fields for kv in f.items()]
+        d = self._client.json(
             "GET", self._path(f"/diff/{_q(oid)}"), query=query,
             timeout=_longer(self._client.request_timeout, 300.0),
         ) or {}
+        for key in ("added", "removed", "modified"):
+            if key + "_b64" in d:
+                d[key] = raw_path_list(d, key)
+                del d[key + "_b64"]
+        return d
 
     # -- templates ---------------------------------------------------------------------------------
     def save_template(self, name: str) -> Dict[str, Any]:
