@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ramify-dev/ramify/client"
 )
@@ -348,12 +350,12 @@ func writeEntries(w io.Writer, ents []client.Entry) {
 		width = max(width, len(strconv.FormatInt(en.Size, 10)))
 	}
 	for _, en := range ents {
-		name := en.Name
+		name := shownName(en.Name)
 		switch en.Type {
 		case "dir":
 			name += "/"
 		case "symlink":
-			name += " -> " + en.LinkTarget
+			name += " -> " + shownName(en.LinkTarget)
 		}
 		mtime := "-               "
 		if !en.Mtime.IsZero() {
@@ -361,6 +363,16 @@ func writeEntries(w io.Writer, ents []client.Entry) {
 		}
 		fmt.Fprintf(w, "%s  %*d  %s  %s\n", modeString(en.Type, en.Mode), width, en.Size, mtime, name)
 	}
+}
+
+// shownName is a sandbox file name as the CLI prints it: as it is when it is UTF-8 text, else quoted in Go's
+// syntax ("caf\xe9", "\x1b[31mred"), so that a name's bytes never reach the user's terminal as control sequences
+// and two names never print alike.
+func shownName(name string) string {
+	if utf8.ValidString(name) && !strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) {
+		return name
+	}
+	return strconv.Quote(name)
 }
 
 // modeString renders type and octal mode as ls does: "drwxr-xr-x".

@@ -88,13 +88,13 @@ func (e *cli) diff(ctx context.Context, args []string) error {
 func formatDiff(d *client.Diff) string {
 	var b strings.Builder
 	for _, p := range d.Added {
-		b.WriteString("+ " + p + "\n")
+		b.WriteString("+ " + shownName(p) + "\n")
 	}
 	for _, p := range d.Removed {
-		b.WriteString("- " + p + "\n")
+		b.WriteString("- " + shownName(p) + "\n")
 	}
 	for _, p := range d.Modified {
-		b.WriteString("M " + p + "\n")
+		b.WriteString("M " + shownName(p) + "\n")
 	}
 	return b.String()
 }

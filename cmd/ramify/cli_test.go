@@ -192,11 +192,23 @@ func TestFormatDiff(t *testing.T) {
 		{client.Diff{Added: []string{"/root/b.txt"}, Removed: []string{"/root/a.txt"}, Modified: []string{"/x", "/y"}},
 			"+ /root/b.txt\n- /root/a.txt\nM /x\nM /y\n"},
 		{client.Diff{Modified: []string{"/tmp/m"}}, "M /tmp/m\n"},
+		// Names that are not UTF-8 text print quoted: no escape sequence reaches the terminal, no two alike.
+		{client.Diff{Added: []string{"/caf\xe9", "/café", "/\x1b[31mred", "/a b"}},
+			"+ \"/caf\\xe9\"\n+ /café\n+ \"/\\x1b[31mred\"\n+ /a b\n"},
 	}
 	for _, c := range cases {
 		if got := formatDiff(&c.d); got != c.want {
 			t.Errorf("%+v: %q want %q", c.d, got, c.want)
 		}
+	}
+}
+
+func TestWriteEntriesQuotesUnprintableNames(t *testing.T) {
+	var b strings.Builder
+	writeEntries(&b, []client.Entry{{Name: "\x1b]0;owned\x07", Type: "file"}, {Name: "ok.txt", Type: "symlink", LinkTarget: "t\xff"}})
+	if out := b.String(); strings.ContainsAny(out, "\x1b\x07\xff") || !strings.Contains(out, `"\x1b]0;owned\a"`) ||
+		!strings.Contains(out, `ok.txt -> "t\xff"`) {
+		t.Fatalf("listing: %q", out)
 	}
 }
 
