@@ -443,13 +443,15 @@ named = {"dill": b"__main__", "__builtin__": "dill"}  # names in data: loaded wi
 # What the standard pickler would save otherwise than dill, found deep in a variable after its data went out: the
 # variable is saved again by dill (its arrays loaded once, the function by value, the namespace by reference).
 mixed = {"arr": np.arange(1 << 18), "f": double, "c": c, "ns": globals(), "m": sys}
+# The same after more than the loader collects before it streams a variable (its pickle is dropped part way).
+mixed_big = {"s": "x" * 20_000_000, "f": double}
 1`)
 	pauseAndWait(t, s, id)
 	resumeAndWait(t, s, id)
 	if v := value(t, s, id, "('dill' in sys.modules, double(21), c.inc(), type(c) is Counter, int(a[-1]), df.shape, named)"); v != "(True, 42, 42, True, 1048575, (100, 2), {'dill': b'__main__', '__builtin__': 'dill'})" {
 		t.Fatalf("session's own functions and classes after resume: %s", v)
 	}
-	if v := value(t, s, id, "(int(mixed['arr'].sum()), mixed['f'](4), mixed['c'].inc(), mixed['ns'] is globals(), mixed['m'] is sys)"); v != "(34359607296, 8, 42, True, True)" {
+	if v := value(t, s, id, "(int(mixed['arr'].sum()), mixed['f'](4), mixed['c'].inc(), mixed['ns'] is globals(), mixed['m'] is sys, len(mixed_big['s']), mixed_big['f'](5))"); v != "(34359607296, 8, 42, True, True, 20000000, 10)" {
 		t.Fatalf("a variable mixing data and the session's own objects after resume: %s", v)
 	}
 }
