@@ -6,6 +6,8 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+
+	"github.com/ramify-dev/ramify/internal/rawname"
 )
 
 // ReadFile opens a file of the sandbox for reading; the content is streamed from the server. The caller closes
@@ -64,7 +66,7 @@ func (c *Client) Mkdir(ctx context.Context, id, path string, parents bool) (*Ent
 		PathB64 string `json:"path_b64,omitempty"`
 		Parents bool   `json:"parents"`
 	}{Path: path, Parents: parents}
-	if _, b := encodeName(path); b != "" {
+	if _, b := rawname.Encode(path); b != "" {
 		body.Path, body.PathB64 = "", b
 	}
 	var e Entry

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
 	"github.com/ramify-dev/ramify/internal/files"
+	"github.com/ramify-dev/ramify/internal/rawname"
 )
 
 // withFS resolves the path query parameter and opens the sandbox's file system for the duration of fn, which
@@ -252,9 +253,9 @@ func (s *Server) uploadArchive(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// withPath adds the field "path" to m, with "path_b64" beside it when p is not valid UTF-8 (files.EncodeName).
+// withPath adds the field "path" to m, with "path_b64" beside it when p is not valid UTF-8 (rawname.Encode).
 func withPath(m map[string]any, p string) map[string]any {
-	d, b := files.EncodeName(p)
+	d, b := rawname.Encode(p)
 	m["path"] = d
 	if b != "" {
 		m["path_b64"] = b

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/rawname"
 )
 
 // FuzzNameRoundTrip: any raw name survives EncodeName/DecodeName and a JSON trip through an Entry; a valid UTF-8
@@ -21,21 +22,21 @@ func FuzzNameRoundTrip(f *testing.F) {
 		f.Add(s, "caf\xe9")
 	}
 	f.Fuzz(func(t *testing.T, s, other string) {
-		d, b := EncodeName(s)
+		d, b := rawname.Encode(s)
 		if !utf8.ValidString(d) {
-			t.Fatalf("EncodeName(%q): display %q is not UTF-8", s, d)
+			t.Fatalf("rawname.Encode(%q): display %q is not UTF-8", s, d)
 		}
 		if utf8.ValidString(s) != (b == "") || (b == "" && d != s) {
-			t.Fatalf("EncodeName(%q) = %q, %q", s, d, b)
+			t.Fatalf("rawname.Encode(%q) = %q, %q", s, d, b)
 		}
 		if utf8.RuneCountInString(d) != utf8.RuneCountInString(s) {
-			t.Fatalf("EncodeName(%q): display %q has not one rune per rune or invalid byte", s, d)
+			t.Fatalf("rawname.Encode(%q): display %q has not one rune per rune or invalid byte", s, d)
 		}
-		raw, err := DecodeName(d, b)
+		raw, err := rawname.Decode(d, b)
 		if err != nil || raw != s {
-			t.Fatalf("DecodeName(EncodeName(%q)) = %q, %v", s, raw, err)
+			t.Fatalf("rawname.Decode(rawname.Encode(%q)) = %q, %v", s, raw, err)
 		}
-		od, ob := EncodeName(other)
+		od, ob := rawname.Encode(other)
 		if s != other && od == d && ob == b {
 			t.Fatalf("%q and %q both encode as %q, %q", s, other, d, b)
 		}
@@ -54,12 +55,12 @@ func FuzzNameRoundTrip(f *testing.F) {
 		}
 		// A list of paths with its parallel base64 list.
 		paths := []string{s, other, "/plain"}
-		pd, pb := EncodePaths(paths)
+		pd, pb := rawname.EncodeList(paths)
 		if pb != nil && len(pb) != len(paths) {
-			t.Fatalf("EncodePaths(%q): %d base64 elements", paths, len(pb))
+			t.Fatalf("rawname.EncodeList(%q): %d base64 elements", paths, len(pb))
 		}
-		if got, err := DecodePaths(pd, pb); err != nil || !slices.Equal(got, paths) {
-			t.Fatalf("DecodePaths(EncodePaths(%q)) = %q, %v", paths, got, err)
+		if got, err := rawname.DecodeList(pd, pb); err != nil || !slices.Equal(got, paths) {
+			t.Fatalf("rawname.DecodeList(rawname.EncodeList(%q)) = %q, %v", paths, got, err)
 		}
 		// As a request gives it: path_b64 of the bytes is the same path as path itself.
 		p, ok, err := PathParam("path", "", false, base64.StdEncoding.EncodeToString([]byte(s)), true)

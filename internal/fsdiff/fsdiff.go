@@ -24,7 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ramify-dev/ramify/internal/files"
+	"github.com/ramify-dev/ramify/internal/rawname"
 )
 
 // Result lists paths of b relative to a: present only in b, only in a, and in both with different content.
@@ -541,7 +541,7 @@ func equal(c *comparison, a, b *entry, shared func(a, b *entry) bool) (bool, err
 }
 
 // resultJSON is Result's wire form: each list of paths as strings, with a parallel list of base64 beside it
-// when some path is not valid UTF-8 (files.EncodePaths).
+// when some path is not valid UTF-8 (rawname.EncodeList).
 type resultJSON struct {
 	Added       []string  `json:"added"`
 	AddedB64    []*string `json:"added_b64,omitempty"`
@@ -553,12 +553,12 @@ type resultJSON struct {
 }
 
 // MarshalJSON writes the result in the API's form: a path whose bytes are not valid UTF-8 is listed in its
-// display form (files.DisplayName), and the list's _b64 twin holds its bytes at the same index.
+// display form (rawname.Display), and the list's _b64 twin holds its bytes at the same index.
 func (r Result) MarshalJSON() ([]byte, error) {
 	j := resultJSON{Truncated: r.Truncated}
-	j.Added, j.AddedB64 = files.EncodePaths(nonNil(r.Added))
-	j.Removed, j.RemovedB64 = files.EncodePaths(nonNil(r.Removed))
-	j.Modified, j.ModifiedB64 = files.EncodePaths(nonNil(r.Modified))
+	j.Added, j.AddedB64 = rawname.EncodeList(nonNil(r.Added))
+	j.Removed, j.RemovedB64 = rawname.EncodeList(nonNil(r.Removed))
+	j.Modified, j.ModifiedB64 = rawname.EncodeList(nonNil(r.Modified))
 	return json.Marshal(j)
 }
 
@@ -570,13 +570,13 @@ func (r *Result) UnmarshalJSON(b []byte) error {
 	}
 	var out Result
 	var err error
-	if out.Added, err = files.DecodePaths(j.Added, j.AddedB64); err != nil {
+	if out.Added, err = rawname.DecodeList(j.Added, j.AddedB64); err != nil {
 		return fmt.Errorf("added_b64: %w", err)
 	}
-	if out.Removed, err = files.DecodePaths(j.Removed, j.RemovedB64); err != nil {
+	if out.Removed, err = rawname.DecodeList(j.Removed, j.RemovedB64); err != nil {
 		return fmt.Errorf("removed_b64: %w", err)
 	}
-	if out.Modified, err = files.DecodePaths(j.Modified, j.ModifiedB64); err != nil {
+	if out.Modified, err = rawname.DecodeList(j.Modified, j.ModifiedB64); err != nil {
 		return fmt.Errorf("modified_b64: %w", err)
 	}
 	out.Truncated = j.Truncated
