@@ -939,6 +939,8 @@ _SKIP_NAMES = {"__builtins__", "__name__", "__loader__", "__spec__", "__package_
 # Large numpy arrays (also inside data frames) travel as out-of-band buffers: written straight from the array's
 # memory and read straight into the restored array's, never copied into a pickle. Padding puts every large
 # buffer at a 4 KiB-aligned offset, so that a reader given the stored file can read it with direct I/O.
+# The loader unpickles a variable whose pickle passes _LOAD_WHOLE as it streams, without ever holding that pickle
+# whole (the pickler writes each B record before the P chunk whose NEXT_BUFFER opcode takes it); see _PickleIn.
 _MAGIC = b"RMFYSES1"
 _HDR = struct.Struct(">cQ")
 _ALIGN = 4096
@@ -1020,16 +1022,59 @@ class _StreamIn:
         self.ahead += data
 
     def read(self, n):
+        """The next n bytes: bytes, or for n from 1 MiB on a bytearray read into straight (see readinto)."""
+        if n >= 1 << 20 and len(self.ahead) < n:
+            out = bytearray(n)
+            self.readinto(memoryview(out))
+            return out
         while len(self.ahead) < n:
             self._more(n - len(self.ahead))
-        out = bytes(self.ahead[:n])
+        with memoryview(self.ahead) as m:
+            out = m[:n].tobytes()  # one copy (bytes(self.ahead[:n]) made two)
         del self.ahead[:n]
         self.off += n
         return out
 
+    def header(self):
+        """The next record's kind and payload length."""
+        return _HDR.unpack(self.read(_HDR.size))
+
+    def readinto(self, mv):
+        """Fill mv (a writable byte memoryview) with the next len(mv) bytes: what was read ahead, then the rest
+        straight from the pipe, or from the file through the page cache (mv need not be aligned for direct I/O:
+        it is the restored object's own memory), a large rest in pieces side by side, hashed in order."""
+        n = len(mv)
+        got = min(len(self.ahead), n)
+        if got:
+            with memoryview(self.ahead) as a:
+                mv[:got] = a[:got]
+            del self.ahead[:got]
+        if self.file and n - got >= _BIG:
+            got = _read_parallel(self.fd, mv, got, n, self.off, self.sha)  # the file's [off, off+got) is hashed
+            self.hashed = self.off + got
+        while got < n:
+            if self.file:
+                k = self._pread(mv[got:], self.off + got)
+            else:
+                k = os.readv(self.fd, [mv[got:]])
+            if not k:
+                raise EOFError("session stream ends early")
+            got += k
+        self.off += n
+        return n
+
     def skip(self, n):
-        while n:  # read, not jumped over: a file's skipped bytes (padding) are hashed too
-            n -= len(self.read(min(n, 1 << 20)))
+        """Pass n bytes: read, not jumped over (a file's skipped bytes, padding or a failed variable's, are hashed
+        too), through one small buffer."""
+        if n <= len(self.ahead):
+            del self.ahead[:n]
+            self.off += n
+            return
+        buf = memoryview(bytearray(min(n, 1 << 20)))
+        while n:
+            k = min(n, len(buf))
+            self.readinto(buf[:k])
+            n -= k
 
     def digest(self):
         """For a stored file: {"bytes": its size, "sha256": hex} once the rest of it (nothing, for a whole stream)
@@ -1557,49 +1602,251 @@ def _preload_holds():
 def _restore_stream(fd):
     """Load a session stream from fd (a pipe or the stored file) into the session; return what failed to load,
     and for a stored file its size and SHA-256 as read (_StreamIn.digest)."""
-    import pickle
-    failed, digest = [], None
+    failed, digest, meta = [], None, None
     try:
         f = _StreamIn(fd)
         if f.read(len(_MAGIC)) != _MAGIC:
             raise ValueError("not a session stream")
-        name, chunks, bufs, meta = None, [], [], None
+        hdr = f.header()
         while True:
-            kind, n = _HDR.unpack(f.read(_HDR.size))
-            if kind == b"B":
-                bufs.append(f.buffer(n))
-                continue
-            if kind == b"_":
-                f.skip(n)
-                continue
-            payload = f.read(n)
+            kind, n = hdr
+            hdr = None
             if kind == b"V":
-                name, chunks, bufs = payload.decode("utf-8", "surrogatepass"), [], []
-            elif kind == b"P":
-                chunks.append(payload)
-            elif kind == b"X":
-                name, chunks, bufs = None, [], []
-            elif kind in (b"E", b"S"):
-                try:
-                    if kind == b"E":
-                        unpickler = _dill().Unpickler
-                    else:
-                        unpickler = pickle.Unpickler
-                    _ns[name] = unpickler(io.BytesIO(b"".join(chunks)), buffers=bufs).load()
-                except Exception as e:
-                    failed.append({"name": name, "reason": ("%s: %s" % (type(e).__name__, e))[:300]})
-                name, chunks, bufs = None, [], []
+                hdr = _load_variable(f, f.read(n).decode("utf-8", "surrogatepass"), failed)
             elif kind == b"M":
-                meta = json.loads(payload)
+                meta = json.loads(f.read(n))
             elif kind == b"Z":
+                f.skip(n)
                 break
+            elif kind in b"_PBESX":  # outside a variable (no writer puts them there): passed over
+                f.skip(n)
             else:
                 raise ValueError("session stream: unknown record %r" % kind)
+            if hdr is None:
+                hdr = f.header()
         digest = f.digest()
     finally:
         os.close(fd)
     _apply_meta(meta or {})
     return failed, digest
+
+
+# A variable's pickle up to this size is collected whole and then loaded by its E or S record (S: without dill);
+# a larger one is loaded as it streams (_PickleIn), so that a resume needs about the session's size in memory,
+# not three times a large variable's (its chunks, their join and the object built from it).
+_LOAD_WHOLE = 8 << 20
+
+
+def _var_failed(failed, name, e):
+    failed.append({"name": name, "reason": ("%s: %s" % (type(e).__name__, e))[:300]})
+
+
+def _load_variable(f, name, failed):
+    """Load the variable whose V record was just read into the session, or list it in failed; a variable the
+    pause could not save (X) is passed over. Return the header of a record that ended it early (V, M, Z), if
+    one did: the stream goes on from there."""
+    chunks, bufs, size = [], [], 0
+    while True:
+        kind, n = f.header()
+        if kind == b"P":
+            if size + n > _LOAD_WHOLE:
+                return _load_streaming(f, name, failed, chunks, bufs, n)
+            chunks.append(f.read(n))
+            size += n
+        elif kind == b"B":
+            bufs.append(f.buffer(n))
+        elif kind == b"_":
+            f.skip(n)
+        elif kind in (b"E", b"S"):
+            f.skip(n)
+            try:
+                if kind == b"E":
+                    unpickler = _dill().Unpickler
+                else:
+                    import pickle
+                    unpickler = pickle.Unpickler
+                _ns[name] = unpickler(io.BytesIO(b"".join(chunks)), buffers=bufs).load()
+            except Exception as e:
+                _var_failed(failed, name, e)
+            return None
+        elif kind == b"X":
+            f.skip(n)
+            return None
+        else:
+            _var_failed(failed, name, ValueError("the session stream ends the variable early"))
+            return kind, n
+
+
+def _load_streaming(f, name, failed, chunks, bufs, left):
+    """Load a variable with a large pickle as it streams: its collected chunks and buffers, then the rest of its
+    records (the first of them a P record of left bytes, its header read) as the unpickler reads them. Its E or S
+    record comes last, so dill's unpickler loads it (it loads a standard pickle as the standard one would)."""
+    r = _PickleIn(f, chunks, bufs, left)
+    del chunks[:], bufs[:]  # the reader's now: each chunk is freed once read
+    value, err = None, None
+    try:
+        try:
+            unpickler = _dill().Unpickler
+        except ImportError:
+            import pickle
+            unpickler = pickle.Unpickler
+        value = unpickler(r, buffers=r.buffers()).load()
+    except Exception as e:
+        if r.broken is not None:
+            raise r.broken  # the stream itself failed (cut short, a read error): the whole load fails
+        err = e
+    if r.drain() and err is None:  # pickle data or buffers the unpickler did not take: a corrupt stream
+        err = ValueError("the variable's pickle goes on after its end")
+    kind, n = r.end
+    if kind in (b"E", b"S"):
+        f.skip(n)
+        if err is None:
+            _ns[name] = value
+        else:
+            _var_failed(failed, name, err)
+        return None
+    if kind == b"X":
+        f.skip(n)
+        return None
+    _var_failed(failed, name, ValueError("the session stream ends the variable early"))
+    return kind, n
+
+
+class _PickleIn:
+    """The file dill's unpickler reads a large variable's pickle from (_load_streaming): the chunks collected
+    already, then the variable's further P records straight from the session stream as it asks for them. The
+    C unpickler reads a large bytes or bytearray payload with readinto, into the object it builds: the payload
+    goes from the stream into that object with no copy between. The B records passed on the way are queued for
+    its buffers; the pickler writes each before the P chunk with its NEXT_BUFFER opcode."""
+
+    def __init__(self, f, chunks, bufs, left):
+        from collections import deque
+        self.f = f
+        self.chunks = deque(chunks)  # pickle bytes read from the stream, not yet handed out
+        self.pos = 0  # of chunks[0]: how much is handed out
+        self.left = left  # bytes of the current P record not yet read from the stream
+        self.bufs = deque(bufs)
+        self.end = None  # (kind, length) of the record that ended the variable's P and B records, once read
+        self.broken = None  # an error of the stream itself, which fails the whole load, not just this variable
+
+    def _io(self, fn, *args):
+        try:
+            return fn(*args)
+        except BaseException as e:
+            self.broken = e
+            raise
+
+    def _record(self):
+        """Read the next record of the variable (a B record whole, a P record's header): False at its end."""
+        if self.end is not None:
+            return False
+        kind, n = self._io(self.f.header)
+        if kind == b"P":
+            self.left = n
+        elif kind == b"B":
+            self.bufs.append(self._io(self.f.buffer, n))
+        elif kind == b"_":
+            self._io(self.f.skip, n)
+        else:
+            self.end = kind, n
+            return False
+        return True
+
+    def _avail(self):
+        """Whether pickle bytes are left before the variable's end."""
+        while not self.chunks and not self.left:
+            if not self._record():
+                return False
+        return True
+
+    def _front(self, k):
+        """Take k bytes off the first chunk."""
+        c, p = self.chunks[0], self.pos
+        self.pos += k
+        if self.pos == len(c):
+            self.chunks.popleft()
+            self.pos = 0
+            if not p:
+                return c
+        return c[p:p + k]
+
+    def readinto(self, b):
+        with memoryview(b) as m, m.cast("B") as mv:
+            n, got = len(mv), 0
+            while got < n and self._avail():
+                if self.chunks:
+                    k = min(n - got, len(self.chunks[0]) - self.pos)
+                    mv[got:got + k] = self._front(k)
+                else:
+                    k = min(n - got, self.left)
+                    self._io(self.f.readinto, mv[got:got + k])  # a large payload: into the object being built
+                    self.left -= k
+                got += k
+            return got
+
+    def read(self, n=-1):
+        if n is None or n < 0:
+            n = sys.maxsize
+        parts = []
+        while n and self._avail():
+            if self.chunks:  # a whole chunk (a frame, say) is handed out as it is
+                k = min(n, len(self.chunks[0]) - self.pos)
+                parts.append(self._front(k))
+            else:  # from the current P record: a large one (a long str's payload) into fresh memory of its own
+                k = min(n, self.left)
+                parts.append(self._io(self.f.buffer if k >= _BIG else self.f.read, k))
+                self.left -= k
+            n -= k
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def readline(self):
+        parts = []
+        while self._avail():
+            if not self.chunks:
+                k = min(self.left, 1 << 16)
+                self.chunks.append(self._io(self.f.read, k))
+                self.left -= k
+            c = self.chunks[0]
+            i = c.find(b"\n", self.pos)
+            parts.append(self._front((len(c) if i < 0 else i + 1) - self.pos))
+            if i >= 0:
+                break
+        return b"".join(parts)
+
+    def buffers(self):
+        """The out-of-band buffers, in order, for the unpickler's buffers=."""
+        while True:
+            while not self.bufs:
+                # Queued already, the pickler writing a B record before the P chunk that asks for it: read ahead
+                # to the next B all the same, keeping the pickle bytes on the way for the unpickler.
+                if self.left:
+                    self.chunks.append(self._io(self.f.read, self.left))
+                    self.left = 0
+                if not self._record():
+                    return
+            yield self.bufs.popleft()
+
+    def drain(self):
+        """Pass the rest of the variable's records up to its end; return whether pickle bytes or buffers were
+        left (after a successful load: a corrupt stream)."""
+        left = bool(self.bufs) or sum(map(len, self.chunks)) > self.pos
+        self.chunks.clear()
+        self.bufs.clear()
+        while True:
+            if self.left:
+                left = True
+                self.f.skip(self.left)
+                self.left = 0
+            if self.end is not None:
+                return left
+            kind, n = self.f.header()
+            if kind == b"P":
+                self.left = n
+            elif kind in (b"B", b"_"):
+                left = left or kind == b"B"
+                self.f.skip(n)
+            else:
+                self.end = kind, n
 
 
 def _restore(directory):
