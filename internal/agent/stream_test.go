@@ -125,3 +125,154 @@ else:
 		t.Fatalf("%v\n%s", err, out)
 	}
 }
+
+// TestRestoreStreamLoadsLargeVariablesAsTheyStream runs repl.py's session stream reader with the host's python3
+// on variables whose pickles pass the size up to which a variable is collected whole (_LOAD_WHOLE): each is
+// unpickled as it streams, and loads as it was saved: a large bytes, bytearray and str, a list of many strings
+// (many frames), one with out-of-band buffers between its frames, a protocol 0 pickle (read by lines) cut into
+// records at odd places. A variable that fails part way (a class gone, data after the pickle's end) is listed
+// as failed and the next one loads; one the pause dropped (X) is passed over. From a file the digest covers
+// every byte; from a pipe too the values load. A 64 MiB bytes object costs its interpreter about its size in
+// memory, not three times it.
+func TestRestoreStreamLoadsLargeVariablesAsTheyStream(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	loop := strings.TrimSuffix(strings.TrimRight(replSource, "\n"), "main()")
+	if loop == replSource {
+		t.Fatal("repl.py no longer ends with main()")
+	}
+	script := loop + `
+import hashlib, pickle, random, tempfile, types
+TMP = os.environ["TEST_TMP"]  # the restores set the session's env (none)
+
+try:
+    _dill()
+except ImportError:  # no dill on this host: its unpickler loads these pickles as the standard one does
+    _dill = lambda: types.SimpleNamespace(Unpickler=pickle.Unpickler)
+streamed = [0]
+_RealPickleIn = _PickleIn
+
+class _PickleIn(_RealPickleIn):
+    def __init__(self, *args):
+        streamed[0] += 1
+        super().__init__(*args)
+
+exec("class Gone:\n    pass", _ns)  # a class of the session's, gone by the time it loads
+
+def pickled(v, out):
+    def oob(buf):
+        with buf.raw() as m:
+            if m.nbytes < 1 << 16:
+                return True
+            out.direct(b"B", m)
+        return False
+    chunks = _PickleChunks(out)
+    pickle.Pickler(chunks, protocol=5, buffer_callback=oob).dump(v)
+
+def write(path, variables):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    out = _StreamOut(fd)
+    for name, how, v in variables:
+        out.record(b"V", name.encode())
+        if how == "raw":  # pickle bytes v, cut into records at odd places
+            for i in range(0, len(v), 100003):
+                out.record(b"P", v[i:i + 100003])
+        else:
+            pickled(v, out)
+        out.record(b"X" if how == "dropped" else b"S")
+    out.record(b"M", b"{}")
+    out.record(b"Z")
+    out.flush()
+    os.close(fd)
+
+def pb(n):
+    return pickle.PickleBuffer(bytearray(random.randbytes(n)))
+
+rnd = random.Random(7)
+strings = ["s%d-%s" % (i, "é" * rnd.randrange(1, 200)) for i in range(100000)]
+mixed = [strings[:30000], pb(3 << 20), strings[30000:60000], pb(1 << 16), pb(5 << 20), strings[60000:], pb(3 << 20)]
+gone = [strings, _ns["Gone"](), pb(4 << 20), strings[:50000], pb(3 << 20)]
+variables = [
+    ("small", "", "x" * 100),
+    ("blob", "", random.randbytes(40 << 20)),
+    ("ba", "", bytearray(random.randbytes(20 << 20))),
+    ("text", "", "ü" * (6 << 20) + "ascii" * (1 << 20)),
+    ("strings", "", strings),
+    ("mixed", "", mixed),
+    ("proto0", "raw", pickle.dumps(strings, protocol=0)),
+    ("gone", "", gone),
+    ("trailing", "raw", pickle.dumps(strings, protocol=5) + b"more pickle data"),
+    ("dropped", "dropped", strings),
+    ("after", "", [1, 2, 3]),
+]
+assert len(pickle.dumps(strings, protocol=5)) > _LOAD_WHOLE
+
+def same(a, b):
+    if isinstance(a, pickle.PickleBuffer):
+        return bytes(a.raw()) == bytes(memoryview(b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+def check(failed):
+    names = sorted(x["name"] for x in failed)
+    assert names == ["gone", "trailing"], failed
+    for name, how, v in variables:
+        if name in ("gone", "trailing", "dropped"):
+            assert name not in _ns, name
+            continue
+        got = _ns.pop(name)
+        if how == "raw":
+            v = pickle.loads(v)
+        assert same(v, got), "%s loaded wrong" % name
+
+d = tempfile.mkdtemp(dir=TMP)
+path = os.path.join(d, "s")
+write(path, variables)
+del _ns["Gone"]
+failed, digest = _restore_stream(os.open(path, os.O_RDONLY))
+with open(path, "rb") as f:
+    data = f.read()
+assert digest == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, digest
+check(failed)
+assert streamed[0] == 9, streamed[0]  # all but small and after
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(r)
+    _write_all(w, data)
+    os._exit(0)
+os.close(w)
+failed, digest = _restore_stream(r)
+os.wait()
+assert digest is None
+check(failed)
+del data
+# Memory: a 64 MiB bytes object restored in a fresh child costs about its size (the old reader took three times).
+write(path, [("blob", "", random.randbytes(64 << 20))])
+os.posix_fadvise(os.open(path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+rd, wr = os.pipe()
+if os.fork() == 0:
+    def hwm():
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) << 10 for l in f if l.startswith("VmHWM"))
+    before = hwm()
+    failed, _ = _restore_stream(os.open(path, os.O_RDONLY))
+    grew = hwm() - before
+    os.write(wr, repr((failed, len(_ns["blob"]), grew)).encode())
+    os._exit(0)
+os.close(wr)
+os.wait()
+failed, size, grew = eval(os.read(rd, 1000))
+assert failed == [] and size == 64 << 20, (failed, size)
+assert grew < (64 << 20) * 1.25, "restoring 64 MiB took %d MiB more memory" % (grew >> 20)
+print("ok")
+`
+	c := exec.Command(py, "-c", script)
+	c.Env = append(os.Environ(), "TEST_TMP="+t.TempDir())
+	out, err := c.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "ok" {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
