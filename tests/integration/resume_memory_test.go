@@ -2,12 +2,15 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/s3test"
 	"github.com/ramify-dev/ramify/internal/testserver"
 )
 
@@ -15,40 +18,45 @@ import (
 // resumes whole. The interpreter used to collect a variable's whole pickle, join it into one copy and unpickle
 // from that: three times the variable's size, so such a sandbox was OOM-killed on every resume attempt. It now
 // unpickles a large pickle as it streams: a large bytes payload is read straight into the restored object, a
-// pickle of many objects frame by frame. The resumed interpreter's peak RSS (VmHWM) is logged.
+// pickle of many objects frame by frame. From the local store the interpreter reads the stored file; from S3
+// (when a test S3 server can be started) a pipe. The resumed interpreter's peak RSS (VmHWM) is logged.
 func TestResumeOfALargeVariableFitsItsMemory(t *testing.T) {
-	s := testserver.Start(t)
-	for _, tc := range []struct{ name, setup, check string }{
-		// One 308 MiB bytes object: a single P record of the session stream.
-		{"bytes", "import os, hashlib\nv = os.urandom(308 << 20)\nwant = (len(v), hashlib.sha256(v).hexdigest())\n1",
-			"(len(v), hashlib.sha256(v).hexdigest()) == want"},
-		// A dict of 4 KiB strings, 300 MiB of characters: a pickle of ~4,800 frames.
-		{"dict of strings", "import os, hashlib\nv = {'k%d' % i: os.urandom(2048).hex() for i in range(75 * 1024)}\n" +
-			"def digest(d):\n    h = hashlib.sha256()\n    for k, x in d.items():\n        h.update(k.encode()); h.update(x.encode())\n    return len(d), h.hexdigest()\n" +
-			"want = digest(v)\n1",
-			"digest(v) == want"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(ctxT(t), 4*time.Minute)
-			defer cancel()
-			id := create(t, s, &client.CreateRequest{MemMiB: 512})
-			defer s.Client.Delete(context.Background(), id)
-			value(t, s, id, tc.setup)
-			pauseAndWait(t, s, id)
-			start := time.Now()
-			if _, _, err := s.Client.Resume(ctx, id); err != nil {
-				t.Fatalf("resume: %v", err)
-			}
-			if sb, err := s.Client.WaitStatus(ctx, id, "running"); err != nil {
-				t.Fatalf("resume of a 512 MiB sandbox holding a ~300 MiB variable: %v (%+v)", err, sb)
-			}
-			took := time.Since(start)
-			if v := value(t, s, id, tc.check); v != "True" {
-				t.Fatalf("the variable after resume: %s", v)
-			}
-			hwm := value(t, s, id, "[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]")
-			kib, _ := strconv.Atoi(regexp.MustCompile(`\d+`).FindString(hwm))
-			t.Logf("resumed in %s; the interpreter's peak RSS %d MiB", took.Round(time.Millisecond), kib>>10)
-		})
+	// One 308 MiB bytes object: a single P record of the session stream.
+	const bytesSetup = "import os, hashlib\nv = os.urandom(308 << 20)\nwant = (len(v), hashlib.sha256(v).hexdigest())\n1"
+	const bytesCheck = "(len(v), hashlib.sha256(v).hexdigest()) == want"
+	// A dict of 4 KiB strings, 300 MiB of characters: a pickle of ~4,800 frames.
+	const dictSetup = "import os, hashlib\nv = {'k%d' % i: os.urandom(2048).hex() for i in range(75 * 1024)}\n" +
+		"def digest(d):\n    h = hashlib.sha256()\n    for k, x in d.items():\n        h.update(k.encode()); h.update(x.encode())\n    return len(d), h.hexdigest()\n" +
+		"want = digest(v)\n1"
+	const dictCheck = "digest(v) == want"
+	local := testserver.Start(t)
+	check := func(t *testing.T, s *testserver.Server, setup, check string) {
+		ctx, cancel := context.WithTimeout(ctxT(t), 4*time.Minute)
+		defer cancel()
+		id := create(t, s, &client.CreateRequest{MemMiB: 512})
+		defer s.Client.Delete(context.Background(), id)
+		value(t, s, id, setup)
+		pauseAndWait(t, s, id)
+		start := time.Now()
+		if _, _, err := s.Client.Resume(ctx, id); err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+		if sb, err := s.Client.WaitStatus(ctx, id, "running"); err != nil {
+			t.Fatalf("resume of a 512 MiB sandbox holding a ~300 MiB variable: %v (%+v)", err, sb)
+		}
+		took := time.Since(start)
+		if v := value(t, s, id, check); v != "True" {
+			t.Fatalf("the variable after resume: %s", v)
+		}
+		hwm := value(t, s, id, "[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]")
+		kib, _ := strconv.Atoi(regexp.MustCompile(`\d+`).FindString(hwm))
+		t.Logf("resumed in %s; the interpreter's peak RSS %d MiB", took.Round(time.Millisecond), kib>>10)
 	}
+	t.Run("bytes", func(t *testing.T) { check(t, local, bytesSetup, bytesCheck) })
+	t.Run("dict of strings", func(t *testing.T) { check(t, local, dictSetup, dictCheck) })
+	t.Run("bytes from S3", func(t *testing.T) {
+		s := testserver.Start(t, "--s3-endpoint", s3test.Endpoint(t), "--s3-bucket", fmt.Sprintf("ramify-it-%d", os.Getpid()),
+			"--s3-prefix", "large/", "--s3-access-key", s3test.AccessKey, "--s3-secret-key", s3test.SecretKey)
+		check(t, s, bytesSetup, bytesCheck)
+	})
 }
