@@ -1642,9 +1642,10 @@ def _var_failed(failed, name, e):
 
 
 def _load_variable(f, name, failed):
-    """Load the variable whose V record was just read into the session, or list it in failed; a variable the
-    pause could not save (X) is passed over. Return the header of a record that ended it early (V, M, Z), if
-    one did: the stream goes on from there."""
+    """Load the variable whose V record was just read into the session, or list it in failed. At an X record what
+    came since V is dropped (the pause could not save it, or saves it again from a new V: a large pickle dropped
+    so has been unpickled part way as it streamed, and is thrown away). Return the header of a record that ended
+    the variable early (V, M, Z), if one did: the stream goes on from there."""
     chunks, bufs, size = [], [], 0
     while True:
         kind, n = f.header()
