@@ -1285,15 +1285,15 @@ def _dill():
     return dill
 
 
-def _session_pickler():
+def _session_pickler(needs):
+    """dill's pickler as the session is saved with it; needs is told of the packages the stream needs imported to
+    load (only numpy is looked for): a resume may then be given an interpreter that imported them ahead (see
+    _preload)."""
     import importlib
     dill = _dill()
     is_installed = getattr(dill._dill, "_is_builtin_module", None)
 
     class Pickler(dill.Pickler):
-        # The packages the stream needs imported to load (only numpy is looked for): a resume may then be given
-        # an interpreter that imported them ahead (see _preload).
-        needs = set()
 
         # Three kinds of object are saved otherwise than dill saves them, each so that it loads as dill's save
         # would and its pickle needs no dill to load (a resume then need not import dill, ~30 ms):
@@ -1308,10 +1308,10 @@ def _session_pickler():
         def save(self, obj, save_persistent_id=True):
             t = type(obj)
             np = sys.modules.get("numpy")
-            if np is not None and "numpy" not in Pickler.needs and (
+            if np is not None and "numpy" not in needs and (
                     (getattr(t, "__module__", None) or "").partition(".")[0] == "numpy"
                     or t is _types.ModuleType and obj.__name__.partition(".")[0] == "numpy"):
-                Pickler.needs.add("numpy")
+                needs.add("numpy")
             if np is not None and t is np.ndarray:
                 save = lambda: self.save_reduce(*obj.__reduce_ex__(5), obj=obj)
             elif (t is _types.ModuleType and is_installed is not None
@@ -1337,8 +1337,11 @@ class _NeedsDill(Exception):
 
 
 def _dill_at_top(value):
-    """Whether a variable is itself what only dill saves as the session needs (a function, class or module)."""
-    return isinstance(value, (type, _types.FunctionType, _types.ModuleType, _types.CodeType))
+    """Whether a variable is itself what only dill saves as the session needs (a function or class the session
+    defined, code), or an instance of such a class: the plain pickler would stop at once."""
+    if isinstance(value, (type, _types.FunctionType)):
+        return getattr(value, "__module__", None) in ("__main__", None)
+    return isinstance(value, _types.CodeType) or getattr(type(value), "__module__", None) == "__main__"
 
 
 def _plain_pickler(needs):
@@ -1347,14 +1350,11 @@ def _plain_pickler(needs):
     million strings needed over 1 GiB beside its 300 MB to be saved by dill). It stops (_NeedsDill) at the first
     object dill saves its own way: whatever is defined in the session (functions, classes and their instances,
     by value in dill), the session's own namespace (a reference in dill), modules that are not installed, and
-    every type dill has a saver of its own for (code, cells, locks, files, descriptors...); the caller then saves
-    the variable with dill. Numpy arrays go out of band as in dill's path; needs is told of numpy as there."""
+    every object the standard pickler cannot save (code, cells, locks, files, descriptors, properties: dill has
+    savers of its own for them; among the types dill saves its own way, those the standard pickler saves too
+    come back the same, by reference or by value); the caller then saves the variable with dill. Numpy arrays go out of band as in dill's path; needs is told of numpy as there. It
+    needs no dill: a session of data is saved without importing it (~30 ms)."""
     import importlib, pickle
-    dill = _dill()
-    is_installed = getattr(dill._dill, "_is_builtin_module", None)
-    stock = {type(None), pickle.PickleBuffer, bool, bytearray, bytes, dict, float, frozenset, _types.FunctionType,
-             int, list, set, str, tuple, type, slice}
-    dill_only = frozenset(t for t in dill._dill.Pickler.dispatch if t not in stock)
 
     class Plain(pickle.Pickler):
         def persistent_id(self, obj):
@@ -1369,31 +1369,48 @@ def _plain_pickler(needs):
                     or t is _types.ModuleType and obj.__name__.partition(".")[0] == "numpy"):
                 needs.add("numpy")
             if t is _types.ModuleType:
-                if (is_installed is not None and obj.__name__ not in ("dill", "dill._dill", "__main__")
-                        and (obj.__name__ == "builtins" or is_installed(obj))):
+                if obj.__name__ not in ("dill", "dill._dill", "__main__") and (
+                        obj.__name__ == "builtins" or _installed(obj)):
                     return importlib.import_module, (obj.__name__,)
                 raise _NeedsDill("module " + obj.__name__)
             if isinstance(obj, type) or t is _types.FunctionType:
                 if getattr(obj, "__module__", None) in ("__main__", None):
                     raise _NeedsDill("defined in the session")
                 return NotImplemented  # by reference, as dill saves what it can import (or PicklingError)
-            if t in dill_only or getattr(t, "__module__", None) == "__main__":
+            if getattr(t, "__module__", None) == "__main__":
                 raise _NeedsDill(t.__name__)
             return NotImplemented
 
     return Plain
 
 
+def _installed(module):
+    """Whether module is the installation's (the standard library, dist-packages): dill's test of it
+    (_is_builtin_module), without dill."""
+    if not hasattr(module, "__file__"):
+        return True
+    f = module.__file__
+    if not isinstance(f, str):
+        return False
+    import importlib.machinery
+    real = os.path.realpath(f)
+    return (any(real.startswith(os.path.realpath(getattr(sys, n)))
+                for n in ("base_prefix", "base_exec_prefix", "exec_prefix", "prefix", "real_prefix") if hasattr(sys, n))
+            or f.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)) or "site-packages" in f)
+
+
 def _picklers():
-    """The session's picklers: dill's (see _session_pickler) and the plain one, which share their needs."""
-    Pickler = _session_pickler()
-    return Pickler, _plain_pickler(Pickler.needs)
+    """What saves the session: the packages its loading needs (a set both picklers add to), the plain pickler,
+    and a function that makes dill's, for the variables that need it (dill is imported then, not before)."""
+    needs = set()
+    return needs, _plain_pickler(needs), lambda: _session_pickler(needs)
 
 
 def _snapshot_stream(fd, picklers=None):
     """Write the session's variables to fd as a session stream; return what could not be saved and the packages
-    its loading will import (see Pickler.needs)."""
-    Pickler, Plain = picklers or _picklers()
+    its loading will import (see _session_pickler)."""
+    needs, Plain, make_dill = picklers or _picklers()
+    Pickler = None
     out = _StreamOut(fd)
     skipped = []
     try:
@@ -1423,6 +1440,8 @@ def _snapshot_stream(fd, picklers=None):
                     out.record(b"V", vname)
                     chunks = _PickleChunks(out)
             try:
+                if Pickler is None:
+                    Pickler = make_dill()
                 Pickler(chunks, protocol=5, buffer_callback=oob).dump(value)
             except OSError:
                 raise  # the stream itself failed: the pause fails
@@ -1438,7 +1457,7 @@ def _snapshot_stream(fd, picklers=None):
         out.flush()
     finally:
         os.close(fd)
-    return skipped, sorted(Pickler.needs)
+    return skipped, sorted(needs)
 
 
 def _save_session(fd, moved):
@@ -1475,7 +1494,9 @@ def _save_session(fd, moved):
                     f.write("1000")
             except OSError:
                 pass
-            picklers = _picklers()  # imports dill if need be (~30 ms) while the server moves this process
+            picklers = _picklers()
+            if any(_dill_at_top(v) for k, v in list(_ns.items()) if k not in _SKIP_NAMES):
+                _dill()  # it will be needed: imported (~30 ms) while the server moves this process
             if moved is not None:
                 os.read(moved, 1)  # b"\x01": moved; end of file: the server could not, the save runs here
                 os.close(moved)
