@@ -47,6 +47,8 @@ type Sandbox struct {
 	Error string `json:"error"`
 	// Pause reports the last pause and resume (nil before the first pause).
 	Pause *PauseInfo `json:"pause,omitempty"`
+	// Progress is how far the pause or resume in flight has got (nil unless pausing or resuming).
+	Progress *Progress `json:"progress,omitempty"`
 	// Template is the template the sandbox was created from ("" when none).
 	Template string `json:"template,omitempty"`
 	// Image is the image the sandbox runs on ("default" for the default image).
@@ -90,6 +92,16 @@ type Skipped struct {
 	Name   string `json:"name"`
 	Type   string `json:"type,omitempty"`
 	Reason string `json:"reason"`
+}
+
+// Progress is how far a pause or resume in flight has got: the part being moved ("session", "files",
+// "commit"), the bytes the snapshot store was given (a pause) or handed out (a resume) so far, and for a resume
+// the snapshot's size.
+type Progress struct {
+	Phase      string  `json:"phase"`
+	Bytes      int64   `json:"bytes"`
+	TotalBytes int64   `json:"total_bytes,omitempty"`
+	ElapsedMs  float64 `json:"elapsed_ms"`
 }
 
 // PauseInfo is what the last pause and resume of a sandbox reported.

@@ -84,6 +84,46 @@ func (e *cli) diff(ctx context.Context, args []string) error {
 	return nil
 }
 
+// showProgress prints, every interval until the returned function is called, how far sandbox id's pause or
+// resume has got (GET's progress), when it moved since the last line: a pause of gigabytes to S3 takes a while.
+func (e *cli) showProgress(ctx context.Context, id string, interval time.Duration) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		last := ""
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			sb, err := e.c.Get(ctx, id)
+			if err != nil || sb.Progress == nil {
+				continue
+			}
+			if line := progressLine(sb.Progress); line != last {
+				fmt.Fprintf(e.stderr, "  %s\n", line)
+				last = line
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// progressLine renders a pause's or resume's progress: "session: 412.0 MiB" or "files: 12.0 MiB of 1.0 GiB (1%)".
+func progressLine(p *client.Progress) string {
+	if p.TotalBytes > 0 {
+		return fmt.Sprintf("%s: %s of %s (%d%%)", p.Phase, humanBytes(p.Bytes), humanBytes(p.TotalBytes), p.Bytes*100/p.TotalBytes)
+	}
+	return fmt.Sprintf("%s: %s", p.Phase, humanBytes(p.Bytes))
+}
+
 // formatDiff prints a diff one path a line: "+ p" only in b, "- p" only in a, "M p" in both but different.
 func formatDiff(d *client.Diff) string {
 	var b strings.Builder
@@ -132,8 +172,13 @@ func (e *cli) lifecycle(ctx context.Context, args []string, verb, doing, want st
 		}
 		wctx, cancel := context.WithTimeout(ctx, *waitTimeout)
 		defer cancel()
+		stop := func() {}
+		if !*asJSON {
+			stop = e.showProgress(wctx, id, time.Second)
+		}
 		// No sleeping out the 202's X-Poll-After first: the server's wait answers at the transition.
 		sb, err = e.c.WaitStatus(wctx, id, want)
+		stop()
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 				return fmt.Errorf("%s %s: still not %s after %v; check with 'ramify get %s'", verb, id, want, *waitTimeout, id)

@@ -844,3 +844,18 @@ func TestNamedBuildAndReadList(t *testing.T) {
 		t.Errorf("readList: %q, %v", got, err)
 	}
 }
+
+func TestProgressLine(t *testing.T) {
+	for _, c := range []struct {
+		p    client.Progress
+		want string
+	}{
+		{client.Progress{Phase: "session", Bytes: 412 << 20}, "session: 412.0 MiB"},
+		{client.Progress{Phase: "files", Bytes: 12 << 20, TotalBytes: 1 << 30}, "files: 12.0 MiB of 1.0 GiB (1%)"},
+		{client.Progress{Phase: "commit", Bytes: 100}, "commit: 100 B"},
+	} {
+		if got := progressLine(&c.p); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.p, got, c.want)
+		}
+	}
+}

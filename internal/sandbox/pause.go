@@ -167,7 +167,11 @@ func (s *Service) pause(ctx context.Context, e *entry) {
 	start := time.Now()
 	s.mu.Lock()
 	h, id, specJSON, spec := e.handle, e.rec.ID, e.rec.Spec, e.spec
+	p := newProgress("session")
+	e.prog = p
 	s.mu.Unlock()
+	defer s.endProgress(e, p)
+	ctx = withProgress(ctx, p)
 	prefix := fmt.Sprintf("%s/%d/", id, time.Now().UnixNano())
 	fk, ok := s.cfg.Runtime.(runtime.Forker)
 	if !ok {
@@ -204,6 +208,7 @@ func (s *Service) writeSnapshot(ctx context.Context, fk runtime.Forker, h runtim
 		rp.PrepareResume(session.preload) // its resume will need them: the runtime may import them ahead
 	}
 	s.log.Debug("pause phase", "sandbox", id, "phase", "session saved", "ms", ms(time.Since(start)))
+	progressOf(ctx).setPhase("files")
 	crashpoint.Hit(crashpoint.PauseAfterSession)
 	if err := fk.Freeze(ctx, h); err != nil {
 		return Manifest{}, fmt.Errorf("freeze: %w", err)
@@ -220,6 +225,7 @@ func (s *Service) writeSnapshot(ctx context.Context, fk runtime.Forker, h runtim
 	}
 	m.Parts["layer.tar"] = layerPart
 	s.log.Debug("pause phase", "sandbox", id, "phase", "layer saved", "ms", ms(time.Since(start)))
+	progressOf(ctx).setPhase("commit")
 	crashpoint.Hit(crashpoint.PauseAfterLayer)
 	mb, _ := json.MarshalIndent(m, "", "  ")
 	if _, err := s.cfg.Snapshots.Put(ctx, prefix+"manifest.json", bytesReader(mb)); err != nil {

@@ -40,7 +40,11 @@ func (s *Service) resume(ctx context.Context, e *entry) {
 	start := time.Now()
 	s.mu.Lock()
 	id, prefix := e.rec.ID, e.rec.Snapshot
+	p := newProgress("files")
+	e.prog = p
 	s.mu.Unlock()
+	defer s.endProgress(e, p)
+	ctx = withProgress(ctx, p)
 	m, h, notRestored, err := s.restoreSnapshot(ctx, e, prefix, start, true)
 	if err != nil {
 		err = stoppedBy(ctx, err)
@@ -133,6 +137,7 @@ func (s *Service) restoreSnapshot(ctx context.Context, e *entry, prefix string, 
 		return Manifest{}, runtime.Handle{}, nil, snapshotFault(err)
 	}
 	s.log.Debug("resume phase", "sandbox", id, "phase", "manifest read", "ms", ms(time.Since(start)))
+	progressOf(ctx).setTotal(snapshotBytes(m))
 	_, streamed := m.Parts["session.bin"]
 	var extra int64
 	if wholeLayer {
@@ -168,6 +173,7 @@ func (s *Service) restoreSnapshot(ctx context.Context, e *entry, prefix string, 
 	}
 	s.log.Debug("resume phase", "sandbox", id, "phase", "sandbox created", "ms", ms(time.Since(start)))
 	crashpoint.Hit(crashpoint.ResumeAfterCreate)
+	progressOf(ctx).setPhase("session")
 	c, err := s.cfg.Runtime.Agent(id)
 	var notRestored []agent.Skipped
 	switch {

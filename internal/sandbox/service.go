@@ -149,6 +149,8 @@ type entry struct {
 	// lostState says why the sandbox's interpreter state was lost by a restart of its processes (health.go), until
 	// the next run_code reports it (as it reports an interpreter that died between calls) instead of running.
 	lostState string
+	// prog is how far the pause or resume in flight has got (nil: none).
+	prog *progress
 }
 
 // New builds the service and reconciles the records with what is running: sandboxes that survived a restart
@@ -489,6 +491,9 @@ func (s *Service) info(e *entry) Info {
 		pi := s.pauseInfo(e)
 		pi.Preload = nil // the service's own
 		in.Pause = &pi
+	}
+	if in.Status == StatusPausing || in.Status == StatusResuming {
+		in.Progress = e.prog.view()
 	}
 	return in
 }

@@ -119,7 +119,7 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Ha
 	idle := cmp.Or(s.cfg.InterpreterStall, runtime.DefaultInterpreterStall)
 	ctx, stalled := context.WithCancelCause(ctx)
 	defer stalled(nil)
-	src := &stallGuard{r: pr, idle: idle, stalled: func() {
+	src := &stallGuard{r: progressOf(ctx).reader(pr), idle: idle, stalled: func() {
 		stalled(fmt.Errorf("%w for %v: code in the sandbox keeps it from answering (a thread holding the GIL in "+
 			"C code?); the sandbox keeps running, with a fresh interpreter if that one does not answer", errSessionStalled, idle))
 	}}
@@ -296,6 +296,9 @@ func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix strin
 			return nil, fmt.Errorf("snapshot part session.bin is missing: %w", err)
 		}
 		skipped, read, err := c.RestoreSession(ctx, f)
+		if err == nil {
+			progressOf(ctx).add(want.Size) // read by the interpreter itself
+		}
 		if err == nil && read != nil {
 			return skipped, checkSum("session.bin", read.Bytes, read.SHA256, want)
 		}
@@ -317,7 +320,7 @@ func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix strin
 	go func() {
 		defer rc.Close()
 		h := sha256.New()
-		n, werr := copyHashed(pw, rc, h)
+		n, werr := copyHashed(pw, progressOf(ctx).reader(rc), h)
 		pw.Close()
 		if werr != nil && !errors.Is(werr, errReaderGone) {
 			done <- cutShort("session.bin", n, want, werr)
@@ -416,7 +419,7 @@ func (s *Service) putTar(ctx context.Context, key, dir string, skip func(string)
 		_, err := layertar.Write(pw, dir, skip, maxData)
 		pw.CloseWithError(err)
 	}()
-	obj, err := s.cfg.Snapshots.Put(ctx, key, pr)
+	obj, err := s.cfg.Snapshots.Put(ctx, key, progressOf(ctx).reader(pr))
 	pr.CloseWithError(err)
 	if err != nil {
 		return Part{}, err
@@ -456,7 +459,7 @@ func (s *Service) extractPart(ctx context.Context, prefix, name string, m Manife
 	}
 	defer rc.Close()
 	h := sha256.New()
-	cr := &countingReader{r: io.TeeReader(rc, h)}
+	cr := &countingReader{r: io.TeeReader(progressOf(ctx).reader(rc), h)}
 	_, xerr := layertar.Extract(cr, dir)
 	// Read the rest (tar padding after the end marker counts too; after a failed extract, it tells a corrupt
 	// part from a bad one).

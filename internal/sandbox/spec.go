@@ -198,6 +198,8 @@ type Info struct {
 	Template string `json:"template,omitempty"`
 	// Pause reports the last pause and resume: what could not be saved, sizes, timings.
 	Pause *PauseInfo `json:"pause,omitempty"`
+	// Progress is how far the pause or resume in flight has got: while pausing or resuming only.
+	Progress *Progress `json:"progress,omitempty"`
 	// Usage is the sandbox's resource use now: in GET of a running sandbox only (not in lists).
 	Usage *UsageInfo `json:"usage,omitempty"`
 	// SSH lists the authorized keys and, when the server runs its SSH server, the command that connects.

@@ -489,3 +489,79 @@ func TestDeleteOfAPausedChildSparesItsParentsResume(t *testing.T) {
 		}
 	}
 }
+
+// GET of a sandbox that is pausing or resuming says how far it has got: the part being moved and the bytes so far
+// (for a resume, of the snapshot's size), growing as it goes; the field is gone once the sandbox is paused or
+// running again.
+func TestPauseAndResumeReportProgress(t *testing.T) {
+	s := testserver.Start(t, "--fork-ahead", "0")
+	ctx, cancel := context.WithTimeout(ctxT(t), 3*time.Minute)
+	defer cancel()
+	id := create(t, s, &client.CreateRequest{MemMiB: 2048})
+	value(t, s, id, "import numpy as np\na = np.random.rand((100 << 20 >> 3) * 6)\n1") // 600 MiB
+	// watch polls GET until the sandbox is in want, collecting the progress it reported on the way.
+	watch := func(want string) []client.Progress {
+		var seen []client.Progress
+		for {
+			sb, err := s.Client.Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sb.Progress != nil {
+				if sb.Status != client.StatusPausing && sb.Status != client.StatusResuming {
+					t.Fatalf("progress on a sandbox %s: %+v", sb.Status, sb.Progress)
+				}
+				seen = append(seen, *sb.Progress)
+			}
+			if sb.Status == want {
+				return seen
+			}
+			if sb.Status != client.StatusPausing && sb.Status != client.StatusResuming {
+				t.Fatalf("sandbox went %s: %s %+v", sb.Status, sb.Error, sb.Pause)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	check := func(what string, seen []client.Progress, phases []string, total, moved int64) {
+		t.Helper()
+		if len(seen) < 3 {
+			t.Fatalf("%s: %d progress reports, want several: %+v", what, len(seen), seen)
+		}
+		at, sawTotal := 0, false
+		for i, p := range seen {
+			if i > 0 && (p.Bytes < seen[i-1].Bytes || p.ElapsedMs < seen[i-1].ElapsedMs) {
+				t.Fatalf("%s: progress went back: %+v then %+v", what, seen[i-1], p)
+			}
+			for at < len(phases) && phases[at] != p.Phase {
+				at++
+			}
+			if at == len(phases) {
+				t.Fatalf("%s: phase %q out of order (want %v): %+v", what, p.Phase, phases, seen)
+			}
+			// A resume knows the total once it has read the manifest.
+			if p.TotalBytes != total && !(total > 0 && p.TotalBytes == 0 && !sawTotal) {
+				t.Fatalf("%s: total_bytes %d, want %d: %+v", what, p.TotalBytes, total, seen)
+			}
+			sawTotal = sawTotal || p.TotalBytes > 0
+		}
+		if last := seen[len(seen)-1]; last.Bytes < moved {
+			t.Errorf("%s: last report %+v: less than %d bytes moved", what, last, moved)
+		}
+	}
+	if _, _, err := s.Client.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	check("pause", watch(client.StatusPaused), []string{"session", "files", "commit"}, 0, 500<<20)
+	sb, err := s.Client.Get(ctx, id)
+	if err != nil || sb.Progress != nil || sb.Pause == nil {
+		t.Fatalf("paused sandbox: %+v %v", sb, err)
+	}
+	if _, _, err := s.Client.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	// (From a local store the interpreter reads the session itself: it counts once loaded.)
+	check("resume", watch(client.StatusRunning), []string{"files", "session"}, sb.Pause.SnapshotBytes, 0)
+	if v := value(t, s, id, "a.shape"); v != "(78643200,)" {
+		t.Fatalf("state after the resume: %s", v)
+	}
+}

@@ -26,6 +26,11 @@ export interface SandboxInfo {
    * `disk_mib` (its writes fail until it frees space).
    */
   pause?: { error?: string; warning?: string; [key: string]: unknown };
+  /**
+   * While pausing or resuming: the part being moved (`session`, `files`, `commit`), the bytes moved so far and,
+   * for a resume, the snapshot's size.
+   */
+  progress?: { phase: string; bytes: number; total_bytes?: number; elapsed_ms: number };
   /** Whether the sandbox's ports are reachable over HTTP, and where (`{port}` stands for the port). */
   ingress?: IngressInfo;
   /** The template the sandbox was created from, if any. */
