@@ -201,13 +201,18 @@ function sandboxView(id) {
       ["parent", sb.parent_id ? h("a", { href: "#/sb/" + sb.parent_id, text: sb.parent_id }) : "–"],
       ["timeout", sb.timeout_s ? sb.timeout_s + " s" : "none"], ["metadata", Object.entries(sb.metadata || {}).map(([k, v]) => k + "=" + v).join(" ") || "–"]];
     if (sb.error) f.push(["error", sb.error]);
+    if (sb.progress) f.push(["progress", progressText(sb.progress)]);
     facts.replaceChildren(...f.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", {}, v)]));
     const u = sb.usage;
     usageEl.replaceChildren(...(u ? [["memory", fmtBytes(u.mem_bytes) + " of " + sb.mem_mib + " MiB"], ["CPU", u.cpu_seconds.toFixed(2) + " s"], ["processes", u.pids + " of " + sb.max_procs], ["disk", u.disk_bytes === null ? "–" : fmtBytes(u.disk_bytes)], ["OOM kills", u.oom_kills]] : [["usage", "only while running"]]).flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: String(v) })]));
     let family = [];
     try { family = (await api("/v1/sandboxes")).sandboxes.filter((s) => s.family_id === sb.family_id); } catch (e) { /* the actions need no family */ }
     if (alive) drawActions(family);
+    // A pause or resume in flight: its progress every half second until it is over (its event redraws then).
+    clearTimeout(soon);
+    if (alive && (sb.status === "pausing" || sb.status === "resuming")) soon = setTimeout(load, 500);
   }
+  let soon;
   let deb;
   const off = events.on((ev) => {
     if (ev.sandbox === id || (ev.children || []).includes(id) || ev.winner === id || (sb && ev.family === sb.family_id)) {
@@ -224,5 +229,11 @@ function sandboxView(id) {
     files.el, logs.el);
   load().then(() => { if (sb && sb.status === "running") files.list(); });
   logs.load();
-  return () => { alive = false; off(); clearInterval(tick); clearTimeout(deb); };
+  return () => { alive = false; off(); clearInterval(tick); clearTimeout(deb); clearTimeout(soon); };
+}
+
+// progressText renders a pause's or resume's progress: "session: 412.0 MiB (1.8 s)", "files: 12.0 MiB of 1.0 GiB (1%)".
+function progressText(p) {
+  const moved = p.total_bytes ? fmtBytes(p.bytes) + " of " + fmtBytes(p.total_bytes) + " (" + Math.floor(p.bytes * 100 / p.total_bytes) + "%)" : fmtBytes(p.bytes);
+  return p.phase + ": " + moved + " (" + (p.elapsed_ms / 1000).toFixed(1) + " s)";
 }
