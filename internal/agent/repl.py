@@ -1345,15 +1345,16 @@ def _dill_at_top(value):
 
 
 def _plain_pickler(needs):
-    """The C pickler, for the variables that hold nothing dill saves otherwise than it: ten times faster than dill's
+    """The C pickler, for the variables that hold nothing dill saves otherwise than it: ~5 times faster than dill's
     (a pure-Python pickler), and its memo takes ~24 bytes per object saved where dill's takes ~200 (a dict of two
-    million strings needed over 1 GiB beside its 300 MB to be saved by dill). It stops (_NeedsDill) at the first
-    object dill saves its own way: whatever is defined in the session (functions, classes and their instances,
-    by value in dill), the session's own namespace (a reference in dill), modules that are not installed, and
-    every object the standard pickler cannot save (code, cells, locks, files, descriptors, properties: dill has
-    savers of its own for them; among the types dill saves its own way, those the standard pickler saves too
-    come back the same, by reference or by value); the caller then saves the variable with dill. Numpy arrays go out of band as in dill's path; needs is told of numpy as there. It
-    needs no dill: a session of data is saved without importing it (~30 ms)."""
+    million strings needed over 1 GiB beside its 300 MB to be saved by dill). It stops (_NeedsDill, or the
+    standard pickler's own error) at the first object dill saves its own way: whatever the session defined
+    (functions, classes and their instances: by value in dill), the session's own namespace (a reference in
+    dill), modules that are not installed, and every object the standard pickler cannot save (code, cells,
+    locks, files, descriptors, properties: dill has savers of its own for them; of the types dill saves its own
+    way, those the standard pickler saves too come back the same). The caller then saves the variable with
+    dill. Numpy arrays go out of band as in dill's path; needs is told of numpy as there. It needs no dill: a
+    session of data is saved without importing it (~30 ms)."""
     import importlib, pickle
 
     class Plain(pickle.Pickler):
