@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"log/slog"
 	"os"
 	"sync/atomic"
 	"time"
@@ -181,10 +182,7 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Ha
 
 // saveBudget is how a save's copy of the interpreter gets a memory budget of its own (runtime.SaveCopier).
 type saveBudget struct {
-	log interface {
-		Warn(string, ...any)
-		Debug(string, ...any)
-	}
+	log   *slog.Logger
 	id    string
 	moved *os.File // the pipe's read end, for the interpreter (nil: no budget; the copy saves in the sandbox)
 	tell  *os.File // its write end: one byte once the copy is moved
