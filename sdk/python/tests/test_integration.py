@@ -603,6 +603,20 @@ class TestPauseIntegration(unittest.TestCase):
             self.assertEqual(sb.run_code("sum(kept)").value, "6")
             self.assertEqual(sb.files.read("/root/kept.txt"), b"kept")
 
+    def test_pause_reports_progress(self):
+        # A pause of ~1.5 GiB takes over a second: on_progress hears how far it got, in order.
+        with Sandbox(metadata=META, mem_mib=4096) as sb:
+            sb.run_code("import numpy as np\na = np.random.rand(200_000_000)")
+            seen = []
+            sb.pause(on_progress=seen.append)
+            self.assertTrue(seen, "no progress reported during a pause of 1.5 GiB")
+            for p in seen:
+                self.assertIn(p["phase"], ("session", "files", "commit"))
+            self.assertEqual([p["bytes"] for p in seen], sorted(p["bytes"] for p in seen))
+            self.assertGreater(seen[-1]["bytes"], 0)
+            sb.resume()
+            self.assertEqual(sb.run_code("a.shape").value, "(200000000,)")
+
     def test_traceback_lines_survive_pause(self):
         # A function defined before the pause still shows its cell's lines when it fails after the resume.
         with Sandbox(metadata=META) as sb:

@@ -424,11 +424,13 @@ class AsyncSandbox:
         await _run(Sandbox.delete_template, name, api_url, api_key, request_timeout)
 
     # -- lifecycle -------------------------------------------------------------------------------
-    async def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        return await _run(self._s().pause, wait, poll_timeout)
+    async def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT,
+                    on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        return await _run(self._s().pause, wait, poll_timeout, on_progress)
 
-    async def resume(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        return await _run(self._s().resume, wait, poll_timeout)
+    async def resume(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT,
+                     on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        return await _run(self._s().resume, wait, poll_timeout, on_progress)
 
     async def wait_for_status(self, target: str, timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
         return await _run(self._s().wait_for_status, target, timeout)

@@ -602,15 +602,21 @@ class Sandbox:
         HTTPClient(api_url, api_key, request_timeout).request("DELETE", f"/v1/images/{_q(name)}")
 
     # -- pause / resume -----------------------------------------------------------------------------
-    def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        """Pause (snapshot) the sandbox; with ``wait`` wait until it is ``paused``."""
-        return self._transition("/pause", "paused", wait, poll_timeout)
+    def pause(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT,
+              on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """Pause (snapshot) the sandbox; with ``wait`` wait until it is ``paused``. ``on_progress``, if given, is
+        called about twice a second while it waits with the server's progress (``{"phase": "session", "bytes":
+        ..., "elapsed_ms": ...}``)."""
+        return self._transition("/pause", "paused", wait, poll_timeout, on_progress)
 
-    def resume(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
-        """Resume a paused sandbox; with ``wait`` wait until it is ``running``."""
-        return self._transition("/resume", "running", wait, poll_timeout)
+    def resume(self, wait: bool = True, poll_timeout: float = DEFAULT_POLL_TIMEOUT,
+               on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """Resume a paused sandbox; with ``wait`` wait until it is ``running``. ``on_progress`` as for
+        :meth:`pause` (with ``total_bytes``, the snapshot's size)."""
+        return self._transition("/resume", "running", wait, poll_timeout, on_progress)
 
-    def _transition(self, suffix: str, target: str, wait: bool, poll_timeout: float) -> Dict[str, Any]:
+    def _transition(self, suffix: str, target: str, wait: bool, poll_timeout: float,
+                    on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
         self._check()
         resp = self._client.request("POST", self._path(suffix),
                                     timeout=_longer(self._client.request_timeout, 120.0))
@@ -624,7 +630,7 @@ class Sandbox:
         if wait:
             if isinstance(data, dict) and data.get("status") == target:
                 return self.info
-            self._wait_for(target, poll_timeout)
+            self._wait_for(target, poll_timeout, on_progress)
         return self.info
 
     def wait_for_status(self, target: str, timeout: float = DEFAULT_POLL_TIMEOUT) -> Dict[str, Any]:
@@ -632,7 +638,8 @@ class Sandbox:
         self._check()
         return self._wait_for(target, timeout)
 
-    def _wait_for(self, target: str, timeout: float) -> Dict[str, Any]:
+    def _wait_for(self, target: str, timeout: float,
+                  on_progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
         """Wait until the sandbox's status is ``target``: the server answers ``GET .../wait`` as soon as it is (or
         when ``status`` goes to ``error``, or, waiting for ``paused``, when the pause failed, or, waiting for
         ``running``, when the resume failed), so this returns within milliseconds of the transition (the 202's
@@ -646,7 +653,7 @@ class Sandbox:
                     f"sandbox {self.id} did not become {target!r} within {timeout}s "
                     f"(last status {self.info.get('status')!r})"
                 )
-            chunk = min(remaining, _WAIT_CHUNK)
+            chunk = min(remaining, _WAIT_CHUNK if on_progress is None else 0.5)
             resp = self._client.request(
                 "GET", self._path("/wait"),
                 query={"status": target, "timeout_s": f"{chunk:.3f}"},
@@ -670,6 +677,8 @@ class Sandbox:
                 raise PauseFailed(f"sandbox {self.id} was not paused and keeps running: {pause_error}", None, self.info)
             if target == "running" and status == "paused" and pause_error:
                 raise ResumeFailed(f"sandbox {self.id} was not resumed and is paused again: {pause_error}", None, self.info)
+            if on_progress is not None and self.info.get("progress"):
+                on_progress(self.info["progress"])
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
