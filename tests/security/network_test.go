@@ -757,3 +757,45 @@ func TestNetworkHostLANRefused(t *testing.T) {
 		netWantReached(t, "the internet", netProbe(t, s2, b.ID, inet.Public.String(), pubPort), "public peer")
 	})
 }
+
+// A sandbox's host veth deleted behind the server's back (`ip link del` on the host, a host network manager)
+// takes the sandbox's eth0 with it: the sandbox ran on, listed running, cut off for good. The server looks for
+// such ports every 5 s and makes the pair again, as it was (address, route, pin, egress policy): the sandbox
+// reaches what it reached before, and is still refused what it was refused, its processes untouched.
+func TestNetworkHostVethDeletedIsMadeAgain(t *testing.T) {
+	s := testserver.Start(t)
+	addr, port := netPublicPeer(t)
+	sb := netCreate(t, s, nil)
+	gw := netGateway(sb.IP)
+	hostPort := netGreeter(t, gw, "host port")
+	netWantReached(t, "default sandbox to the public peer", netProbe(t, s, sb.ID, addr, port), "public peer")
+	pid := strings.TrimSpace(netSh(t, s, sb.ID, "echo $PPID"))
+	veth, err := netlink.LinkByName(network.VethName(sb.ID))
+	if err != nil {
+		t.Fatalf("the sandbox's host veth: %v", err)
+	}
+	if err := netlink.LinkDel(veth); err != nil {
+		t.Fatal(err)
+	}
+	if got := netProbe(t, s, sb.ID, addr, port); !strings.HasPrefix(got, "blocked") {
+		t.Fatalf("with its veth deleted the sandbox still reached the peer: %s", got)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := netProbe(t, s, sb.ID, addr, port)
+		if strings.HasPrefix(got, "reached") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after its host veth was deleted the sandbox still cannot reach the peer: %s", got)
+		}
+		time.Sleep(time.Second)
+	}
+	netWantBlocked(t, "the remade port to a host service", netProbe(t, s, sb.ID, gw, hostPort))
+	if got := strings.TrimSpace(netSh(t, s, sb.ID, "echo $PPID")); got != pid {
+		t.Errorf("the sandbox's agent changed: pid %s, was %s", got, pid)
+	}
+	if l, err := netlink.LinkByName(network.VethName(sb.ID)); err != nil || l.Attrs().MasterIndex == 0 || l.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("the remade host veth: %+v %v", l, err)
+	}
+}

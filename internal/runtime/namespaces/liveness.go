@@ -1,6 +1,9 @@
 package namespaces
 
 import (
+	"context"
+	"time"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -81,5 +84,59 @@ func (l *liveness) close() {
 	for k, fd := range l.fds {
 		unix.Close(fd)
 		delete(l.fds, k)
+	}
+}
+
+// portCheckEvery is how many health polls (Lost, every 500 ms) pass between two looks for running sandboxes whose
+// host veth was deleted behind the server's back.
+const portCheckEvery = 10
+
+// checkPorts makes again the host veth of each running sandbox that two looks in a row found without one (an
+// `ip link del` on the host takes the sandbox's eth0 with it: the sandbox ran on, cut off, and said nothing).
+// Two looks, so that a veth between its sandbox's removal and the drop of its port is never taken for lost;
+// network.Reattach checks the port under the lock Detach takes as well. Its processes are untouched.
+func (r *Runtime) checkPorts() {
+	defer r.checking.Store(false)
+	missing, err := r.cfg.Network.MissingPorts()
+	if err != nil {
+		r.log.Debug("look for deleted host veths", "err", err)
+		return
+	}
+	type lostPort struct {
+		id, veth string
+		netFD    int // a duplicate of the sandbox's: a destroy may close its own meanwhile
+	}
+	var work []lostPort
+	r.mu.Lock()
+	prev := r.portsGone
+	r.portsGone = make(map[string]bool, len(missing))
+	if len(missing) > 0 {
+		byVeth := make(map[string]*sandbox, len(r.sandboxes))
+		for _, sb := range r.sandboxes {
+			byVeth[vethOf(sb.h)] = sb
+		}
+		for _, v := range missing {
+			r.portsGone[v] = true
+			sb := byVeth[v]
+			if sb == nil || !prev[v] || sb.netFD <= 0 {
+				continue
+			}
+			if fd, err := unix.FcntlInt(uintptr(sb.netFD), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+				work = append(work, lostPort{sb.h.ID, v, fd})
+			}
+		}
+	}
+	r.mu.Unlock()
+	for _, w := range work {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := r.cfg.Network.Reattach(ctx, w.netFD, w.veth)
+		cancel()
+		unix.Close(w.netFD)
+		if err != nil {
+			r.log.Error("a sandbox's host veth was deleted from outside the server, and making it again failed",
+				"sandbox", w.id, "veth", w.veth, "err", err)
+			continue
+		}
+		r.log.Warn("a sandbox's host veth was deleted from outside the server; made again", "sandbox", w.id, "veth", w.veth)
 	}
 }

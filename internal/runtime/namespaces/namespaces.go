@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -100,6 +101,12 @@ type Runtime struct {
 
 	bin  *os.File // the ramify executable, sealed in a memfd (see sealedBinary)
 	logs *logSink // where families' inits and agents write their diagnostics
+
+	// polls counts Lost's calls (guarded by mu), portsGone the host veths the last look found missing, and
+	// checking is set while a look runs (checkPorts).
+	polls     int
+	portsGone map[string]bool
+	checking  atomic.Bool
 }
 
 type sandbox struct {
@@ -1124,6 +1131,9 @@ func (r *Runtime) Lost() []runtime.Lost {
 		keys = append(keys, procKey{sb.h.InitPid, sb.h.InitStart}, procKey{sb.h.AgentPid, sb.h.AgentStart})
 	}
 	dead := r.live.dead(keys)
+	if r.polls++; r.cfg.Network != nil && r.polls%portCheckEvery == 0 && r.checking.CompareAndSwap(false, true) {
+		go r.checkPorts()
+	}
 	var out []runtime.Lost
 	for _, sb := range r.sandboxes {
 		switch {
