@@ -17,19 +17,25 @@ import (
 // must not stay outside the sandbox's limit once the save is over.
 func TestSaveBudgetIsNotKeptThroughSharedMemory(t *testing.T) {
 	s := testserver.Start(t, "--fork-ahead", "0")
-	for _, c := range []struct{ name, setup, write, check string }{
+	for _, c := range []struct {
+		name, setup, write, check string
+		template                  bool
+	}{
 		// A memfd the interpreter made before the pause: the copy inherits it.
 		{"memfd", `held = os.memfd_create("held")`, `os.pwrite(held, chunk, i << 20)`,
-			`os.fstat(held).st_size >> 20, os.pread(held, 1, (400 << 20) - 1)`},
+			`os.fstat(held).st_size >> 20, os.pread(held, 1, (400 << 20) - 1)`, false},
 		// A file on the sandbox's /dev/shm (a tmpfs), made by the copy itself.
 		{"tmpfs", `held = "/dev/shm/held"`, `f.write(chunk)`,
-			`os.stat(held).st_size >> 20, os.pread(os.open(held, os.O_RDONLY), 1, (400 << 20) - 1)`},
+			`os.stat(held).st_size >> 20, os.pread(os.open(held, os.O_RDONLY), 1, (400 << 20) - 1)`, false},
+		// A template's capture, which leaves the sandbox running even when it succeeds.
+		{"template", `held = os.memfd_create("held")`, `os.pwrite(held, chunk, i << 20)`,
+			`os.fstat(held).st_size >> 20, os.pread(held, 1, (400 << 20) - 1)`, true},
 	} {
-		t.Run(c.name, func(t *testing.T) { saveKeepsMemory(t, s, c.setup, c.write, c.check) })
+		t.Run(c.name, func(t *testing.T) { saveKeepsMemory(t, s, c.setup, c.write, c.check, c.template) })
 	}
 }
 
-func saveKeepsMemory(t *testing.T, s *testserver.Server, setup, write, check string) {
+func saveKeepsMemory(t *testing.T, s *testserver.Server, setup, write, check string, template bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sb, err := s.Client.Create(ctx, client.CreateRequest{MemMiB: 256})
@@ -41,6 +47,7 @@ func saveKeepsMemory(t *testing.T, s *testserver.Server, setup, write, check str
 	// The copy writes 400 MiB (within its 512 MiB budget, past the sandbox's 256), then exits: the pause fails
 	// and the sandbox runs on.
 	ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: `import os
+EXIT = ` + map[bool]string{true: "False", false: "True"}[template] + `
 ` + setup + `
 class Filler:
     def __reduce__(self):
@@ -50,18 +57,27 @@ class Filler:
             ` + write + `
         if f:
             f.close()
-        os._exit(3)
+        if EXIT:
+            os._exit(3)
+        return (Filler, ())
 filler = Filler()
 1`})
 	if err != nil || ex.Error != nil {
 		t.Fatalf("setup: %v %+v", err, ex)
 	}
-	if _, _, err := s.Client.Pause(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	got, err := s.Client.WaitStatus(ctx, id, client.StatusPaused)
-	if got == nil || got.Status != client.StatusRunning {
-		t.Fatalf("a pause whose copy exits: %+v, %v; want it failed, the sandbox running", got, err)
+	if template {
+		name := "kept-" + id[4:12]
+		if _, err := s.Client.SaveTemplate(ctx, name, id); err == nil {
+			defer s.Client.DeleteTemplate(context.Background(), name) //nolint:errcheck // removed with the server's data
+		}
+	} else {
+		if _, _, err := s.Client.Pause(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Client.WaitStatus(ctx, id, client.StatusPaused)
+		if got == nil || got.Status != client.StatusRunning {
+			t.Fatalf("a pause whose copy exits: %+v, %v; want it failed, the sandbox running", got, err)
+		}
 	}
 	ex, err = s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: check})
 	if err != nil {
@@ -76,8 +92,8 @@ filler = Filler()
 	if ex.Error == nil || !strings.Contains(ex.Error.Value, "outside the sandbox's mem_mib") {
 		t.Errorf("the run after the save: %+v %+v", ex.Value, ex.Error)
 	}
-	if got, err := s.Client.Get(ctx, id); err != nil || got.Status != client.StatusRunning || got.Pause == nil ||
-		!strings.Contains(got.Pause.Error, "outside its mem_mib") {
+	if got, err := s.Client.Get(ctx, id); err != nil || got.Status != client.StatusRunning ||
+		!template && (got.Pause == nil || !strings.Contains(got.Pause.Error, "outside its mem_mib")) {
 		t.Errorf("the sandbox after the save: %+v %v", got, err)
 	}
 	if v, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "1 + 1"}); err != nil || v.Value == nil || *v.Value != "2" {
