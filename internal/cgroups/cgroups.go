@@ -113,6 +113,14 @@ type MemoryCreator interface {
 	CreateMemory(name string, memoryBytes int64) (Cgroup, error)
 }
 
+// MemoryKeeper is implemented by cgroups that can report the memory still charged to them once no process is
+// left in them: memory a process of the cgroup allocated that outlives it, held by processes elsewhere (a memfd,
+// a file on a tmpfs, a System V segment). KeptMemory reclaims what the kernel can (the page cache) first, so
+// what it reports is what only its holders can give back. A cgroup with processes in it reports an error.
+type MemoryKeeper interface {
+	KeptMemory() (int64, error)
+}
+
 // MoveWarmer is a Manager whose moves can be kept fast while moves are coming. Moving a process (Add) takes the
 // kernel's cgroup thread-group lock for writing, and the first writer after the lock has gone unused for a
 // while waits for an RCU grace period (~8 ms here, the same for one hierarchy or five); a hierarchy mounted with

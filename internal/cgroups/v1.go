@@ -482,6 +482,21 @@ func (c *v1Cgroup) Delete() error {
 	return nil
 }
 
+// KeptMemory implements MemoryKeeper: memory.force_empty (which the kernel refuses while the cgroup has tasks)
+// reclaims what it can, then memory.usage_in_bytes is what is left.
+func (c *v1Cgroup) KeptMemory() (int64, error) {
+	if _, ok := c.ctrl["memory"]; !ok {
+		return 0, fmt.Errorf("cgroup %s: no memory controller", c.name)
+	}
+	// A failed reclaim leaves more to report, never less.
+	writeFile(c.file("memory", "memory.force_empty"), "0") //nolint:errcheck // see above
+	n, err := readUint(c.file("memory", "memory.usage_in_bytes"))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", c.name, err)
+	}
+	return int64(n), nil
+}
+
 func (c *v1Cgroup) Stats() (Stats, error) {
 	var s Stats
 	var err error

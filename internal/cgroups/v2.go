@@ -316,6 +316,22 @@ func (c *v2Cgroup) Delete() error {
 	return nil
 }
 
+// KeptMemory implements MemoryKeeper: memory.reclaim (Linux 5.19) asks the kernel to reclaim what it can (the
+// page cache), then memory.current is what is left. Without memory.reclaim, memory.current is all it reports.
+func (c *v2Cgroup) KeptMemory() (int64, error) {
+	if n, err := readUint(c.file("memory.current")); err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", c.name, err)
+	} else if n > 0 {
+		// EAGAIN when it could not reclaim all it was asked: what is left is read below.
+		writeFile(c.file("memory.reclaim"), strconv.FormatUint(n, 10)) //nolint:errcheck // see above
+	}
+	n, err := readUint(c.file("memory.current"))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", c.name, err)
+	}
+	return int64(n), nil
+}
+
 // Stats reads memory.current, pids.current and memory.events; a figure whose controller is not enabled is 0.
 func (c *v2Cgroup) Stats() (Stats, error) {
 	if !exists(c.dir) {

@@ -212,9 +212,17 @@ type SaveCopier interface {
 	// SaveCopyMemory(spec.MemMiB) of memory, ahead of the copy. adopt moves the copy (pid, numbered in the
 	// family's PID namespace; it must be one of h's processes) into it. end, which must be called, kills
 	// whatever is left there, removes the cgroup and reports whether the kernel killed a process in it for want
-	// of memory.
-	SaveBudget(h Handle, spec Spec) (adopt func(pid int) error, end func() (oomKilled bool), err error)
+	// of memory, and how much memory charged there outlived the copy (kept): pages the copy wrote into something
+	// h's other processes hold (a memfd or a tmpfs file made before the save, a System V segment), which h's own
+	// limit does not count. Only h's code can do that (its objects' __reduce__ run in the copy); such memory
+	// goes only with h's processes and namespaces, so the caller restarts them (Healer.Revive) when kept passes
+	// SaveKeptSlack.
+	SaveBudget(h Handle, spec Spec) (adopt func(pid int) error, end func() (oomKilled bool, kept int64), err error)
 }
+
+// SaveKeptSlack is the memory a save copy's cgroup may still hold once the copy is gone and the page cache is
+// reclaimed (kernel objects not yet freed) before the sandbox is taken to keep the save's memory (SaveCopier).
+const SaveKeptSlack = 8 << 20
 
 // SaveCopyMemory is the memory a save copy of a sandbox with memMiB of memory may use (SaveCopier): twice the
 // sandbox's, enough for a copy of every page of its session and the pickler's memo.

@@ -150,11 +150,18 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Ha
 	budget.moved = nil // taken
 	// Whatever the copy left running goes now: a process it started holding the stream open would keep the
 	// store's read waiting for the end of it.
-	oom := budget.end()
+	oom, kept := budget.end()
+	if kept > runtime.SaveKeptSlack {
+		err = &saveKeptError{kept: kept}
+	}
 	if err != nil {
 		unblock()
 	}
 	p := <-done
+	var keptErr *saveKeptError
+	if errors.As(err, &keptErr) { // before any other failure: the caller must restart the sandbox's processes
+		return savedSession{}, err
+	}
 	if oom && err != nil {
 		err = errdefs.New(errdefs.ErrTooLarge, fmt.Sprintf("saving the session needs more memory than the %d MiB "+
 			"a save may use (twice mem_mib); the sandbox runs on as it was (%v)", runtime.SaveCopyMemory(spec.MemMiB)>>20, err))
@@ -187,7 +194,7 @@ type saveBudget struct {
 	moved *os.File // the pipe's read end, for the interpreter (nil: no budget; the copy saves in the sandbox)
 	tell  *os.File // its write end: one byte once the copy is moved
 	move  func(pid int) error
-	ended func() bool // nil once ended
+	ended func() (bool, int64) // nil once ended
 }
 
 // saveBudget prepares a budget for h's save copy, if the runtime gives one.
@@ -230,16 +237,28 @@ func (b *saveBudget) adopt(pid int) {
 }
 
 // end removes the budget once the save is over; it reports whether the kernel killed the copy there for want
-// of memory.
-func (b *saveBudget) end() bool {
+// of memory, and the memory charged there that outlived the copy (runtime.SaveCopier).
+func (b *saveBudget) end() (oom bool, kept int64) {
 	if b.ended == nil {
-		return false
+		return false, 0
 	}
 	start := time.Now()
-	oom := b.ended()
+	oom, kept = b.ended()
 	b.ended = nil
-	b.log.Debug("pause phase", "sandbox", b.id, "phase", "save copy's cgroup removed", "ms", ms(time.Since(start)))
-	return oom
+	b.log.Debug("pause phase", "sandbox", b.id, "phase", "save copy's cgroup removed", "ms", ms(time.Since(start)), "kept", kept)
+	return oom, kept
+}
+
+// saveKeptError fails a save whose copy left memory charged to its budget that the sandbox's processes hold (a
+// memfd, a tmpfs file or a System V segment written by the session's own code as it was saved): the sandbox
+// would keep it beyond its mem_mib. It goes only with the sandbox's processes and namespaces: the caller
+// restarts them (keepsSaveMemory).
+type saveKeptError struct{ kept int64 }
+
+func (e *saveKeptError) Error() string {
+	return fmt.Sprintf("code of the session, run as it was saved, left %.1f MiB written into memory the sandbox keeps "+
+		"(shared memory, a memfd, a file in /dev/shm) outside its mem_mib; its processes were restarted to give it "+
+		"back: the interpreter's state is lost, its files are kept", float64(e.kept)/(1<<20))
 }
 
 func (b *saveBudget) close() {

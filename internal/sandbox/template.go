@@ -132,6 +132,9 @@ func (s *Service) capture(ctx context.Context, fk runtime.Forker, e *entry, name
 	if terr := fk.Thaw(undoCtx, h); terr != nil && err == nil {
 		err = fmt.Errorf("thaw: %w", terr)
 	}
+	if kept := (*saveKeptError)(nil); errors.As(err, &kept) && !errors.Is(stoppedBy(ctx, err), errDeleted) {
+		s.restartKeptSave(e, h, kept)
+	}
 	note := templateNote{Size: snapshotBytes(m), NotSaved: m.NotSaved, CaptureMs: ms(time.Since(start))}
 	nb, _ := json.Marshal(note)
 	t := store.Template{Name: name, From: id, CreatedAt: time.Now().UTC(), Snapshot: prefix, Spec: specJSON, Info: nb}

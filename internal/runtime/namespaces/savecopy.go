@@ -25,7 +25,7 @@ func saveCgroupName(cg string) string { return cg + "-save" }
 // what it shares with the interpreter (a v1 move does not carry charges along); what it copies on write and
 // allocates as it saves is charged to its own. Moves are kept fast from here on (the grace period a v1 move
 // waits for after a quiet spell, up to ~25 ms, passes while the interpreter forks the copy).
-func (r *Runtime) SaveBudget(h runtime.Handle, spec runtime.Spec) (func(int) error, func() bool, error) {
+func (r *Runtime) SaveBudget(h runtime.Handle, spec runtime.Spec) (func(int) error, func() (bool, int64), error) {
 	sb, err := r.running(h.ID)
 	if err != nil {
 		return nil, nil, err
@@ -70,13 +70,32 @@ func (r *Runtime) SaveBudget(h runtime.Handle, spec runtime.Spec) (func(int) err
 		return fmt.Errorf("adopt save copy of %s: %w", h.ID, errdefs.New(errdefs.ErrNotFound,
 			fmt.Sprintf("no process %d in the sandbox", pid)))
 	}
-	end := func() bool {
+	end := func() (bool, int64) {
 		warm()
 		st, _ := cg.Stats()
-		removeCgroup(cg)
-		return st.OOMKills > 0
+		kept := removeSaveCgroup(cg)
+		return st.OOMKills > 0, kept
 	}
 	return adopt, end, nil
+}
+
+// removeSaveCgroup kills what is left in a save copy's cgroup and removes it, and returns the memory still
+// charged there with no process left in it, which only the sandbox's processes can hold (see
+// runtime.SaveCopier).
+func removeSaveCgroup(cg cgroups.Cgroup) int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var kept int64
+	if err := cg.Kill(ctx); err != nil {
+		// Something outran the kill and runs on outside the sandbox's memory limit: only a restart of the
+		// sandbox's processes ends it.
+		st, _ := cg.Stats()
+		kept = max(int64(st.MemoryBytes), runtime.SaveKeptSlack+1)
+	} else if mk, ok := cg.(cgroups.MemoryKeeper); ok {
+		kept, _ = mk.KeptMemory()
+	}
+	cg.Delete() //nolint:errcheck // the reclaim scan at the next start removes what is left
+	return kept
 }
 
 // removeCgroup kills what is left in cg and removes it.

@@ -1,0 +1,105 @@
+package security
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ramify-dev/ramify/client"
+	"github.com/ramify-dev/ramify/internal/testserver"
+)
+
+// The pause's save copy may use twice mem_mib beyond the sandbox's memory, for the save only. Memory the copy
+// writes into something the sandbox keeps (a memfd the interpreter made before the pause, inherited by the copy)
+// must not stay outside the sandbox's limit once the save is over.
+func TestSaveBudgetIsNotKeptThroughSharedMemory(t *testing.T) {
+	s := testserver.Start(t, "--fork-ahead", "0")
+	for _, c := range []struct {
+		name, setup, write, check string
+		template                  bool
+	}{
+		// A memfd the interpreter made before the pause: the copy inherits it.
+		{"memfd", `held = os.memfd_create("held")`, `os.pwrite(held, chunk, i << 20)`,
+			`os.fstat(held).st_size >> 20, os.pread(held, 1, (400 << 20) - 1)`, false},
+		// A file on the sandbox's /dev/shm (a tmpfs), made by the copy itself.
+		{"tmpfs", `held = "/dev/shm/held"`, `f.write(chunk)`,
+			`os.stat(held).st_size >> 20, os.pread(os.open(held, os.O_RDONLY), 1, (400 << 20) - 1)`, false},
+		// A template's capture, which leaves the sandbox running even when it succeeds.
+		{"template", `held = os.memfd_create("held")`, `os.pwrite(held, chunk, i << 20)`,
+			`os.fstat(held).st_size >> 20, os.pread(held, 1, (400 << 20) - 1)`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) { saveKeepsMemory(t, s, c.setup, c.write, c.check, c.template) })
+	}
+}
+
+func saveKeepsMemory(t *testing.T, s *testserver.Server, setup, write, check string, template bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := s.Client.Create(ctx, client.CreateRequest{MemMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	defer s.Client.Delete(context.Background(), id) //nolint:errcheck // the server's stop removes it anyway
+	// The copy writes 400 MiB (within its 512 MiB budget, past the sandbox's 256), then exits: the pause fails
+	// and the sandbox runs on.
+	ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: `import os
+EXIT = ` + map[bool]string{true: "False", false: "True"}[template] + `
+` + setup + `
+class Filler:
+    def __reduce__(self):
+        chunk = b"\x01" * (1 << 20)
+        f = open(held, "wb") if isinstance(held, str) else None
+        for i in range(400):
+            ` + write + `
+        if f:
+            f.close()
+        if EXIT:
+            os._exit(3)
+        return (Filler, ())
+filler = Filler()
+1`})
+	if err != nil || ex.Error != nil {
+		t.Fatalf("setup: %v %+v", err, ex)
+	}
+	if template {
+		name := "kept-" + id[4:12]
+		if _, err := s.Client.SaveTemplate(ctx, name, id); err == nil {
+			defer s.Client.DeleteTemplate(context.Background(), name) //nolint:errcheck // removed with the server's data
+		}
+	} else {
+		if _, _, err := s.Client.Pause(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Client.WaitStatus(ctx, id, client.StatusPaused)
+		if got == nil || got.Status != client.StatusRunning {
+			t.Fatalf("a pause whose copy exits: %+v, %v; want it failed, the sandbox running", got, err)
+		}
+	}
+	ex, err = s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: check})
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage, _ := os.ReadFile("/sys/fs/cgroup/memory/ramify/" + s.Owner() + "/" + id + "/memory.usage_in_bytes")
+	u, _ := strconv.ParseInt(strings.TrimSpace(string(usage)), 10, 64)
+	if ex.Error == nil && ex.Value != nil && *ex.Value == `(400, b'\x01')` && u < 256<<20 {
+		t.Fatalf("the sandbox keeps 400 MiB its save copy wrote while its own cgroup counts %d MiB of its 256", u>>20)
+	}
+	// It was restarted, and says so: its state is lost, its files kept.
+	if ex.Error == nil || !strings.Contains(ex.Error.Value, "outside the sandbox's mem_mib") {
+		t.Errorf("the run after the save: %+v %+v", ex.Value, ex.Error)
+	}
+	if got, err := s.Client.Get(ctx, id); err != nil || got.Status != client.StatusRunning ||
+		!template && (got.Pause == nil || !strings.Contains(got.Pause.Error, "outside its mem_mib")) {
+		t.Errorf("the sandbox after the save: %+v %v", got, err)
+	}
+	if v, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "1 + 1"}); err != nil || v.Value == nil || *v.Value != "2" {
+		t.Errorf("the restarted sandbox runs code: %+v %v", v, err)
+	}
+	if res, err := s.Client.Exec(ctx, id, client.ExecRequest{Cmd: "ls /dev/shm"}); err != nil || strings.Contains(res.Stdout, "held") {
+		t.Errorf("/dev/shm after the restart: %+v %v", res, err)
+	}
+}
