@@ -116,11 +116,18 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Ha
 	// The interpreter must keep the session coming: code in the sandbox can keep it from answering at all (a
 	// thread that holds the GIL in C code, a regular expression that backtracks for hours), which left the
 	// sandbox pausing for ever. A wait of Config.InterpreterStall for its next bytes fails the pause; the sandbox
-	// runs on.
+	// runs on. So does a session that trickles (a byte now and then, from an object's __reduce__ in the save
+	// copy, which holds a memory budget of its own as long as the save lasts): once the save has run that long,
+	// it must have averaged saveMinRate.
 	idle := cmp.Or(s.cfg.InterpreterStall, runtime.DefaultInterpreterStall)
 	ctx, stalled := context.WithCancelCause(ctx)
 	defer stalled(nil)
-	src := &stallGuard{r: progressOf(ctx).reader(pr), idle: idle, stalled: func() {
+	src := &stallGuard{r: progressOf(ctx).reader(pr), idle: idle, minRate: saveMinRate, stalled: func(slow bool) {
+		if slow {
+			stalled(fmt.Errorf("%w: under %d KiB/s after %v (code in the sandbox holds it back as it is saved?); "+
+				"the sandbox keeps running", errSessionSlow, saveMinRate>>10, idle))
+			return
+		}
 		stalled(fmt.Errorf("%w for %v: code in the sandbox keeps it from answering (a thread holding the GIL in "+
 			"C code?); the sandbox keeps running, with a fresh interpreter if that one does not answer", errSessionStalled, idle))
 	}}
@@ -172,6 +179,9 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Ha
 		if replaced, err := c.ReplaceStuck(ctx, runtime.StuckGrace); err != nil || replaced {
 			s.log.Warn("interpreter silent during a pause", "replaced", replaced, "err", err)
 		}
+		return savedSession{}, cause
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, errSessionSlow) {
 		return savedSession{}, cause
 	}
 	if p.own {
@@ -273,23 +283,41 @@ func (b *saveBudget) close() {
 // errSessionStalled fails a pause whose interpreter stopped sending its session (saveSession, Config.InterpreterStall).
 var errSessionStalled = errors.New("the interpreter sent nothing of its session")
 
-// stallGuard reads r, calling stalled once a read has waited idle for data (time the reader spends between
-// reads, in the store, does not count). One timer serves every read.
+// errSessionSlow fails a pause whose interpreter sends its session slower than saveMinRate on average.
+var errSessionSlow = errors.New("the interpreter sent its session too slowly")
+
+// saveMinRate is what a session's save must average once it has run for Config.InterpreterStall: far below any
+// store's or pickler's pace (tens to hundreds of MiB/s), far above a trickle.
+const saveMinRate = 1 << 20
+
+// stallGuard reads r, calling stalled(false) once a read has waited idle for data (time the reader spends
+// between reads, in the store, does not count), and stalled(true) once, after idle, the bytes read average less
+// than minRate a second (0: no minimum). One timer serves every read.
 type stallGuard struct {
 	r       io.Reader
 	idle    time.Duration
-	stalled func()
+	minRate int64
+	stalled func(slow bool)
 	t       *time.Timer
+	began   time.Time
+	total   int64
+	slow    bool // stalled(true) was called
 }
 
 func (g *stallGuard) Read(p []byte) (int, error) {
 	if g.t == nil {
-		g.t = time.AfterFunc(g.idle, g.stalled)
+		g.began = time.Now()
+		g.t = time.AfterFunc(g.idle, func() { g.stalled(false) })
 	} else {
 		g.t.Reset(g.idle)
 	}
 	n, err := g.r.Read(p)
 	g.t.Stop()
+	g.total += int64(n)
+	if el := time.Since(g.began); g.minRate > 0 && !g.slow && el > g.idle && float64(g.total) < el.Seconds()*float64(g.minRate) {
+		g.slow = true
+		g.stalled(true)
+	}
 	return n, err
 }
 

@@ -268,3 +268,40 @@ leaver = Leaver()
 		}
 	})
 }
+
+// A save that trickles (an object's __reduce__, run by the save copy, holding each piece back just short of the
+// stall timeout) kept the sandbox pausing, and its save copy's memory budget (twice mem_mib) held, for as long
+// as it liked: once the save has run for --interpreter-stall-timeout it must average 1 MiB/s, else the pause
+// fails and the sandbox runs on with its state.
+func TestPauseThatTricklesFails(t *testing.T) {
+	s := testserver.Start(t, "--fork-ahead", "0", "--interpreter-stall-timeout", "3s")
+	ctx, cancel := context.WithTimeout(ctxT(t), 2*time.Minute)
+	defer cancel()
+	id := create(t, s, nil)
+	value(t, s, id, `import time
+class Trickle:
+    def __init__(self, n):
+        self.n = n
+    def __reduce__(self):
+        time.sleep(2)  # 1 MiB every 2 s: under the 3 s stall wait, under 1 MiB/s
+        return (Trickle, (self.n,), {"pad": b"x" * (1 << 20)})
+keep = 42
+slow = [Trickle(i) for i in range(30)]
+1`)
+	start := time.Now()
+	if _, _, err := s.Client.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := s.Client.WaitStatus(ctx, id, client.StatusPaused)
+	var pe *client.PauseError
+	if !errors.As(err, &pe) || sb == nil || sb.Status != client.StatusRunning || sb.Pause == nil ||
+		!strings.Contains(sb.Pause.Error, "too slowly") {
+		t.Fatalf("a pause that trickles: %+v %v after %v, want it failed as too slow with the sandbox running", sb, err, time.Since(start))
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("the trickling pause failed only after %v", d)
+	}
+	if v := value(t, s, id, "(keep, len(slow))"); v != "(42, 30)" {
+		t.Fatalf("the session after the failed pause: %s", v)
+	}
+}
