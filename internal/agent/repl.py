@@ -1052,6 +1052,12 @@ class _StreamIn:
         if self.file and n - got >= _BIG:
             got = _read_parallel(self.fd, mv, got, n, self.off, self.sha)  # the file's [off, off+got) is hashed
             self.hashed = self.off + got
+        self._fill(mv, got, n)
+        return n
+
+    def _fill(self, mv, got, n):
+        """Read the rest of the next n bytes, mv[got:n], straight from the pipe or the file (hashed in order), and
+        move past the n."""
         while got < n:
             if self.file:
                 k = self._pread(mv[got:], self.off + got)
@@ -1061,7 +1067,6 @@ class _StreamIn:
                 raise EOFError("session stream ends early")
             got += k
         self.off += n
-        return n
 
     def skip(self, n):
         """Pass n bytes: read, not jumped over (a file's skipped bytes, padding or a failed variable's, are hashed
@@ -1112,15 +1117,7 @@ class _StreamIn:
         del self.ahead[:got]
         if self.file:
             got = self._direct(mv, got, n)
-        while got < n:
-            if self.file:
-                k = self._pread(mv[got:], self.off + got)
-            else:
-                k = os.readv(self.fd, [mv[got:]])
-            if not k:
-                raise EOFError("session stream ends early")
-            got += k
-        self.off += n
+        self._fill(mv, got, n)
         mv.release()
         return buf
 
