@@ -150,18 +150,7 @@ func (l *Local) commit(tmp, key, sum string, ino uint64, useSidecar bool) error 
 		}
 	}
 	dst := objPath(key)
-	// A concurrent Delete may prune the parent directory between MkdirAll and Rename: retry.
-	for attempt := 0; ; attempt++ {
-		if err := l.root.MkdirAll(path.Dir(dst), 0o700); err != nil {
-			return l.conflict(key, err)
-		}
-		err := l.root.Rename(tmp, dst)
-		if err == nil {
-			break
-		}
-		if errors.Is(err, fs.ErrNotExist) && attempt < 5 {
-			continue
-		}
+	if err := l.renameInto(tmp, dst); err != nil {
 		return l.conflict(key, err)
 	}
 	if err := l.syncDirs(path.Dir(dst)); err != nil {
@@ -210,15 +199,27 @@ func (l *Local) writeSidecar(key, sum string, ino uint64) error {
 		return err
 	}
 	dst := sidecarDir + "/" + key
-	if err := l.root.MkdirAll(path.Dir(dst), 0o700); err != nil {
-		_ = l.root.Remove(tmp)
-		return err
-	}
-	if err := l.root.Rename(tmp, dst); err != nil {
+	if err := l.renameInto(tmp, dst); err != nil {
 		_ = l.root.Remove(tmp)
 		return err
 	}
 	return l.syncDirs(path.Dir(dst))
+}
+
+// renameInto renames tmp to dst, making dst's directory first. A concurrent Delete of another key under the
+// same prefix (the previous snapshot of a sandbox, dropped as its next pause writes) prunes directories it left
+// empty, which may be the one MkdirAll just made or is making (ENOENT from MkdirAll or from Rename): it tries
+// again.
+func (l *Local) renameInto(tmp, dst string) error {
+	for attempt := 0; ; attempt++ {
+		err := l.root.MkdirAll(path.Dir(dst), 0o700)
+		if err == nil {
+			err = l.root.Rename(tmp, dst)
+		}
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || attempt == 20 {
+			return err
+		}
+	}
 }
 
 // checksum returns the recorded SHA-256 of the open object f (at key), or "" if unknown.

@@ -711,3 +711,30 @@ func TestLocalRemoveTempsPrunesEmptyDirs(t *testing.T) {
 		t.Errorf("objects after RemoveTemps: %+v, %v; want sbx_b/2/layer.tar alone", objs, err)
 	}
 }
+
+// A Put under a prefix whose other keys are being deleted (a sandbox's next pause writing while its previous
+// snapshot is dropped) never fails: the Delete prunes the directories it empties, which may be the one the Put
+// has just made or is making.
+func TestLocalPutDuringDeleteOfItsNeighbours(t *testing.T) {
+	l, err := NewLocal(filepath.Join(t.TempDir(), "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 300 {
+		old, next := fmt.Sprintf("sbx/%d/", i), fmt.Sprintf("sbx/%d/", i+1)
+		if i == 0 {
+			if _, err := l.Put(ctx, old+"session.bin", strings.NewReader("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		done := make(chan error, 1)
+		go func() { done <- l.Delete(ctx, old) }()
+		if _, err := l.Put(ctx, next+"session.bin", strings.NewReader("y")); err != nil {
+			t.Fatalf("put %d while its neighbour is deleted: %v", i+1, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
