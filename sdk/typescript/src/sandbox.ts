@@ -109,6 +109,11 @@ export interface WaitOptions {
   wait?: boolean;
   /** Give up waiting after this many seconds (default 300): throws `TimeoutError`. */
   pollTimeoutS?: number;
+  /**
+   * Called about twice a second while it waits, with how far the pause or resume has got (the server's
+   * `progress`: `phase`, `bytes`, `total_bytes` for a resume, `elapsed_ms`).
+   */
+  onProgress?: (p: NonNullable<SandboxInfo["progress"]>) => void;
 }
 
 const SERVER_DEFAULT_RUN_TIMEOUT_S = 300;
@@ -571,7 +576,7 @@ export class Sandbox {
     if (data && typeof data === "object" && (data as SandboxInfo).id === this.id) this.info = data as SandboxInfo;
     if (opts.wait ?? true) {
       if (data && typeof data === "object" && (data as SandboxInfo).status === target) return this.info;
-      await this._waitFor(target, opts.pollTimeoutS ?? DEFAULT_POLL_TIMEOUT_S);
+      await this._waitFor(target, opts.pollTimeoutS ?? DEFAULT_POLL_TIMEOUT_S, opts.onProgress);
     }
     return this.info;
   }
@@ -589,7 +594,11 @@ export class Sandbox {
    * `SandboxErrorState` on `error`, `PauseFailed` when the pause failed and `ResumeFailed` when the resume failed
    * (the sandbox is paused again).
    */
-  async _waitFor(target: string, timeoutS: number): Promise<SandboxInfo> {
+  async _waitFor(
+    target: string,
+    timeoutS: number,
+    onProgress?: (p: NonNullable<SandboxInfo["progress"]>) => void,
+  ): Promise<SandboxInfo> {
     const deadline = Date.now() + timeoutS * 1000;
     for (;;) {
       const remainingMs = deadline - Date.now();
@@ -598,7 +607,7 @@ export class Sandbox {
           `sandbox ${this.id} did not become '${target}' within ${timeoutS}s (last status '${this.info.status}')`,
         );
       }
-      const chunkS = Math.min(remainingMs / 1000, WAIT_CHUNK_S);
+      const chunkS = Math.min(remainingMs / 1000, onProgress ? 0.5 : WAIT_CHUNK_S);
       const path = this._path("/wait");
       const res = await this._client.request("GET", path, {
         query: { status: target, timeout_s: chunkS.toFixed(3) },
@@ -622,6 +631,7 @@ export class Sandbox {
       if (target === "running" && status === "paused" && pauseError) {
         throw new ResumeFailed(`sandbox ${this.id} was not resumed and is paused again: ${pauseError}`, undefined, this.info);
       }
+      if (onProgress && this.info.progress) onProgress(this.info.progress);
     }
   }
 

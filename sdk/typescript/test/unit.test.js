@@ -536,6 +536,27 @@ describe("pause and resume", () => {
     assert.equal(stub.requests.length, 2);
   });
 
+  test("onProgress hears how far a pause has got while it waits", async () => {
+    const sb = await connected();
+    let waits = 0;
+    stub.handler = routes({
+      [`POST /v1/sandboxes/${ID}/pause`]: (rec, res) => sendJson(res, 202, info(ID, "pausing")),
+      [`GET /v1/sandboxes/${ID}/wait`]: (rec, res) => {
+        waits++;
+        if (waits < 3) {
+          sendJson(res, 200, info(ID, "pausing", { progress: { phase: "session", bytes: waits << 20, elapsed_ms: waits * 500 } }));
+        } else {
+          sendJson(res, 200, info(ID, "paused"));
+        }
+      },
+    });
+    const seen = [];
+    const got = await sb.pause({ onProgress: (p) => seen.push(p) });
+    assert.equal(got.status, "paused");
+    assert.deepEqual(seen.map((p) => p.bytes), [1 << 20, 2 << 20]);
+    assert.ok(stub.requests.filter((r) => r.url.includes("/wait")).every((r) => r.url.includes("timeout_s=0.500")));
+  });
+
   test("pause of a running-only state: 409 is Conflict", async () => {
     const sb = await connected();
     stub.handler = (rec, res) => sendJson(res, 409, { error: "sandbox is not running" });
