@@ -44,7 +44,10 @@ func TestReserveThreadsCoversBlockingCalls(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	during := threadsNow(t)
 	wg.Wait()
-	if during > reserved {
+	// One thread of slack: the runtime, or a goroutine an earlier test of the package left, may start one of its
+	// own meanwhile (CI saw 10 -> 11 once, on a loaded machine); without the reservation the n blocked
+	// goroutines start n-1 or n.
+	if during > reserved+1 {
 		t.Errorf("%d goroutines blocked in system calls started threads: %d -> %d", n, reserved, during)
 	}
 }

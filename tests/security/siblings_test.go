@@ -208,12 +208,13 @@ tcp = socket.socket()
 rpipe, wpipe = os.pipe()
 # A thread opening sockets as fast as it can while the fork runs: a descriptor opened between the moment the
 # parent lists its descriptors and its fork must not reach a child either.
-opened, busy = [], True
+opened, busy = [], True  # (socket, its inode): the child's own later sockets may take a closed one's number
 def open_sockets():
     while busy:
-        opened.append(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        sk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        opened.append((sk, os.fstat(sk.fileno()).st_ino))
         if len(opened) > 200:
-            opened.pop(0).close()
+            opened.pop(0)[0].close()
 threading.Thread(target=open_sockets, daemon=True).start()
 "held"
 `
@@ -237,12 +238,13 @@ attempt("shm", lambda: ctypes.memmove(shm, b"CHILD", 5))
 attempt("pipe", lambda: os.write(wpipe, b"CHILD"))
 attempt("udp", lambda: udp.sendto(b"x", ("10.255.255.53", 53)))
 attempt("tcp", lambda: tcp.connect(("10.255.255.53", 53)))
-def is_socket(fd):
+def is_parents(fd, ino):
     try:
-        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+        st = os.fstat(fd)
+        return stat.S_ISSOCK(st.st_mode) and st.st_ino == ino
     except OSError:
         return False  # closed in the child (opened by the parent's thread as it forked)
-leaked = [s.fileno() for s in list(opened) if s.fileno() >= 0 and is_socket(s.fileno())]
+leaked = [sk.fileno() for sk, ino in list(opened) if sk.fileno() >= 0 and is_parents(sk.fileno(), ino)]
 " ".join(out) + " sockets-left:%d" % len(leaked)
 `
 
