@@ -24,10 +24,7 @@ func pathQuery(path string) url.Values {
 }
 
 type entryJSON struct {
-	Name          string    `json:"name"`
-	NameB64       string    `json:"name_b64,omitempty"`
-	Path          string    `json:"path"`
-	PathB64       string    `json:"path_b64,omitempty"`
+	rawname.Names
 	Type          string    `json:"type"`
 	Size          int64     `json:"size"`
 	Mode          string    `json:"mode"`
@@ -45,11 +42,8 @@ func (e *Entry) UnmarshalJSON(b []byte) error {
 	}
 	out := Entry{Type: j.Type, Size: j.Size, Mode: j.Mode, Mtime: j.Mtime}
 	var err error
-	if out.Name, err = rawname.Decode(j.Name, j.NameB64); err != nil {
-		return fmt.Errorf("name_b64: %w", err)
-	}
-	if out.Path, err = rawname.Decode(j.Path, j.PathB64); err != nil {
-		return fmt.Errorf("path_b64: %w", err)
+	if out.Name, out.Path, err = j.Names.Decode(); err != nil {
+		return err
 	}
 	if out.LinkTarget, err = rawname.Decode(j.LinkTarget, j.LinkTargetB64); err != nil {
 		return fmt.Errorf("link_target_b64: %w", err)
@@ -60,39 +54,21 @@ func (e *Entry) UnmarshalJSON(b []byte) error {
 
 // MarshalJSON writes the entry in the API's form.
 func (e Entry) MarshalJSON() ([]byte, error) {
-	j := entryJSON{Type: e.Type, Size: e.Size, Mode: e.Mode, Mtime: e.Mtime}
-	j.Name, j.NameB64 = rawname.Encode(e.Name)
-	j.Path, j.PathB64 = rawname.Encode(e.Path)
+	j := entryJSON{Names: rawname.EncodeNames(e.Name, e.Path), Type: e.Type, Size: e.Size, Mode: e.Mode, Mtime: e.Mtime}
 	j.LinkTarget, j.LinkTargetB64 = rawname.Encode(e.LinkTarget)
 	return json.Marshal(j)
 }
 
-type diffJSON struct {
-	Added       []string  `json:"added"`
-	AddedB64    []*string `json:"added_b64,omitempty"`
-	Removed     []string  `json:"removed"`
-	RemovedB64  []*string `json:"removed_b64,omitempty"`
-	Modified    []string  `json:"modified"`
-	ModifiedB64 []*string `json:"modified_b64,omitempty"`
-	Truncated   bool      `json:"truncated,omitempty"`
-}
-
 // UnmarshalJSON reads a diff of the API, taking the base64 lists (added_b64, ...) over the display paths.
 func (d *Diff) UnmarshalJSON(b []byte) error {
-	var j diffJSON
+	var j rawname.Lists
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
 	var out Diff
 	var err error
-	if out.Added, err = rawname.DecodeList(j.Added, j.AddedB64); err != nil {
-		return fmt.Errorf("added_b64: %w", err)
-	}
-	if out.Removed, err = rawname.DecodeList(j.Removed, j.RemovedB64); err != nil {
-		return fmt.Errorf("removed_b64: %w", err)
-	}
-	if out.Modified, err = rawname.DecodeList(j.Modified, j.ModifiedB64); err != nil {
-		return fmt.Errorf("modified_b64: %w", err)
+	if out.Added, out.Removed, out.Modified, err = j.Decode(); err != nil {
+		return err
 	}
 	out.Truncated = j.Truncated
 	*d = out
@@ -101,9 +77,5 @@ func (d *Diff) UnmarshalJSON(b []byte) error {
 
 // MarshalJSON writes the diff in the API's form.
 func (d Diff) MarshalJSON() ([]byte, error) {
-	j := diffJSON{Truncated: d.Truncated}
-	j.Added, j.AddedB64 = rawname.EncodeList(d.Added)
-	j.Removed, j.RemovedB64 = rawname.EncodeList(d.Removed)
-	j.Modified, j.ModifiedB64 = rawname.EncodeList(d.Modified)
-	return json.Marshal(j)
+	return json.Marshal(rawname.EncodeLists(d.Added, d.Removed, d.Modified, d.Truncated))
 }

@@ -33,10 +33,7 @@ func PathParam(field, plain string, hasPlain bool, b64 string, hasB64 bool) (str
 
 // entryJSON is Entry's wire form.
 type entryJSON struct {
-	Name          string    `json:"name"`
-	NameB64       string    `json:"name_b64,omitempty"`
-	Path          string    `json:"path"`
-	PathB64       string    `json:"path_b64,omitempty"`
+	rawname.Names
 	Type          string    `json:"type"`
 	Size          int64     `json:"size"`
 	Mode          string    `json:"mode"`
@@ -48,9 +45,7 @@ type entryJSON struct {
 // MarshalJSON writes the entry in the API's form: name, path and link_target as strings, each with an _b64
 // beside it when its bytes are not valid UTF-8 (see rawname.Encode).
 func (e Entry) MarshalJSON() ([]byte, error) {
-	j := entryJSON{Type: e.Type, Size: e.Size, Mode: e.Mode, MTime: e.MTime}
-	j.Name, j.NameB64 = rawname.Encode(e.Name)
-	j.Path, j.PathB64 = rawname.Encode(e.Path)
+	j := entryJSON{Names: rawname.EncodeNames(e.Name, e.Path), Type: e.Type, Size: e.Size, Mode: e.Mode, MTime: e.MTime}
 	j.LinkTarget, j.LinkTargetB64 = rawname.Encode(e.LinkTarget)
 	return json.Marshal(j)
 }
@@ -63,11 +58,8 @@ func (e *Entry) UnmarshalJSON(b []byte) error {
 	}
 	var err error
 	out := Entry{Type: j.Type, Size: j.Size, Mode: j.Mode, MTime: j.MTime}
-	if out.Name, err = rawname.Decode(j.Name, j.NameB64); err != nil {
-		return fmt.Errorf("name_b64: %w", err)
-	}
-	if out.Path, err = rawname.Decode(j.Path, j.PathB64); err != nil {
-		return fmt.Errorf("path_b64: %w", err)
+	if out.Name, out.Path, err = j.Names.Decode(); err != nil {
+		return err
 	}
 	if out.LinkTarget, err = rawname.Decode(j.LinkTarget, j.LinkTargetB64); err != nil {
 		return fmt.Errorf("link_target_b64: %w", err)

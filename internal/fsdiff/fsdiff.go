@@ -540,44 +540,22 @@ func equal(c *comparison, a, b *entry, shared func(a, b *entry) bool) (bool, err
 	return sameContent(c, a, b)
 }
 
-// resultJSON is Result's wire form: each list of paths as strings, with a parallel list of base64 beside it
-// when some path is not valid UTF-8 (rawname.EncodeList).
-type resultJSON struct {
-	Added       []string  `json:"added"`
-	AddedB64    []*string `json:"added_b64,omitempty"`
-	Removed     []string  `json:"removed"`
-	RemovedB64  []*string `json:"removed_b64,omitempty"`
-	Modified    []string  `json:"modified"`
-	ModifiedB64 []*string `json:"modified_b64,omitempty"`
-	Truncated   bool      `json:"truncated,omitempty"`
-}
-
-// MarshalJSON writes the result in the API's form: a path whose bytes are not valid UTF-8 is listed in its
-// display form (rawname.Display), and the list's _b64 twin holds its bytes at the same index.
+// MarshalJSON writes the result in the API's form (rawname.Lists): a path whose bytes are not valid UTF-8 is
+// listed in its display form (rawname.Display), and the list's _b64 twin holds its bytes at the same index.
 func (r Result) MarshalJSON() ([]byte, error) {
-	j := resultJSON{Truncated: r.Truncated}
-	j.Added, j.AddedB64 = rawname.EncodeList(nonNil(r.Added))
-	j.Removed, j.RemovedB64 = rawname.EncodeList(nonNil(r.Removed))
-	j.Modified, j.ModifiedB64 = rawname.EncodeList(nonNil(r.Modified))
-	return json.Marshal(j)
+	return json.Marshal(rawname.EncodeLists(nonNil(r.Added), nonNil(r.Removed), nonNil(r.Modified), r.Truncated))
 }
 
 // UnmarshalJSON reads the API's form back into raw paths.
 func (r *Result) UnmarshalJSON(b []byte) error {
-	var j resultJSON
+	var j rawname.Lists
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
 	var out Result
 	var err error
-	if out.Added, err = rawname.DecodeList(j.Added, j.AddedB64); err != nil {
-		return fmt.Errorf("added_b64: %w", err)
-	}
-	if out.Removed, err = rawname.DecodeList(j.Removed, j.RemovedB64); err != nil {
-		return fmt.Errorf("removed_b64: %w", err)
-	}
-	if out.Modified, err = rawname.DecodeList(j.Modified, j.ModifiedB64); err != nil {
-		return fmt.Errorf("modified_b64: %w", err)
+	if out.Added, out.Removed, out.Modified, err = j.Decode(); err != nil {
+		return err
 	}
 	out.Truncated = j.Truncated
 	*r = out

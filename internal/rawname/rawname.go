@@ -103,3 +103,66 @@ func DecodeList(display []string, b64 []*string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// Names is the wire form of a listing entry's name and path (each with its _b64 twin when it needs one); the
+// server's and the client's entries embed it.
+type Names struct {
+	Name    string `json:"name"`
+	NameB64 string `json:"name_b64,omitempty"`
+	Path    string `json:"path"`
+	PathB64 string `json:"path_b64,omitempty"`
+}
+
+// EncodeNames is the wire form of the raw name and path.
+func EncodeNames(name, path string) Names {
+	var n Names
+	n.Name, n.NameB64 = Encode(name)
+	n.Path, n.PathB64 = Encode(path)
+	return n
+}
+
+// Decode returns the raw name and path.
+func (n Names) Decode() (name, path string, err error) {
+	if name, err = Decode(n.Name, n.NameB64); err != nil {
+		return "", "", fmt.Errorf("name_b64: %w", err)
+	}
+	if path, err = Decode(n.Path, n.PathB64); err != nil {
+		return "", "", fmt.Errorf("path_b64: %w", err)
+	}
+	return name, path, nil
+}
+
+// Lists is the wire form of a diff: its three lists of paths, each with its _b64 twin when a path needs one
+// (EncodeList), and whether it was cut short. The server's and the client's diffs are read and written through it.
+type Lists struct {
+	Added       []string  `json:"added"`
+	AddedB64    []*string `json:"added_b64,omitempty"`
+	Removed     []string  `json:"removed"`
+	RemovedB64  []*string `json:"removed_b64,omitempty"`
+	Modified    []string  `json:"modified"`
+	ModifiedB64 []*string `json:"modified_b64,omitempty"`
+	Truncated   bool      `json:"truncated,omitempty"`
+}
+
+// EncodeLists is the wire form of a diff's raw lists.
+func EncodeLists(added, removed, modified []string, truncated bool) Lists {
+	l := Lists{Truncated: truncated}
+	l.Added, l.AddedB64 = EncodeList(added)
+	l.Removed, l.RemovedB64 = EncodeList(removed)
+	l.Modified, l.ModifiedB64 = EncodeList(modified)
+	return l
+}
+
+// Decode returns the diff's raw lists.
+func (l Lists) Decode() (added, removed, modified []string, err error) {
+	if added, err = DecodeList(l.Added, l.AddedB64); err != nil {
+		return nil, nil, nil, fmt.Errorf("added_b64: %w", err)
+	}
+	if removed, err = DecodeList(l.Removed, l.RemovedB64); err != nil {
+		return nil, nil, nil, fmt.Errorf("removed_b64: %w", err)
+	}
+	if modified, err = DecodeList(l.Modified, l.ModifiedB64); err != nil {
+		return nil, nil, nil, fmt.Errorf("modified_b64: %w", err)
+	}
+	return added, removed, modified, nil
+}
