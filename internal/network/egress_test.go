@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/testnet"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -217,7 +218,7 @@ func TestEgressHostnamesKeptCurrent(t *testing.T) {
 	}
 	res := []netip.Addr{netip.MustParseAddr("192.0.2.53")}
 	m := newTestManager(t, func(c *Config) { c.lookup = lookup; c.Resolvers = res; c.ResolveEvery = time.Hour })
-	ns := newNetns(t)
+	ns := testnet.NewNS(t)
 	ip, _ := m.Allocate(nil)
 	src := netip.MustParseAddr(ip.String())
 	veth := VethName("sbx_feedfacefeedfacefeedfacefeedface")
@@ -354,7 +355,7 @@ func TestDetachForgetsFlows(t *testing.T) {
 	var ips []net.IP
 	var veths []string
 	for i, id := range []string{"sbx_aaaaaaaaaaaa0000000000000000000a", "sbx_bbbbbbbbbbbb0000000000000000000b"} {
-		ns := newNetns(t)
+		ns := testnet.NewNS(t)
 		ip, err := m.Allocate(nil)
 		if err != nil {
 			t.Fatal(err)

@@ -96,7 +96,7 @@ func TestHostNetworksRefused(t *testing.T) {
 			t.Errorf("host networks %v hold the server's own subnet", m.policy.hostNets)
 		}
 	}
-	ns := newNetns(t)
+	ns := testnet.NewNS(t)
 	ip, err := m.Allocate(nil)
 	if err != nil {
 		t.Fatal(err)

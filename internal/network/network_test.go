@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/ramify-dev/ramify/internal/errdefs"
+	"github.com/ramify-dev/ramify/internal/testnet"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -88,60 +88,9 @@ func cleanupHost(t *testing.T) {
 	})
 }
 
-// newNetns creates a fresh network namespace (without a process in it) and returns a handle to it; the namespace
-// disappears when the handle is closed at the end of the test.
-func newNetns(t *testing.T) netns.NsHandle {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatalf("get netns: %v", err)
-	}
-	defer orig.Close()
-	ns, err := netns.New() // unshare(CLONE_NEWNET) on this thread
-	if err != nil {
-		t.Fatalf("new netns: %v", err)
-	}
-	if err := netns.Set(orig); err != nil {
-		// This thread is stuck in the wrong namespace: let it die with the goroutine.
-		runtime.LockOSThread()
-		t.Fatalf("restore netns: %v", err)
-	}
-	t.Cleanup(func() { _ = ns.Close() })
-	return ns
-}
-
-// inNetns runs f on a thread that is inside ns. If the thread cannot be returned to the original namespace it
-// stays locked and is discarded when the goroutine exits.
-func inNetns(ns netns.NsHandle, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		ferr := f()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, err)
-			return // thread stays locked and is thrown away
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
-
 func TestAttachDetach(t *testing.T) {
 	m := newTestManager(t, nil)
-	ns := newNetns(t)
+	ns := testnet.NewNS(t)
 	gw := m.Gateway()
 	if got := gw.String(); got != "10.250.0.1" {
 		t.Fatalf("Gateway = %s", got)
@@ -168,7 +117,7 @@ func TestAttachDetach(t *testing.T) {
 	}
 
 	// Attaching the same host veth again is a conflict and leaves the existing one alone.
-	ns2 := newNetns(t)
+	ns2 := testnet.NewNS(t)
 	ip2, _ := m.Allocate(nil)
 	if err := m.Attach(context.Background(), int(ns2), ip2, veth, nil); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("second Attach with same veth: %v, want ErrConflict", err)
@@ -222,7 +171,7 @@ func checkDetach(t *testing.T, m *Manager, ns netns.NsHandle, veth string) {
 // refused and left alone.
 func TestPrepareAttach(t *testing.T) {
 	m := newTestManager(t, func(c *Config) { c.Owner = "preparetest" })
-	ns := newNetns(t)
+	ns := testnet.NewNS(t)
 	ctx := context.Background()
 	prepared := SparePortName("fam_test/7")
 	veth := VethName("sbx_00112233445566778899aabbccddeeff")
@@ -255,7 +204,7 @@ func TestPrepareAttach(t *testing.T) {
 	}
 
 	// A sandbox's port (up) is not a prepared one: refused, and left as it was.
-	other := newNetns(t)
+	other := testnet.NewNS(t)
 	ipOther, _ := m.Allocate(nil)
 	otherVeth := VethName("sbx_ffeeddccbbaa99887766554433221100")
 	t.Cleanup(func() { _ = m.Detach(otherVeth) })
@@ -393,7 +342,7 @@ func listenGreeter(t *testing.T, host string) net.Listener {
 
 // dialFrom connects to addr from inside ns and reads the greeting.
 func dialFrom(ns netns.NsHandle, addr string) error {
-	return inNetns(ns, func() error {
+	return testnet.InNS(ns, func() error {
 		c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 		if err != nil {
 			return err
@@ -411,7 +360,7 @@ func dialFrom(ns netns.NsHandle, addr string) error {
 func TestAttachFailureCleansUp(t *testing.T) {
 	boom := errors.New("injected failure")
 	m := newTestManager(t, func(c *Config) { c.afterCreate = func() error { return boom } })
-	ns := newNetns(t)
+	ns := testnet.NewNS(t)
 	const veth = "rfytestfail0"
 	t.Cleanup(func() { _ = m.Detach(veth) })
 	err := m.Attach(context.Background(), int(ns), net.ParseIP("10.250.0.9"), veth, nil)
@@ -441,7 +390,7 @@ func TestAttachFailureCleansUp(t *testing.T) {
 
 func TestAttachInvalid(t *testing.T) {
 	m := newTestManager(t, nil)
-	ns := newNetns(t)
+	ns := testnet.NewNS(t)
 	for _, tc := range []struct {
 		ip, veth string
 	}{
@@ -779,7 +728,7 @@ func binaryIP(ip net.IP) uint32 {
 // isolation for good (the host and each other reachable, no spoofing check) and new ports failed.
 func TestTablesRemovedAreRestored(t *testing.T) {
 	m := newTestManager(t, nil)
-	ns := newNetns(t)
+	ns := testnet.NewNS(t)
 	ip, err := m.Allocate(nil)
 	if err != nil {
 		t.Fatal(err)

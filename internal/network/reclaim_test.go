@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/ramify-dev/ramify/internal/testnet"
 	"github.com/vishvananda/netlink"
 )
 
@@ -17,7 +18,7 @@ func TestReclaimOnlyOwnPorts(t *testing.T) {
 	m := newTestManager(t, func(c *Config) { c.Owner = "owner-a" })
 	names := map[string]string{}
 	for _, role := range []string{"kept", "leftover", "other", "unmarked"} {
-		ns := newNetns(t)
+		ns := testnet.NewNS(t)
 		ip, err := m.Allocate(nil) // round-robin: a new address each time
 		if err != nil {
 			t.Fatal(err)
@@ -69,7 +70,7 @@ func TestReclaimOnlyOwnPorts(t *testing.T) {
 // would fail whole (ENOENT) and leave the others in the kernel, untracked.
 func TestDetachWhenAnElementIsAlreadyGone(t *testing.T) {
 	m := newTestManager(t, nil)
-	ns := newNetns(t)
+	ns := testnet.NewNS(t)
 	ip, err := m.Allocate(nil)
 	if err != nil {
 		t.Fatal(err)

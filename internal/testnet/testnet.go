@@ -124,7 +124,7 @@ type Peer struct {
 // namespace when the test process dies.
 func NewPeer(t testing.TB, lan, public netip.Prefix) *Peer {
 	t.Helper()
-	ns := newNS(t)
+	ns := NewNS(t)
 	var p *Peer
 	start := os.Getpid() % slots
 	for i := range slots {
@@ -231,7 +231,7 @@ func (p *Peer) AddHostAddr() error {
 func (p *Peer) Listen(t testing.TB, addr netip.Addr, greeting string) int {
 	t.Helper()
 	var ln net.Listener
-	err := inNS(p.NS, func() (err error) {
+	err := InNS(p.NS, func() (err error) {
 		ln, err = net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
 		return err
 	})
@@ -267,9 +267,9 @@ func ipnet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
 }
 
-// newNS creates a network namespace with no process in it; it is gone when the handle is closed (the test's end)
+// NewNS creates a network namespace with no process in it; it is gone when the handle is closed (the test's end)
 // and the sockets in it are closed.
-func newNS(t testing.TB) netns.NsHandle {
+func NewNS(t testing.TB) netns.NsHandle {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -289,8 +289,8 @@ func newNS(t testing.TB) netns.NsHandle {
 	return ns
 }
 
-// inNS runs f on a thread inside ns.
-func inNS(ns netns.NsHandle, f func() error) error {
+// InNS runs f on a thread inside ns (a thread that cannot go back to its namespace is thrown away).
+func InNS(ns netns.NsHandle, f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
