@@ -239,16 +239,7 @@ func (p *Peer) Listen(t testing.TB, addr netip.Addr, greeting string) int {
 		t.Fatalf("testnet: listen on %s in the peer: %v", addr, err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintln(c, greeting)
-			c.Close()
-		}
-	}()
+	Greet(ln, greeting)
 	a := ln.Addr().String()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		c, err := net.DialTimeout("tcp", a, time.Second)
@@ -261,6 +252,20 @@ func (p *Peer) Listen(t testing.TB, addr netip.Addr, greeting string) int {
 		}
 	}
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Greet answers every connection ln accepts with the line greeting, until ln is closed.
+func Greet(ln net.Listener, greeting string) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, greeting)
+			c.Close()
+		}
+	}()
 }
 
 func ipnet(p netip.Prefix) *net.IPNet {

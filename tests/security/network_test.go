@@ -181,16 +181,7 @@ func netGreeter(t *testing.T, addr, greeting string) int {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintln(c, greeting)
-			c.Close()
-		}
-	}()
+	testnet.Greet(ln, greeting)
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
