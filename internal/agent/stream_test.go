@@ -13,15 +13,7 @@ import (
 // file again; the values load as they were, with fewer reads in flight when no thread can be started; a stream
 // from a pipe has no digest; a file cut short is an error.
 func TestRestoreStreamHashesTheStoredFile(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("no python3")
-	}
-	loop := strings.TrimSuffix(strings.TrimRight(replSource, "\n"), "main()")
-	if loop == replSource {
-		t.Fatal("repl.py no longer ends with main()")
-	}
-	script := loop + `
+	runReplScript(t, `
 import hashlib, pickle, tempfile
 
 def write(path, big_size, extra=b""):
@@ -117,13 +109,7 @@ except EOFError:
     print("ok")
 else:
     print("a stream cut short loaded")
-`
-	c := exec.Command(py, "-c", script)
-	c.Env = append(os.Environ(), "TEST_TMP="+t.TempDir())
-	out, err := c.CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "ok" {
-		t.Fatalf("%v\n%s", err, out)
-	}
+`)
 }
 
 // TestRestoreStreamLoadsLargeVariablesAsTheyStream runs repl.py's session stream reader with the host's python3
@@ -135,15 +121,7 @@ else:
 // every byte; from a pipe too the values load. A 64 MiB bytes object costs its interpreter about its size in
 // memory, not three times it.
 func TestRestoreStreamLoadsLargeVariablesAsTheyStream(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("no python3")
-	}
-	loop := strings.TrimSuffix(strings.TrimRight(replSource, "\n"), "main()")
-	if loop == replSource {
-		t.Fatal("repl.py no longer ends with main()")
-	}
-	script := loop + `
+	runReplScript(t, `
 import hashlib, pickle, random, tempfile, types
 TMP = os.environ["TEST_TMP"]  # the restores set the session's env (none)
 
@@ -268,8 +246,22 @@ failed, size, grew = eval(os.read(rd, 1000))
 assert failed == [] and size == 64 << 20, (failed, size)
 assert grew < (64 << 20) * 1.25, "restoring 64 MiB took %d MiB more memory" % (grew >> 20)
 print("ok")
-`
-	c := exec.Command(py, "-c", script)
+`)
+}
+
+// runReplScript runs script with the host's python3 after repl.py's definitions (all of it but its last line,
+// main()), with TEST_TMP naming a temporary directory of the test's; the script prints "ok" when all held.
+func runReplScript(t *testing.T, script string) {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	loop := strings.TrimSuffix(strings.TrimRight(replSource, "\n"), "main()")
+	if loop == replSource {
+		t.Fatal("repl.py no longer ends with main()")
+	}
+	c := exec.Command(py, "-c", loop+script)
 	c.Env = append(os.Environ(), "TEST_TMP="+t.TempDir())
 	out, err := c.CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "ok" {
