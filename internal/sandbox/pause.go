@@ -256,40 +256,13 @@ func stoppedBy(ctx context.Context, err error) error {
 func (s *Service) restartKeptSave(e *entry, h runtime.Handle, kept *saveKeptError) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), 30*time.Second)
 	defer cancel()
-	s.mu.Lock()
-	spec, ip, hostname, id := e.spec, e.rec.IP, e.rec.Hostname, e.rec.ID
-	s.mu.Unlock()
 	why := fmt.Sprintf("%.1f MiB written by the session's own code as it was saved stayed outside the sandbox's mem_mib", float64(kept.kept)/(1<<20))
-	var nh runtime.Handle
-	err := errors.New("this runtime cannot restart a sandbox")
-	if hl, ok := s.cfg.Runtime.(runtime.Healer); ok {
-		nh, err = hl.Revive(ctx, h, runtime.Spec{
-			ID: h.ID, Hostname: hostname, IP: parseIP(ip), VCPU: spec.VCPU, MemMiB: spec.MemMiB, MaxProcs: spec.MaxProcs,
-			DiskMiB: spec.DiskMiB, Env: spec.Env, Cwd: spec.Cwd, Egress: spec.Egress, Image: spec.Image,
-		})
-	}
-	s.mu.Lock()
+	hl, _ := s.cfg.Runtime.(runtime.Healer)
+	rec, err := s.restartProcesses(ctx, hl, e, h, why, why)
 	if err != nil {
 		s.cfg.Runtime.Destroy(ctx, h) //nolint:errcheck // the memory must go with its holders
-		e.rec.Error = why + " and it could not be restarted: " + err.Error()
-		if serr := s.setStatus(e, StatusError); serr != nil {
-			s.log.Warn("mark a sandbox error", "sandbox", id, "err", serr)
-		}
-	} else {
-		hj, _ := json.Marshal(nh)
-		e.handle, e.rec.Handle = nh, hj
-		e.lostState = why + fmt.Sprintf(": its processes were restarted at %s; its interpreter's state is lost, its files are kept; the code did not run",
-			time.Now().UTC().Format(time.RFC3339))
 	}
-	rec := e.rec
-	s.mu.Unlock()
-	if err := s.cfg.Store.Put(ctx, rec); err != nil {
-		s.log.Warn("save sandbox record", "sandbox", id, "err", err)
-	}
-	s.log.Warn("sandbox restarted: its save kept memory outside its limit", "sandbox", id, "kept_bytes", kept.kept, "err", err)
-	if err == nil {
-		s.emit(events.Event{Type: events.Restarted, Sandbox: id, Family: rec.FamilyID, Status: rec.Status, Reason: why})
-	}
+	s.log.Warn("sandbox restarted: its save kept memory outside its limit", "sandbox", rec.ID, "kept_bytes", kept.kept, "err", err)
 }
 
 // failPause undoes a pause that failed before its commit: what was written of the snapshot is deleted, the
