@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -32,7 +33,9 @@ var forkStates = []struct{ name, setup string }{
 
 // BenchmarkForkFloor times fork(n) until every child has answered its first run_code, beside its floor measured
 // in the same run (n bare os.fork() of the same interpreter, inside the parent's sandbox), for each kind of
-// parent state, and summarizes the server's fork phases (debug logs). n and the repetitions come from
+// parent state, and summarizes the server's fork phases (debug logs); then the same interpreter and state forked on
+// the host without ramify, bare and isolated, with what a page fault costs here (hostFloor; RAMIFY_BENCH_HOST_FLOOR=0
+// leaves it out). n and the repetitions come from
 // RAMIFY_BENCH_FORK_N (default "1,5,32") and RAMIFY_BENCH_FORK_REPS (default 5). Run with
 // `make bench BENCH=ForkFloor`.
 func BenchmarkForkFloor(b *testing.B) {
@@ -90,12 +93,47 @@ func BenchmarkForkFloor(b *testing.B) {
 		at := rows[i].at + strings.IndexByte(text[rows[i].at:], '\n')
 		text = text[:at] + " " + phases[rows[i].key] + " |" + text[at:]
 	}
+	// The same interpreter and state forked on the host in the same run, without ramify: bare, and with what an
+	// isolated child needs at least (scripts/fork-floor), beside what a page fault costs here, which bounds both.
+	if os.Getenv("RAMIFY_BENCH_HOST_FLOOR") != "0" {
+		text += hostFloor(b, ns, reps)
+	}
 	fmt.Print(text)
 	out.Reset()
 	out.WriteString(text)
 	if f := os.Getenv("RAMIFY_BENCH_OUT"); f != "" {
 		os.WriteFile(f, []byte(out.String()), 0o644)
 	}
+}
+
+// hostFloor runs scripts/fork-floor for the numpy and the objects parent and each fork size of ns, and returns
+// its tables (the header lines and rows it prints), set off as the host's floor.
+func hostFloor(b *testing.B, ns []int, reps int) string {
+	var sizes []string
+	for _, n := range ns {
+		if n > 1 {
+			sizes = append(sizes, strconv.Itoa(n))
+		}
+	}
+	out := &strings.Builder{}
+	fmt.Fprintf(out, "\n### floor on the host, same run: the same interpreter and state forked without ramify (scripts/fork-floor)\n\n")
+	for _, state := range []string{"numpy", "objects"} {
+		args := []string{"-reps", strconv.Itoa(reps), "-state", state}
+		if len(sizes) > 0 {
+			args = append(args, "-n", strings.Join(sizes, ","))
+		}
+		got, err := exec.Command("../../scripts/fork-floor", args...).Output()
+		if err != nil {
+			b.Fatalf("scripts/fork-floor %s: %v\n%s", strings.Join(args, " "), err, got)
+		}
+		for _, line := range strings.Split(string(got), "\n") {
+			if strings.HasPrefix(line, "fork floor") || strings.HasPrefix(line, "page faults") || strings.HasPrefix(line, "|") {
+				out.WriteString(line + "\n")
+			}
+		}
+		out.WriteString("\n")
+	}
+	return out.String()
 }
 
 // ussSum and ussN add up the private memory (USS) of every fork child, measured once it has answered.
