@@ -1,6 +1,7 @@
 package security
 
 import (
+	"os/exec"
 	"sort"
 	"strings"
 	"testing"
@@ -58,7 +59,19 @@ code = bytes([0x53, 0x48, 0x89, 0xf8, 0x48, 0x89, 0xf3, 0x49, 0x89, 0xd0, 0x48, 
               0xcd, 0x80, 0x5b, 0xc3])  # push rbx; mov rax,rdi; mov rbx,rsi; mov r8,rdx; mov rdx,rcx; mov rcx,r8; int 0x80; pop rbx; ret
 ctypes.memmove(mem, code, len(code))
 int80 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long)(mem)
+def i386_entry():
+    # Some kernels (a paravirtualized guest, ia32_emulation=0) give 64-bit processes no int 0x80 entry: it raises
+    # SIGSEGV, on the host as in a sandbox. Tried in a child, so that the probes go on.
+    pid = os.fork()
+    if pid == 0:
+        int80(20, 0, 0, 0)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == 11)
+I386 = i386_entry()
 def sc32(nr, a=0, b=0, c=0):
+    if not I386:
+        return "no-i386-entry"
     r = int80(nr, a, b, c)
     return errname(-r) if -4096 < r < 0 else "ok"
 
@@ -206,8 +219,30 @@ _os.waitpid(_pid, 0)
 print(_data.decode())
 `
 
+// hostHasI386Entry reports whether this host's kernel gives a 64-bit process the i386 system call entry (int
+// 0x80): the probes' own check, run on the host. Where it does not (some paravirtualized guests), a sandbox must
+// not have it either, and the i386 probes answer "no-i386-entry".
+func hostHasI386Entry(t *testing.T) bool {
+	t.Helper()
+	out, err := exec.Command("python3", "-c", probeScript+"\nprint(I386)").CombinedOutput()
+	if err != nil {
+		t.Fatalf("i386 entry check on the host: %v\n%s", err, out)
+	}
+	return strings.TrimSpace(string(out)) == "True"
+}
+
 func checkProbes(t *testing.T, where, out string) {
 	t.Helper()
+	want := wantProbes
+	if !hostHasI386Entry(t) {
+		want = map[string]string{}
+		for k, v := range wantProbes {
+			if strings.HasPrefix(k, "i386_") {
+				v = "no-i386-entry"
+			}
+			want[k] = v
+		}
+	}
 	got := map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok {
@@ -215,9 +250,9 @@ func checkProbes(t *testing.T, where, out string) {
 		}
 	}
 	var bad []string
-	for k, want := range wantProbes {
-		if got[k] != want {
-			bad = append(bad, k+"="+got[k]+" (want "+want+")")
+	for k, w := range want {
+		if got[k] != w {
+			bad = append(bad, k+"="+got[k]+" (want "+w+")")
 		}
 	}
 	sort.Strings(bad)
