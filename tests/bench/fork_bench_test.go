@@ -23,11 +23,11 @@ import (
 // malloc: what most agents' state looks like), and 200 MB of files written to the sandbox's disk (pip installs,
 // a dataset) with a small interpreter: what the layer snapshots cost, which depends on --layer-quota (pass
 // RAMIFY_BENCH_EXTRA_ARGS="--layer-quota simple" to compare).
-var forkStates = []struct{ name, setup string }{
-	{"200 MB numpy array", "import numpy as np\ndata = np.ones(25_000_000)\nint(data.nbytes)"},
-	{"~200 MB of Python objects (dicts, lists, strings)",
+var forkStates = []struct{ tag, name, setup string }{
+	{"numpy", "200 MB numpy array", "import numpy as np\ndata = np.ones(25_000_000)\nint(data.nbytes)"},
+	{"objects", "~200 MB of Python objects (dicts, lists, strings)",
 		"data = [{'k': i, 's': 'v%08d' % i, 'l': [i, i + 1]} for i in range(600_000)]\nlen(data)"},
-	{"200 MB of files on its disk (200 files of 1 MiB), a small interpreter",
+	{"files", "200 MB of files on its disk (200 files of 1 MiB), a small interpreter",
 		"import os\nos.makedirs('/root/data', exist_ok=True)\nfor i in range(200):\n    with open('/root/data/f%03d' % i, 'wb') as f:\n        f.write(os.urandom(1 << 20))\nos.sync()\nlen(os.listdir('/root/data'))"},
 }
 
@@ -46,8 +46,9 @@ func BenchmarkForkFloor(b *testing.B) {
 	ctx := context.Background()
 	out := &strings.Builder{}
 	p := func(format string, a ...any) { fmt.Fprintf(out, format+"\n", a...) }
-	var forkNs []key // every fork of the run, in order
-	var rows []row   // where each table row begins in out
+	var forkNs []key                     // every fork of the run, in order
+	var rows []row                       // where each table row begins in out
+	p50s := map[string]map[int]float64{} // ramify's p50 in ms, by state tag and n
 	load, _ := os.ReadFile("/proc/loadavg")
 	p("\n## fork beside its floor (%s, load %s)\n", time.Now().UTC().Format(time.RFC3339), strings.Join(strings.Fields(string(load))[:3], " "))
 	for _, st := range forkStates {
@@ -59,6 +60,7 @@ func BenchmarkForkFloor(b *testing.B) {
 		p("| n | fork until every child answers, p50 | p99 | first fork of the family | floor: n bare os.fork (p50 of 3) | p50 / floor | CPU in the parent's cgroup, p50 | server CPU, p50 | USS per child (mean) | server phases, p50 (ms since the fork began) |")
 		p("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 		first := true
+		p50s[st.tag] = map[int]float64{}
 		for _, n := range ns {
 			var tot, pcpu, scpu stats
 			ussSum, ussN = 0, 0
@@ -79,6 +81,7 @@ func BenchmarkForkFloor(b *testing.B) {
 				tot, pcpu, scpu = append(tot, d), append(pcpu, pc), append(scpu, sc)
 			}
 			floor := bareFork(ctx, b, c, parent, n)
+			p50s[st.tag][n] = float64(tot.pct(.5).Microseconds()) / 1000
 			rows = append(rows, row{key{st.name, n, false}, len(out.String())})
 			p("| %d | %s | %s | %s | %.1f ms | %.1fx | %s | %s | %.1f MiB |", n, ms(tot.pct(.5)), ms(tot.pct(.99)), firstS, floor,
 				float64(tot.pct(.5).Microseconds())/1000/floor, ms(pcpu.pct(.5)), ms(scpu.pct(.5)), float64(ussSum)/1024/float64(max(ussN, 1)))
@@ -96,7 +99,7 @@ func BenchmarkForkFloor(b *testing.B) {
 	// The same interpreter and state forked on the host in the same run, without ramify: bare, and with what an
 	// isolated child needs at least (scripts/fork-floor), beside what a page fault costs here, which bounds both.
 	if os.Getenv("RAMIFY_BENCH_HOST_FLOOR") != "0" {
-		text += hostFloor(b, ns, reps)
+		text += hostFloor(b, ns, reps, p50s)
 	}
 	fmt.Print(text)
 	out.Reset()
@@ -107,8 +110,9 @@ func BenchmarkForkFloor(b *testing.B) {
 }
 
 // hostFloor runs scripts/fork-floor for the numpy and the objects parent and each fork size of ns, and returns
-// its tables (the header lines and rows it prints), set off as the host's floor.
-func hostFloor(b *testing.B, ns []int, reps int) string {
+// its tables (the header lines and rows it prints), set off as the host's floor, then each of ramify's p50s
+// (p50s, by state tag and n) beside the host's isolated and bare p50 for the same state and n, with the ratios.
+func hostFloor(b *testing.B, ns []int, reps int, p50s map[string]map[int]float64) string {
 	var sizes []string
 	for _, n := range ns {
 		if n > 1 {
@@ -117,6 +121,9 @@ func hostFloor(b *testing.B, ns []int, reps int) string {
 	}
 	out := &strings.Builder{}
 	fmt.Fprintf(out, "\n### floor on the host, same run: the same interpreter and state forked without ramify (scripts/fork-floor)\n\n")
+	summary := &strings.Builder{}
+	fmt.Fprintf(summary, "### ramify beside the host's floor (p50 until every child answers)\n\n")
+	fmt.Fprintf(summary, "| parent | n | ramify | host, isolated | host, bare forks | ramify / isolated | ramify / bare |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, state := range []string{"numpy", "objects"} {
 		args := []string{"-reps", strconv.Itoa(reps), "-state", state}
 		if len(sizes) > 0 {
@@ -130,10 +137,29 @@ func hostFloor(b *testing.B, ns []int, reps int) string {
 			if strings.HasPrefix(line, "fork floor") || strings.HasPrefix(line, "page faults") || strings.HasPrefix(line, "|") {
 				out.WriteString(line + "\n")
 			}
+			// A row: | n | isolated p50 | p99 | steps | bare p50 | ratio |
+			f := strings.Split(line, "|")
+			if len(f) != 8 {
+				continue
+			}
+			n, err := strconv.Atoi(strings.TrimSpace(f[1]))
+			iso, bare := msField(f[2]), msField(f[5])
+			if r, ok := p50s[state][n]; err == nil && ok && iso > 0 && bare > 0 {
+				fmt.Fprintf(summary, "| %s | %d | %.1f ms | %.1f ms | %.1f ms | %.1fx | %.1fx |\n", state, n, r, iso, bare, r/iso, r/bare)
+			}
 		}
 		out.WriteString("\n")
 	}
-	return out.String()
+	return out.String() + summary.String() + "\n"
+}
+
+// msField is a table cell such as " 92.2 ms " in milliseconds (0 if it is not one).
+func msField(cell string) float64 {
+	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(cell), " ms"), 64)
+	if err != nil {
+		return 0
+	}
+	return v
 }
 
 // ussSum and ussN add up the private memory (USS) of every fork child, measured once it has answered.
