@@ -271,6 +271,9 @@ func serveCmd(ctx context.Context, args []string) (err error) {
 	if pr, ok := cg.(cgroups.ParentRemover); ok {
 		undo.push("remove the cgroup parent", pr.RemoveCreatedParent)
 	}
+	if rl, ok := cg.(cgroups.Releaser); ok {
+		defer rl.Release() //nolint:errcheck // what is left, the next start takes over or the host's clean-up removes
+	}
 	netw, err := network.New(ctx, network.Config{Bridge: f.bridge, CIDR: f.subnet, EgressAllow: splitList(f.egressAllow), Owner: owner,
 		// Sandboxes resolve through the image's resolv.conf (a copy of the host's for the default image).
 		Resolvers: network.ResolversFrom("/etc/resolv.conf", filepath.Join(img.Rootfs, "etc", "resolv.conf"))}, log)

@@ -83,6 +83,12 @@ type ParentRemover interface {
 	RemoveCreatedParent() error
 }
 
+// Releaser is a Manager that holds something on the host for as long as it lives (v1: a frozen keeper cgroup in
+// its parent, see keepFreezerActive), which Release gives back; the server calls it as it stops. Idempotent.
+type Releaser interface {
+	Release() error
+}
+
 // missingDirs lists dir and its ancestors below root that do not exist, deepest first: what MkdirAll(dir) makes.
 func missingDirs(root, dir string) []string {
 	var out []string

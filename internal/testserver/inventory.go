@@ -15,9 +15,9 @@ import (
 )
 
 // Inventory is what a server's data directory has on the host, found the way an outsider would: cgroups under
-// its parent, layers under its data directory, veths on its bridge (or marked as its), its nftables pins, its
-// family inits, agents of its families that are in no sandbox cgroup, and its snapshot store's objects and
-// temporary files. Each list is sorted.
+// its parent (but its hidden keeper), layers under its data directory, veths on its bridge (or marked as its),
+// its nftables pins, its family inits, agents of its families that are in no sandbox cgroup, and its snapshot
+// store's objects and temporary files. Each list is sorted.
 type Inventory struct {
 	Cgroups       []string // cgroup names under ramify/<digest>
 	Layers        []string // layer ids
@@ -46,7 +46,8 @@ func (s *Server) Inventory() Inventory {
 	for _, pat := range []string{"/sys/fs/cgroup/*/ramify/" + owner + "/*", "/sys/fs/cgroup/ramify/" + owner + "/*"} {
 		ds, _ := filepath.Glob(pat)
 		for _, d := range ds {
-			if st, err := os.Stat(d); err == nil && st.IsDir() {
+			// Not the server's own hidden ones (cgroups v1: the frozen keeper, which is no sandbox's).
+			if st, err := os.Stat(d); err == nil && st.IsDir() && !strings.HasPrefix(filepath.Base(d), ".") {
 				cg[filepath.Base(d)] = true
 			}
 		}
