@@ -338,11 +338,11 @@ func TestThreadPoolsSizedToTheQuota(t *testing.T) {
 // also when the create is served from the warm pool, whose interpreters started before the env was known.
 func TestStartupEnvReachesTheInterpreter(t *testing.T) {
 	s := testserver.Start(t, "--warm-pool", "1")
-	for deadline := time.Now().Add(20 * time.Second); len(s.Inventory().Layers) == 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no warm sandbox\n%s", s.Log())
-		}
-	}
+	// Until the pool holds it (its layer alone, and a fixed wait, was not enough on a slow machine under load: the
+	// create then started a sandbox of its own).
+	waitUntil(t, 30*time.Second, func() bool {
+		return scrapeMetrics(t, s.URL+"/metrics", s.Key)["ramify_warm_pool_ready"].GetMetric()[0].GetGauge().GetValue() >= 1
+	}, func() string { return "no warm sandbox within 30 s\n" + s.Log() })
 	time.Sleep(300 * time.Millisecond) // its interpreter started
 	id := create(t, s, &client.CreateRequest{Env: map[string]string{"PYTHONPATH": "/opt/extra", "PYTHONHASHSEED": "7"}})
 	if !strings.Contains(s.Log(), "warm=true") {
