@@ -775,7 +775,7 @@ func TestRemoveCreatedParent(t *testing.T) {
 	if err != nil {
 		t.Skipf("cgroup v1 not usable here: %v", err)
 	}
-	t.Cleanup(func() { removeDirs(m.created) }) //nolint:errcheck
+	t.Cleanup(func() { m.RemoveCreatedParent() }) //nolint:errcheck // the keeper too
 	if len(m.created) != 2*len(m.dirs) {
 		t.Fatalf("created %v for %d hierarchies, want the parent and its own parent in each", m.created, len(m.dirs))
 	}

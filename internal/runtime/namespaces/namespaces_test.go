@@ -73,10 +73,27 @@ func newTestRuntime(t testing.TB, opts ...func(*Config)) *testEnv {
 		t.Fatal(err)
 	}
 	testSeq++
-	cg, err := cgroups.Detect(fmt.Sprintf("ramifytest/rt%d-%d", os.Getpid(), testSeq), log)
+	// Under a parent of its own: internal/cgroups's tests, which may run meanwhile, remove whatever is under theirs.
+	cgParent := fmt.Sprintf("ramifytest-rt/rt%d-%d", os.Getpid(), testSeq)
+	cg, err := cgroups.Detect(cgParent, log)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Last (cleanups run in reverse), once the runtime is closed: the manager's frozen keeper (cgroups v1), as a
+	// server's stop releases it, then this test's parent and, once no other test's is left, ramifytest-rt. A
+	// keeper left behind would keep the parent from being removed.
+	t.Cleanup(func() {
+		if rl, ok := cg.(cgroups.Releaser); ok {
+			if err := rl.Release(); err != nil {
+				t.Errorf("release the cgroup manager: %v", err)
+			}
+		}
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgParent)
+		for _, d := range append(dirs, "/sys/fs/cgroup/"+cgParent) {
+			os.Remove(d)               // empty once the runtime is closed; one still holding a cgroup is left
+			os.Remove(filepath.Dir(d)) // ramifytest-rt, if it is empty
+		}
+	})
 	br := fmt.Sprintf("rfyrt%d", os.Getpid()%100000)
 	nw, err := network.New(ctx, network.Config{Bridge: br, CIDR: "10.231.0.0/24"}, log)
 	if err != nil {
