@@ -81,10 +81,11 @@ func BenchmarkForkFloor(b *testing.B) {
 				tot, pcpu, scpu = append(tot, d), append(pcpu, pc), append(scpu, sc)
 			}
 			floor := bareFork(ctx, b, c, parent, n)
-			p50s[st.tag][n] = float64(tot.pct(.5).Microseconds()) / 1000
+			p50 := float64(tot.pct(.5).Microseconds()) / 1000
+			p50s[st.tag][n] = p50
 			rows = append(rows, row{key{st.name, n, false}, len(out.String())})
 			p("| %d | %s | %s | %s | %.1f ms | %.1fx | %s | %s | %.1f MiB |", n, ms(tot.pct(.5)), ms(tot.pct(.99)), firstS, floor,
-				float64(tot.pct(.5).Microseconds())/1000/floor, ms(pcpu.pct(.5)), ms(scpu.pct(.5)), float64(ussSum)/1024/float64(max(ussN, 1)))
+				p50/floor, ms(pcpu.pct(.5)), ms(scpu.pct(.5)), float64(ussSum)/1024/float64(max(ussN, 1)))
 		}
 		c.Delete(ctx, parent)
 		p("")
