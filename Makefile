@@ -5,7 +5,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 IMAGE_DIR ?= /var/cache/ramify/images
 DATA_DIR  ?= /var/lib/ramify
 
-.PHONY: all build setup run image test test-go test-race test-sdk test-ts test-console-firefox test-openapi test-examples test-fuzz bench vet clean
+.PHONY: all build forkchild setup run image test test-go test-race test-sdk test-ts test-console-firefox test-openapi test-examples test-fuzz bench vet clean
 
 all: build
 
@@ -23,6 +23,10 @@ build:
 
 setup:
 	@./scripts/setup
+
+# Rebuild the fork child helper (internal/agent/forkchild) after changing its C source; the .so is committed.
+forkchild:
+	./scripts/build-forkchild
 
 # Set up the host, build, and serve on 127.0.0.1:7070. The first start builds the default image (about a minute).
 run: setup build

@@ -28,29 +28,32 @@ import (
 )
 
 // replBootstrap reads the interpreter loop from fd 4 (writeReplPayload) and runs it: the code compiled ahead if this
-// interpreter's magic number is the one it was compiled by, else the source, compiled here (~20 ms of CPU).
+// interpreter's magic number is the one it was compiled by, else the source, compiled here (~20 ms of CPU). The
+// fork child helper that comes with it is left to the loop as _ramify_fork_helper.
 const replBootstrap = "import os, marshal, _frozen_importlib_external as _x; f = os.fdopen(4, 'rb'); d = f.read(); f.close(); " +
 	"n = int.from_bytes(d[4:8], 'big') if d[:4] == b'RMFY' else -1; " +
-	"code = marshal.loads(d[44:8 + n]) if n > 36 and d[8:12] == _x.MAGIC_NUMBER else compile(d[8 + n:] if n >= 0 else d, '<ramify-repl>', 'exec'); " +
-	"del f, d, n, _x, marshal; exec(code)"
+	"m = int.from_bytes(d[8 + n:12 + n], 'big') if n >= 0 else 0; _ramify_fork_helper = d[12 + n:12 + n + m] if m else None; " +
+	"code = marshal.loads(d[44:8 + n]) if n > 36 and d[8:12] == _x.MAGIC_NUMBER else compile(d[12 + n + m:] if n >= 0 else d, '<ramify-repl>', 'exec'); " +
+	"del f, d, n, m, _x, marshal; exec(code)"
 
 // writeReplPayload writes what an interpreter's bootstrap reads (writeBootstrapPayload) for this binary's loop:
-// its source and, if this binary embeds one compiled from that source, compiled/repl.pyc.
+// its source, if this binary embeds one compiled from that source, compiled/repl.pyc, and the fork child helper.
 func writeReplPayload(w io.Writer) error {
 	var pyc io.ReadSeeker
 	if f, err := compiled.Open("compiled/repl.pyc"); err == nil {
 		defer f.Close()
 		pyc, _ = f.(io.ReadSeeker)
 	}
-	return writeBootstrapPayload(w, replSource, pyc)
+	return writeBootstrapPayload(w, replSource, pyc, forkChildHelper)
 }
 
 // writeBootstrapPayload writes "RMFY", the length of pyc and pyc (the loop compiled ahead: magic number, SHA-256
-// of its source, marshalled code), then src, the loop's source; pyc is left out (length 0) unless compiled from
-// src. Everything goes through one 4 KiB buffer, straight from the embedded files: the payload built as one slice
-// (~140 KB, kept for reuse) and the copies of the two files it was built from were ~0.3 MB of private memory in
+// of its source, marshalled code), the length of helper and helper (forkchild.c compiled, which the loop loads at
+// its first fork), then src, the loop's source; pyc is left out (length 0) unless compiled from src.
+// Everything goes through one 4 KiB buffer, straight from the embedded files: the payload built as one slice
+// (~140 KB, kept for reuse) and the copies of the files it was built from were ~0.3 MB of private memory in
 // every agent that starts an interpreter.
-func writeBootstrapPayload(w io.Writer, src string, pyc io.ReadSeeker) error {
+func writeBootstrapPayload(w io.Writer, src string, pyc io.ReadSeeker, helper []byte) error {
 	buf := make([]byte, 4096)
 	// Plain readers and writers: io.CopyBuffer would otherwise hand the copy to a ReaderFrom or WriterTo, which
 	// allocate buffers or copies of their own (os.File's ReadFrom, strings.Reader's WriteTo).
@@ -73,9 +76,7 @@ func writeBootstrapPayload(w io.Writer, src string, pyc io.ReadSeeker) error {
 			}
 		}
 	}
-	header := append([]byte("RMFY"), 0, 0, 0, 0)
-	binary.BigEndian.PutUint32(header[4:], uint32(n))
-	if _, err := w.Write(header); err != nil {
+	if _, err := w.Write(binary.BigEndian.AppendUint32(append(buf[:0], "RMFY"...), uint32(n))); err != nil {
 		return err
 	}
 	if n > 0 {
@@ -85,6 +86,12 @@ func writeBootstrapPayload(w io.Writer, src string, pyc io.ReadSeeker) error {
 		if _, err := io.CopyBuffer(writer{w}, reader{io.LimitReader(pyc, n)}, buf); err != nil {
 			return err
 		}
+	}
+	if _, err := w.Write(binary.BigEndian.AppendUint32(buf[:0], uint32(len(helper)))); err != nil {
+		return err
+	}
+	if _, err := w.Write(helper); err != nil {
+		return err
 	}
 	_, err := io.WriteString(w, src) // os.File writes a string without copying it
 	return err

@@ -7,6 +7,7 @@ _sock = None
 _rfile = None
 # User code runs in a fresh __main__ module, so that pickle/dill see its functions and classes as __main__'s.
 import types as _types
+import _socket
 _main_mod = _types.ModuleType("__main__")
 _main_mod.__dict__["__builtins__"] = __builtins__
 sys.modules["__main__"] = _main_mod
@@ -546,15 +547,6 @@ def _send_fd(obj, fd):
     os.close(fd)
 
 
-def _setns(fd, nstype):
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    if _libc.setns(fd, nstype) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, "setns %#x: %s" % (nstype, os.strerror(e)))
-
-
 _CAPS = os.environ.pop("RAMIFY_CAPS", "")
 # The allocator settings ramify started this interpreter with (see heapEnv in repl.go) are not the sandbox's
 # environment: os.environ, and the processes this interpreter starts, get the sandbox's own values (or none).
@@ -603,12 +595,14 @@ def _confine():
 # A fork child must share nothing with its parent and siblings but what it was forked from: its descriptors
 # and shared memory mappings would otherwise still be the parent's objects (a directory of the parent's file
 # system to write through, the parent's sockets outside the child's network and egress policy, a MAP_SHARED
-# region both write). A child rebuilds them before it runs anything: see _fds_of, _rebuild_fds, _unshare_maps.
+# region both write). The parent lists its descriptors as it forks (_fds_of); each child makes them, and its
+# shared mappings, its own before it runs anything (internal/agent/forkchild/forkchild.c, _ForkHelper).
 
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _REOPEN_FLAGS = os.O_ACCMODE | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC | _O_PATH | getattr(os, "O_DIRECT", 0)
-_COPY_MAX = 64 << 20  # a deleted file or memfd up to this size is copied into a child; larger ones are not
-_maps_scan = None  # a _MapsScan, made at the first fork
+# The fork child's set-up, compiled (forkchild_amd64.so), as the bootstrap found it in its payload (repl.go).
+_fork_helper_so = globals().pop("_ramify_fork_helper", None)
+_fork_helper = None  # a _ForkHelper, made at the first fork
 
 
 def _fd_kind(fd):
@@ -653,84 +647,40 @@ def _fds_of(skip):
     return fds
 
 
-def _rebuild_fds(fds):
-    """In a fork child, in its own namespaces: make each descriptor of fds (_fds_of, taken in the parent's
-    namespaces) the child's own, at the same number, with the same mode, offset and close-on-exec flag."""
-    # Those another thread of the parent closed after they were listed, before the fork, are left alone: looked
-    # for before anything is opened here, which could take their numbers.
-    open_now = []
-    for fd, k in fds.items():
-        try:
-            fcntl.fcntl(fd, fcntl.F_GETFD)
-            open_now.append((fd, k))
-        except OSError:
-            pass
-    devnull = None
-    for fd, (how, path, flags, pos) in open_now:
-        nfd = -1
-        if how == "open":
-            try:
-                nfd = os.open(path, flags | os.O_NOCTTY)
-            except OSError:
-                pass  # gone in the child's file system: /dev/null takes its place
-        elif how == "copy":
-            nfd = _copy_file(fd, flags)
-        if nfd < 0:
-            if devnull is None:
-                devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-            nfd = devnull
-        os.dup2(nfd, fd, inheritable=not flags & os.O_CLOEXEC)
-        if nfd == devnull:
-            continue
-        os.close(nfd)
-        try:
-            os.lseek(fd, pos, os.SEEK_SET)
-        except OSError:
-            pass  # not seekable (a device, a directory opened O_PATH)
-    if devnull is not None:
-        os.close(devnull)
+_HOW = {"null": 0, "open": 1, "copy": 2}  # forkchild.c's FD_NULL, FD_OPEN, FD_COPY
+_BLOB = struct.Struct("<IiI5iI")  # magic "RFK1", the agent socket, the group, 4 namespaces and "moved", nkeep
+_FILE = struct.Struct("<iIiqI")  # fd, how, flags, offset, length of the path
+_ANSWER = struct.Struct("<iiiI")  # the child's agent socket, fd 1 and 2 piped, errno, length of what follows
 
 
-def _copy_file(fd, flags):
-    """A new descriptor (mode of flags) on a memfd holding a copy of regular file fd, or -1 when it cannot be
-    copied (not open for reading, an O_PATH descriptor, larger than _COPY_MAX)."""
-    if flags & _O_PATH or flags & os.O_ACCMODE == os.O_WRONLY or os.fstat(fd).st_size > _COPY_MAX:
-        return -1
-    mfd = os.memfd_create("ramify-fork-copy", os.MFD_CLOEXEC)
-    try:
-        off = 0
-        while True:
-            b = os.pread(fd, 1 << 20, off)
-            if not b:
-                break
-            os.write(mfd, b)
-            off += len(b)
-        return os.open("/proc/self/fd/%d" % mfd, flags)
-    except OSError:
-        return -1
-    finally:
-        os.close(mfd)
-
-
-class _MapsScan:
-    """What a fork child needs to find its shared mappings, made in the parent as it forks so that its children
-    do not each build it (a child's every allocation, and every page of its parent's it writes to, is memory of
-    its own): libc with mmap, mremap and mprotect declared, a buffer to read /proc/self/maps into, and the device
-    of the image's files, whose mappings need nothing (an image file never changes: a write to it makes a copy in
-    the sandbox's own layer)."""
+class _ForkHelper:
+    """The fork child's set-up in one foreign call, ramify_fork_child (internal/agent/forkchild/forkchild.c):
+    each child calls it before it runs any Python code of its own. Done in Python, the same steps (close what
+    the child does not keep, wait for the move, take the group, join the namespaces, make descriptors and shared
+    mappings its own, connect and attach) wrote to ~180 pages of the parent's heap that each child then copied
+    (~0.7 MiB of its own memory, ~215 page faults; the helper: ~0.1 MiB, ~35). Loaded at the first fork from
+    the bytes the agent sent with the loop; the parent packs each child's part (blob) before it forks."""
 
     def __init__(self):
-        global _libc
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.mmap.restype = ctypes.c_void_p
-        _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
-        _libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        _libc.mremap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
-        _libc.mremap.restype = ctypes.c_void_p
-        self.libc = _libc
-        self.failed = ctypes.c_void_p(-1).value  # MAP_FAILED
-        self.buf = bytearray(1 << 17)
+        global _fork_helper_so
+        if not _fork_helper_so:
+            raise OSError("this interpreter has no fork helper (an in-sandbox program built for another "
+                          "architecture, or older than its server)")
+        fd = os.memfd_create("ramify-fork-child", os.MFD_CLOEXEC)
+        try:
+            mv = memoryview(_fork_helper_so)
+            while mv:
+                mv = mv[os.write(fd, mv):]
+            lib = ctypes.CDLL("/proc/self/fd/%d" % fd)
+        finally:
+            os.close(fd)
+        _fork_helper_so = None  # mapped now; fork children of this process inherit the mapping
+        self.call = lib.ramify_fork_child
+        self.call.argtypes = (ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t)
+        self.call.restype = ctypes.c_int
+        # The answer's buffer, read in the child as a bytearray (no ctypes but the call itself).
+        self.out = bytearray(_ANSWER.size + (1 << 16))
+        self.out_c = (ctypes.c_char * len(self.out)).from_buffer(self.out)
         # The image's files report the st_dev of the image's file system (not the overlay's: overlayfs shows a
         # non-directory's own st_dev when its layers are on different file systems, as a btrfs layer over the
         # image directory is). Where the overlay shows its own for them too (all layers on one file system, or
@@ -738,73 +688,21 @@ class _MapsScan:
         exe = os.stat(os.path.realpath(sys.executable)).st_dev
         self.image_dev = exe if exe != os.stat("/").st_dev else None
 
-    def mappings(self):
-        """The shared mappings (start, end, perms, offset, path) of /proc/self/maps. Only the lines around a
-        "s " (perms of a shared mapping, or in a path) are split."""
-        found = []
-        buf, mv = self.buf, memoryview(self.buf)
-        fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            kept = 0  # a line begun at the end of the last read, moved to the buffer's start
-            while True:
-                n = os.readv(fd, [mv[kept:]])
-                if n == 0:
-                    break
-                cut = buf.rfind(b"\n", 0, kept + n) + 1
-                i = buf.find(b"s ", 0, cut)
-                while i >= 0:
-                    start = buf.rfind(b"\n", 0, i) + 1
-                    end = buf.find(b"\n", i)
-                    f = bytes(mv[start:end]).split(None, 5)  # range perms offset dev inode [path]
-                    if len(f) >= 5 and len(f[1]) == 4 and f[1].endswith(b"s"):
-                        lo, hi = f[0].split(b"-")
-                        found.append((int(lo, 16), int(hi, 16), f[1], int(f[2], 16),
-                                      f[5].decode(errors="surrogateescape") if len(f) > 5 else ""))
-                    i = buf.find(b"s ", end, cut)
-                kept = kept + n - cut
-                mv[:kept] = bytes(mv[cut:cut + kept])
-        finally:
-            os.close(fd)
-        return found
-
-
-def _unshare_maps(scan):
-    """In a fork child: make every MAP_SHARED mapping it inherited its own. A mapping of a file the child reaches
-    by path is mapped again from the child's copy of the file (its file system is a snapshot of the parent's);
-    any other (anonymous shared memory, SysV and POSIX shared memory, memfds, deleted files) is copied into new
-    anonymous shared memory moved over it. The content is what it is as the child gets here, a few milliseconds
-    after the fork."""
-    libc = scan.libc
-    for start, end, perms, offset, path in scan.mappings():
-        size = end - start
-        prot = (perms[0:1] == b"r" and mmap.PROT_READ) | (perms[1:2] == b"w" and mmap.PROT_WRITE) | \
-            (perms[2:3] == b"x" and mmap.PROT_EXEC)
-        if path.startswith("/") and not path.endswith(" (deleted)"):
-            try:
-                ffd = os.open(path, os.O_RDWR if prot & mmap.PROT_WRITE else os.O_RDONLY)
-            except OSError:
-                ffd = -1
-            if ffd >= 0:
-                try:
-                    st = os.fstat(ffd)
-                    # An image file (glibc's gconv cache, say) is left as it is: nothing changes it, a write
-                    # makes a copy in the layer. Else the child's file is mapped in place of the parent's
-                    # (MAP_FIXED).
-                    if stat.S_ISREG(st.st_mode) and (st.st_dev == scan.image_dev or libc.mmap(
-                            start, size, prot, mmap.MAP_SHARED | 0x10, ffd, offset) == start):
-                        continue
-                finally:
-                    os.close(ffd)
-        # A copy: new shared memory, filled, then moved over the old mapping (mremap MAYMOVE|FIXED).
-        new = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS, -1, 0)
-        if new == scan.failed or new is None:
-            raise OSError(ctypes.get_errno(), "copy shared mapping %x-%x" % (start, end))
-        if not prot & mmap.PROT_READ:
-            libc.mprotect(start, size, prot | mmap.PROT_READ)
-        ctypes.memmove(new, start, size)
-        libc.mprotect(new, size, prot)
-        if libc.mremap(new, size, size, 3, start) != start:  # MREMAP_MAYMOVE | MREMAP_FIXED
-            raise OSError(ctypes.get_errno(), "move shared mapping copy to %x" % start)
+    def blob(self, t, own, files, sock):
+        """What the child for target t needs (forkchild.c reads it in this order): own, its 4 namespace
+        descriptors and its "moved" pipe; files, the parent's descriptors (_fds_of); sock, the parent's agent
+        socket, kept until the child has its own."""
+        keep = sorted(set(files) | set(own) | {0, 1, 2, sock})
+        cwd = os.fsencode(t.get("cwd") or "")
+        prefix = ('{"op": "attach_repl", "token": %s, "pid": ' % json.dumps(t["token"])).encode()
+        parts = [_BLOB.pack(0x314B4652, sock, t["gid"], *own, len(keep)), struct.pack("<%di" % len(keep), *keep),
+                 struct.pack("<I", len(cwd)), cwd,
+                 struct.pack("<IQ", self.image_dev is not None, self.image_dev or 0),
+                 struct.pack("<I", len(prefix)), prefix, struct.pack("<I", len(files))]
+        for fd, (how, path, flags, pos) in files.items():
+            p = os.fsencode(path) if path else b""
+            parts += [_FILE.pack(fd, _HOW[how], flags, pos, len(p)), p]
+        return b"".join(parts)
 
 
 def _fork(req):
@@ -818,25 +716,23 @@ def _fork(req):
     # for 250 MB of dicts and lists). A child's own objects are collected as usual; a cycle it inherited that
     # it drops stays until it forks itself. The parent takes its objects back at once, unless the session had
     # frozen some itself (gc.freeze), which it keeps.
-    global _fork_froze, _maps_scan
+    global _fork_froze, _fork_helper
     ours = _fork_froze or gc.get_freeze_count() == 0
     gc.freeze()
     try:
-        files = _fds_of(set(nsfds) | {_sock.fileno()})
-        if _maps_scan is None:
-            _maps_scan = _MapsScan()
+        sock = _sock.fileno()
+        files = _fds_of(set(nsfds) | {sock})
+        if _fork_helper is None:
+            _fork_helper = _ForkHelper()
+        blobs = [_fork_helper.blob(t, nsfds[t["ns"]:t["ns"] + 5], files, sock) for t in req["targets"]]
         pids = []
-        for t in req["targets"]:
+        for t, blob in zip(req["targets"], blobs):
             sys.stdout.flush()
             pid = os.fork()
             if pid == 0:
                 _fork_froze = True
                 try:
-                    own = nsfds[t["ns"]:t["ns"] + 5]
-                    for fd in nsfds:
-                        if fd not in own:
-                            os.close(fd)
-                    _become_child(t, files, own, _maps_scan)
+                    _become_child(t, blob)
                 except BaseException:
                     _log_failure("fork child for agent %s failed:\n%s" % (t.get("agent_pid"), traceback.format_exc()))
                 os._exit(70)
@@ -859,68 +755,36 @@ def _log_failure(msg):
         pass
 
 
-def _become_child(t, files, nsfds, scan):
+def _become_child(t, blob):
+    """In a fork child: become target t's interpreter (forkchild.c does it all, blob says how), then serve it."""
     global _sock, _rfile, _emit_sync
     _emit_sync = False
-    old = _sock
-    # A descriptor another thread of the parent opened after the parent listed its own, as it forked, is
-    # closed: whatever it is, it is the parent's (close_range over the gaps; listing them here would cost every
-    # child memory of its own).
-    prev = -1
-    for fd in sorted(set(files) | set(nsfds) | {0, 1, 2, old.fileno()}):
-        if fd > prev + 1:
-            os.closerange(prev + 1, fd)
-        prev = fd
-    os.closerange(prev + 1, 1 << 30)
-    # Wait until the server has moved this process into the child's cgroup: it writes one byte to this pipe
-    # after the move (end of file instead: the fork failed). Blocked in read, a child costs no CPU while it waits.
-    moved = nsfds.pop()
-    if os.read(moved, 1) != b"\x01":
-        _log_failure("not moved into cgroup %s: the fork was abandoned" % t.get("cgroup"))
-        os._exit(72)
-    os.close(moved)
-    # Take the child sandbox's group: with it, the parent's and the siblings' processes are out of this one's
-    # reach, and it out of theirs (see SandboxGID in caps.go). Everything this interpreter starts from now on
-    # inherits it. The seccomp supervisor allows only the group of the sandbox whose cgroup this process is in,
-    # so the change also proves the move (no /proc/self/cgroup read here: ~70 pages of the parent's heap copied
-    # and 0.5 ms per child for a check the supervisor makes anyway).
-    try:
-        os.setresgid(t["gid"], t["gid"], t["gid"])
-    except PermissionError:
-        _log_failure("told it was moved, but the supervisor refused the group of the sandbox in cgroup %s" % t.get("cgroup"))
-        os._exit(72)
-    # Join the target's IPC, UTS, network and mount namespaces (the mount namespace last).
-    for fd, flag in zip(nsfds, (0x08000000, 0x04000000, 0x40000000, 0x00020000)):
-        _setns(fd, flag)
-        os.close(fd)
-    try:
-        os.chdir(t.get("cwd") or "/")
-    except OSError:
-        os.chdir("/")
-    _rebuild_fds(files)
-    _unshare_maps(scan)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect("\0ramify-agent")
-    old.close()
+    _sock.detach()  # the helper closes it once it has connected this child's own
+    h = _fork_helper
+    rc = h.call(blob, len(blob), h.out_c, len(h.out))
+    sock, piped, err, n = _ANSWER.unpack_from(h.out)
+    data = bytes(h.out[_ANSWER.size:_ANSWER.size + n])
+    if rc:
+        if rc == 72 and data == b"moved":
+            # The server writes one byte to the "moved" pipe once this process is in the child's cgroups; end
+            # of file instead: the fork failed.
+            _log_failure("not moved into cgroup %s: the fork was abandoned" % t.get("cgroup"))
+        elif rc == 72:
+            _log_failure("told it was moved, but the supervisor refused the group of the sandbox in cgroup %s" % t.get("cgroup"))
+        elif rc == 71:
+            _log_failure("agent refused the attach: %r" % data)
+        else:
+            _log_failure("fork child for agent %s failed: %s: %s" % (t.get("agent_pid"), data.decode(errors="replace"), os.strerror(err)))
+        os._exit(rc)
+    s = _socket.socket(fileno=sock)  # the C type: what the loop uses of a socket, without socket.py's class
     _sock = s
     _rfile = _Reader(s)
+    _rfile.buf += data[data.index(b"\n") + 1:]  # what the agent sent after its answer, if anything
     del _forked[:]
-    _send({"op": "attach_repl", "token": t["token"], "pid": os.getpid()})
-    line = _rfile.readline()
-    if not line or json.loads(line).get("type") != "ok":
-        _log_failure("agent refused the attach: %r" % line)
-        os._exit(71)
-    # The answer brings this sandbox's agent's stdout and stderr pipes: fd-level output (subprocesses, C code)
-    # goes there from now on, not to the parent's agent, and each run ends with sync markers again.
-    pipes, _rfile.fds = _rfile.fds, []
-    if len(pipes) == 2:
-        os.dup2(pipes[0], 1)
-        os.dup2(pipes[1], 2)
-        _emit_sync = True
-    for fd in pipes:
-        os.close(fd)
-    # This process stays under the parent interpreter's seccomp filter (a process can have only one filter
+    # fd-level output (subprocesses, C code) goes to this sandbox's agent now, and each run ends with sync markers
+    # again. This process stays under the parent interpreter's seccomp filter (a process can have only one filter
     # with a listener); the child's agent adopts a copy of that filter's listener from the parent's agent.
+    _emit_sync = bool(piped)
     _serve()
     os._exit(0)
 
