@@ -268,6 +268,11 @@ type Reclaimed struct {
 	Cgroups   int
 	Veths     int // host veths and their nftables elements
 	Layers    int
+	// KeptSaves: the running sandboxes (by id) whose save copy's cgroup, left by a server killed during a pause
+	// or a template's capture, still held more than SaveKeptSlack once emptied, and how much: memory the
+	// sandbox's processes keep outside its limit, which goes only with them (SaveCopier). The caller restarts
+	// their processes (Healer.Revive).
+	KeptSaves map[string]int64
 }
 
 // Reclaimer is implemented by runtimes that can find, at start-up, the resources of this server (and only of

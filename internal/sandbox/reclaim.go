@@ -49,6 +49,20 @@ func (s *Service) reclaim(ctx context.Context) {
 		s.logReclaimed("cgroups", got.Cgroups)
 		s.logReclaimed("veths", got.Veths)
 		s.logReclaimed("layers", got.Layers)
+		// A save cut short by the restart whose copy wrote into memory the sandbox keeps: as after a save that
+		// ended (restartKeptSave), that memory goes only with the sandbox's processes.
+		for id, kept := range got.KeptSaves {
+			e := s.items[id]
+			if e == nil || Status(e.rec.Status) != StatusRunning {
+				continue
+			}
+			ke := &saveKeptError{kept: kept}
+			if pi := s.pauseInfo(e); pi.Error != "" { // a pause's (recovered as interrupted), not a capture's
+				pi.Error += "; " + ke.Error()
+				s.setPauseInfo(e, pi)
+			}
+			s.restartKeptSave(e, e.handle, ke)
+		}
 	}
 	if s.cfg.Snapshots == nil {
 		return

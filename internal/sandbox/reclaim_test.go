@@ -253,3 +253,37 @@ func TestMergeWhoseSwapFailsKeepsBoth(t *testing.T) {
 		t.Fatalf("merge again: %v", err)
 	}
 }
+
+// TestRestartRestartsASandboxWhoseSaveKeptMemory: a save copy's cgroup that a server killed mid-save left still
+// holding memory (the runtime's reclaim reports it kept: memory the sandbox's processes hold outside its limit)
+// has the next start restart that sandbox's processes, which says so in its next run_code; another running
+// sandbox is untouched, and a further start finds nothing to do.
+func TestRestartRestartsASandboxWhoseSaveKeptMemory(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	kept, other := e.create(), e.create()
+	e.run(kept, "x = one")
+	e.run(other, "x = two")
+	e.rt.LeaveSaveKept(kept, 400<<20)
+	e.svc.Close()
+	e.start()
+	if e.status(kept) != StatusRunning || e.status(other) != StatusRunning {
+		t.Fatalf("after the restart: %s %s, want both running", e.status(kept), e.status(other))
+	}
+	ex, err := e.svc.RunCode(ctx, kept, RunCodeRequest{Code: "x"}, nil)
+	if err != nil || ex.Error == nil || !strings.Contains(ex.Error.Value, "400.0 MiB written by the session's own code as it was saved") {
+		t.Fatalf("the first run after the restart: %+v %v, want it to say the processes were restarted", ex, err)
+	}
+	if ex, err := e.svc.RunCode(ctx, kept, RunCodeRequest{Code: "x"}, nil); err != nil || ex.Error == nil {
+		t.Errorf("the restarted sandbox kept its interpreter's state: %+v %v", ex, err)
+	}
+	if got := e.run(other, "x"); got != "two" {
+		t.Errorf("the other sandbox after the restart: x = %q", got)
+	}
+	e.svc.Close()
+	e.start()
+	e.run(kept, "y = three")
+	if got := e.run(kept, "y"); got != "three" {
+		t.Errorf("after a further start: y = %q", got)
+	}
+}

@@ -103,3 +103,75 @@ filler = Filler()
 		t.Errorf("/dev/shm after the restart: %+v %v", res, err)
 	}
 }
+
+// The same across a restart: a server killed while a pause's save copy runs leaves the copy's cgroup behind, and
+// what the copy wrote into memory the sandbox keeps (a memfd the interpreter made before the pause) must not stay
+// outside the sandbox's limit once the next server start has removed that cgroup. The start finds it (the reclaim
+// scan) and restarts the sandbox's processes, as after a save that ended.
+func TestSaveBudgetIsNotKeptAcrossARestart(t *testing.T) {
+	s := testserver.Start(t, "--fork-ahead", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := s.Client.Create(ctx, client.CreateRequest{MemMiB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	defer s.Client.Delete(context.Background(), id) //nolint:errcheck // the server's stop removes it anyway
+	// The copy writes 400 MiB into the memfd (within its 512 MiB budget, past the sandbox's 256), then waits.
+	ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: `import os, time
+held = os.memfd_create("held")
+class Filler:
+    def __reduce__(self):
+        chunk = b"\x01" * (1 << 20)
+        for i in range(400):
+            os.pwrite(held, chunk, i << 20)
+        time.sleep(120)
+        return (Filler, ())
+filler = Filler()
+1`})
+	if err != nil || ex.Error != nil {
+		t.Fatalf("setup: %v %+v", err, ex)
+	}
+	memory := "/sys/fs/cgroup/memory/ramify/" + s.Owner()
+	usage := func(dir string) int64 {
+		b, _ := os.ReadFile(dir + "/memory.usage_in_bytes")
+		u, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return u
+	}
+	save := memory + "/" + id + "-save"
+	if _, _, err := s.Client.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); usage(save) < 400<<20; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the save copy did not write its 400 MiB (cgroup %s: %d MiB)", save, usage(save)>>20)
+		}
+	}
+	// The server dies while the copy saves: the 400 MiB stay charged to its cgroup, held by the interpreter.
+	s.Kill()
+	before := usage(memory)
+	s.Restart()
+	if _, err := os.Stat(save); !os.IsNotExist(err) {
+		t.Errorf("the save copy's cgroup after the restart: %v", err)
+	}
+	if after := usage(memory); after > before-300<<20 {
+		t.Errorf("the server's cgroups hold %d MiB after the restart, %d MiB before it: the 400 MiB the copy wrote were kept",
+			after>>20, before>>20)
+	}
+	ex, err = s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: `os.fstat(held).st_size >> 20`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// It was restarted, and says so: its state is lost, its files kept.
+	if ex.Error == nil || !strings.Contains(ex.Error.Value, "outside the sandbox's mem_mib") {
+		t.Errorf("the run after the restart: %+v %+v", ex.Value, ex.Error)
+	}
+	if got, err := s.Client.Get(ctx, id); err != nil || got.Status != client.StatusRunning || got.Pause == nil ||
+		!strings.Contains(got.Pause.Error, "server restart") || !strings.Contains(got.Pause.Error, "outside its mem_mib") {
+		t.Errorf("the sandbox after the restart: %+v %v", got, err)
+	}
+	if v, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "1 + 1"}); err != nil || v.Value == nil || *v.Value != "2" {
+		t.Errorf("the restarted sandbox runs code: %+v %v", v, err)
+	}
+}

@@ -53,7 +53,8 @@ type Runtime struct {
 	gates     map[string]chan struct{}
 	nextPid   int
 	layers    int
-	prepared  map[string]int // PrepareResume calls, by their packages joined with ","
+	prepared  map[string]int   // PrepareResume calls, by their packages joined with ","
+	keptSaves map[string]int64 // LeaveSaveKept: what the next Reclaim reports kept, by sandbox id
 }
 
 // Sandbox is one fake sandbox.
@@ -197,6 +198,17 @@ func (r *Runtime) Kill(id string) {
 	if sb := r.sandboxes[id]; sb != nil {
 		sb.dead = true
 	}
+}
+
+// LeaveSaveKept has the next Reclaim find sandbox id's save copy's cgroup left over and still holding kept
+// bytes (a server killed during a save whose copy wrote into memory the sandbox keeps).
+func (r *Runtime) LeaveSaveKept(id string, kept int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.keptSaves == nil {
+		r.keptSaves = map[string]int64{}
+	}
+	r.keptSaves[id] = kept
 }
 
 // Frozen reports whether the sandbox named id is frozen.
@@ -799,7 +811,8 @@ var _ runtime.Reclaimer = (*Runtime)(nil)
 
 // Reclaim implements runtime.Reclaimer: it forgets every sandbox that no running handle names (by id and pid),
 // counting the live ones as processes, and removes every layer directory that neither a running handle nor
-// owned.Layers names.
+// owned.Layers names. Save copies' cgroups left with LeaveSaveKept count as cgroups, and as kept for those of
+// running sandboxes.
 func (r *Runtime) Reclaim(ctx context.Context, owned runtime.Owned) (runtime.Reclaimed, error) {
 	var res runtime.Reclaimed
 	if err := r.fault(ctx, "Reclaim", ""); err != nil {
@@ -814,6 +827,16 @@ func (r *Runtime) Reclaim(ctx context.Context, owned runtime.Owned) (runtime.Rec
 		keep[l] = true
 	}
 	r.mu.Lock()
+	for id, kept := range r.keptSaves {
+		if _, running := pids[id]; running {
+			if res.KeptSaves == nil {
+				res.KeptSaves = map[string]int64{}
+			}
+			res.KeptSaves[id] = kept
+		}
+		res.Cgroups++
+	}
+	r.keptSaves = nil
 	for id, sb := range r.sandboxes {
 		if !sb.dead && pids[id] == sb.Pid {
 			continue

@@ -35,17 +35,19 @@ func (r *Runtime) Reclaim(ctx context.Context, owned runtime.Owned) (runtime.Rec
 	var errs []error
 	inits, agents := map[[2]uint64]bool{}, map[[2]uint64]bool{}
 	cgs, veths, layers := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	saves := map[string]string{} // a running sandbox's save copy's cgroup name: the sandbox's id
 	for _, h := range owned.Running {
 		inits[[2]uint64{uint64(h.InitPid), h.InitStart}] = true
 		agents[[2]uint64{uint64(h.AgentPid), h.AgentStart}] = true
 		cgs[h.CgroupName()], cgs[h.FamilyID], veths[vethOf(h)], layers[h.Layer()] = true, true, true, true
+		saves[saveCgroupName(h.CgroupName())] = h.ID
 	}
 	for _, l := range owned.Layers {
 		layers[l] = true
 	}
 	res.Processes = r.killOrphanProcesses(inits, agents)
-	n, err := r.reclaimCgroups(ctx, cgs)
-	res.Cgroups = n
+	n, kept, err := r.reclaimCgroups(ctx, cgs, saves)
+	res.Cgroups, res.KeptSaves = n, kept
 	errs = append(errs, err)
 	if r.cfg.Network != nil {
 		n, err := r.cfg.Network.Reclaim(func(v string) bool { return veths[v] })
@@ -118,13 +120,17 @@ func allPids() []int {
 }
 
 // reclaimCgroups kills the processes in, and removes, every cgroup under this server's parent that keep does
-// not name.
-func (r *Runtime) reclaimCgroups(ctx context.Context, keep map[string]bool) (int, error) {
+// not name. A running sandbox's save copy's cgroup (saves: its name to the sandbox's id), left by a server killed
+// during a save, may still hold memory once emptied that the sandbox's own processes keep (what the copy wrote
+// into a memfd or /dev/shm as it saved): removed, that memory would count against nothing. Those sandboxes and
+// what their processes keep are returned (removeSaveCgroup), for their processes to be restarted.
+func (r *Runtime) reclaimCgroups(ctx context.Context, keep map[string]bool, saves map[string]string) (int, map[string]int64, error) {
 	names, err := r.cfg.Cgroups.List()
 	if err != nil {
-		return 0, fmt.Errorf("reclaim cgroups: %w", err)
+		return 0, nil, fmt.Errorf("reclaim cgroups: %w", err)
 	}
 	n := 0
+	var kept map[string]int64
 	var errs []error
 	for _, name := range names {
 		if keep[name] {
@@ -137,6 +143,16 @@ func (r *Runtime) reclaimCgroups(ctx context.Context, keep map[string]bool) (int
 		if err != nil {
 			continue // gone meanwhile
 		}
+		if id, ok := saves[name]; ok {
+			if k := removeSaveCgroup(cg); k > runtime.SaveKeptSlack {
+				if kept == nil {
+					kept = map[string]int64{}
+				}
+				kept[id] = k
+			}
+			n++
+			continue
+		}
 		if err := cg.Kill(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("reclaim cgroup %s: %w", name, err))
 			continue
@@ -147,7 +163,7 @@ func (r *Runtime) reclaimCgroups(ctx context.Context, keep map[string]bool) (int
 		}
 		n++
 	}
-	return n, errors.Join(errs...)
+	return n, kept, errors.Join(errs...)
 }
 
 // reclaimLayers removes every layer that keep does not name.
