@@ -35,15 +35,43 @@ func TestSaveBudgetIsNotKeptThroughSharedMemory(t *testing.T) {
 	}
 }
 
-func saveKeepsMemory(t *testing.T, s *testserver.Server, setup, write, check string, template bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+// keptSandbox creates the sandbox of 256 MiB whose save copy will write 400 MiB, deleted at the test's end.
+func keptSandbox(t *testing.T, ctx context.Context, s *testserver.Server) string {
+	t.Helper()
 	sb, err := s.Client.Create(ctx, client.CreateRequest{MemMiB: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := sb.ID
-	defer s.Client.Delete(context.Background(), id) //nolint:errcheck // the server's stop removes it anyway
+	t.Cleanup(func() { s.Client.Delete(context.Background(), sb.ID) }) //nolint:errcheck // the server's stop removes it anyway
+	return sb.ID
+}
+
+// checkRestarted checks that sandbox id's processes were restarted for the memory its save kept, and that it says
+// so: the next run_code fails saying why, it is running with pause.error naming the cause (a pause's: wantPause),
+// and it runs code again.
+func checkRestarted(t *testing.T, ctx context.Context, s *testserver.Server, id string, ex *client.Execution, wantPause ...string) {
+	t.Helper()
+	if ex.Error == nil || !strings.Contains(ex.Error.Value, "outside the sandbox's mem_mib") {
+		t.Errorf("the run after the save: %+v %+v", ex.Value, ex.Error)
+	}
+	got, err := s.Client.Get(ctx, id)
+	if err != nil || got.Status != client.StatusRunning {
+		t.Errorf("the sandbox after the save: %+v %v", got, err)
+	}
+	for _, want := range wantPause {
+		if got == nil || got.Pause == nil || !strings.Contains(got.Pause.Error, want) {
+			t.Errorf("the sandbox's pause after the save: %+v, want its error to say %q", got, want)
+		}
+	}
+	if v, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "1 + 1"}); err != nil || v.Value == nil || *v.Value != "2" {
+		t.Errorf("the restarted sandbox runs code: %+v %v", v, err)
+	}
+}
+
+func saveKeepsMemory(t *testing.T, s *testserver.Server, setup, write, check string, template bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id := keptSandbox(t, ctx, s)
 	// The copy writes 400 MiB (within its 512 MiB budget, past the sandbox's 256), then exits: the pause fails
 	// and the sandbox runs on.
 	ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: `import os
@@ -89,16 +117,11 @@ filler = Filler()
 		t.Fatalf("the sandbox keeps 400 MiB its save copy wrote while its own cgroup counts %d MiB of its 256", u>>20)
 	}
 	// It was restarted, and says so: its state is lost, its files kept.
-	if ex.Error == nil || !strings.Contains(ex.Error.Value, "outside the sandbox's mem_mib") {
-		t.Errorf("the run after the save: %+v %+v", ex.Value, ex.Error)
+	var wantPause []string
+	if !template {
+		wantPause = []string{"outside its mem_mib"}
 	}
-	if got, err := s.Client.Get(ctx, id); err != nil || got.Status != client.StatusRunning ||
-		!template && (got.Pause == nil || !strings.Contains(got.Pause.Error, "outside its mem_mib")) {
-		t.Errorf("the sandbox after the save: %+v %v", got, err)
-	}
-	if v, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "1 + 1"}); err != nil || v.Value == nil || *v.Value != "2" {
-		t.Errorf("the restarted sandbox runs code: %+v %v", v, err)
-	}
+	checkRestarted(t, ctx, s, id, ex, wantPause...)
 	if res, err := s.Client.Exec(ctx, id, client.ExecRequest{Cmd: "ls /dev/shm"}); err != nil || strings.Contains(res.Stdout, "held") {
 		t.Errorf("/dev/shm after the restart: %+v %v", res, err)
 	}
@@ -112,12 +135,7 @@ func TestSaveBudgetIsNotKeptAcrossARestart(t *testing.T) {
 	s := testserver.Start(t, "--fork-ahead", "0")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	sb, err := s.Client.Create(ctx, client.CreateRequest{MemMiB: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := sb.ID
-	defer s.Client.Delete(context.Background(), id) //nolint:errcheck // the server's stop removes it anyway
+	id := keptSandbox(t, ctx, s)
 	// The copy writes 400 MiB into the memfd (within its 512 MiB budget, past the sandbox's 256), then waits.
 	ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: `import os, time
 held = os.memfd_create("held")
@@ -164,14 +182,5 @@ filler = Filler()
 		t.Fatal(err)
 	}
 	// It was restarted, and says so: its state is lost, its files kept.
-	if ex.Error == nil || !strings.Contains(ex.Error.Value, "outside the sandbox's mem_mib") {
-		t.Errorf("the run after the restart: %+v %+v", ex.Value, ex.Error)
-	}
-	if got, err := s.Client.Get(ctx, id); err != nil || got.Status != client.StatusRunning || got.Pause == nil ||
-		!strings.Contains(got.Pause.Error, "server restart") || !strings.Contains(got.Pause.Error, "outside its mem_mib") {
-		t.Errorf("the sandbox after the restart: %+v %v", got, err)
-	}
-	if v, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: "1 + 1"}); err != nil || v.Value == nil || *v.Value != "2" {
-		t.Errorf("the restarted sandbox runs code: %+v %v", v, err)
-	}
+	checkRestarted(t, ctx, s, id, ex, "server restart", "outside its mem_mib")
 }
