@@ -664,8 +664,8 @@ class _ForkHelper:
     def __init__(self):
         global _fork_helper_so
         if not _fork_helper_so:
-            raise OSError("this interpreter has no fork helper (an in-sandbox program built for another "
-                          "architecture, or older than its server)")
+            raise OSError("this build of ramify has no fork child helper for this architecture "
+                          "(internal/agent/forkchild is built for x86-64)")
         fd = os.memfd_create("ramify-fork-child", os.MFD_CLOEXEC)
         try:
             mv = memoryview(_fork_helper_so)
