@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -44,7 +45,7 @@ func fillDirect(ctx context.Context, f *os.File, r io.Reader) (int64, string, er
 		if err != nil {
 			return 0, "", err
 		}
-		defer unix.Munmap(b) //nolint:errcheck // after every goroutine below is done with it
+		defer freeBuffer(b) // after every goroutine below is done with it
 		free <- b
 	}
 	// Each chunk read goes to the hasher and to a writer; its buffer is free again once both are done with it.
@@ -201,7 +202,7 @@ func openDirect(f *os.File) io.ReadCloser {
 		b, err := alignedBuffer(directReadChunk)
 		if err != nil {
 			for _, b := range d.bufs {
-				unix.Munmap(b) //nolint:errcheck
+				freeBuffer(b)
 			}
 			unix.FcntlInt(f.Fd(), unix.F_SETFL, flags) //nolint:errcheck
 			return f
@@ -267,9 +268,33 @@ func setDirect(f *os.File) (flags int, direct bool, err error) {
 	return flags, derr == nil, nil
 }
 
-// alignedBuffer returns a page-aligned buffer of n bytes, as O_DIRECT requires; unix.Munmap frees it.
+// hugePage is the size of a transparent huge page (x86-64, and arm64 with 4 KiB pages).
+const hugePage = 2 << 20
+
+// alignedBuffer returns a buffer of n bytes of fresh memory (n a multiple of 2 MiB), page-aligned as O_DIRECT
+// requires and aligned to 2 MiB, backed by transparent huge pages where the host gives them (MADV_HUGEPAGE;
+// "madvise" or "always" mode): filling a 4 MiB chunk then takes 2 page faults instead of 1,024, which cost ~20 ms
+// on a VM whose faults cost ~20 us (a 10 MB session's pause spent ~45 ms on them). freeBuffer frees it.
 func alignedBuffer(n int) ([]byte, error) {
-	return unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(n+hugePage), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, err
+	}
+	head := -uintptr(p) & (hugePage - 1) // bytes up to the first 2 MiB boundary
+	if head > 0 {
+		unix.MunmapPtr(p, head) //nolint:errcheck // only address space
+	}
+	if tail := hugePage - head; tail > 0 {
+		unix.MunmapPtr(unsafe.Add(p, head+uintptr(n)), tail) //nolint:errcheck // only address space
+	}
+	b := unsafe.Slice((*byte)(unsafe.Add(p, head)), n)
+	unix.Madvise(b, unix.MADV_HUGEPAGE) //nolint:errcheck // without transparent huge pages: small pages, as before
+	return b, nil
+}
+
+// freeBuffer frees a buffer from alignedBuffer.
+func freeBuffer(b []byte) {
+	unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b)), uintptr(cap(b))) //nolint:errcheck // nothing to do about it
 }
 
 func (d *directReader) Read(p []byte) (int, error) {
@@ -302,7 +327,7 @@ func (d *directReader) Close() error {
 	close(d.stop)
 	d.wg.Wait()
 	for _, b := range d.bufs {
-		unix.Munmap(b) //nolint:errcheck
+		freeBuffer(b)
 	}
 	return d.f.Close()
 }
