@@ -57,7 +57,7 @@ func (s *Service) reclaim(ctx context.Context) {
 				continue
 			}
 			ke := &saveKeptError{kept: kept}
-			if pi := s.pauseInfo(e); pi.Error != "" { // a pause's (recovered as interrupted), not a capture's
+			if pi := s.pauseInfo(e); pi.Error == pauseInterruptedByRestart { // a pause's, not a capture's
 				pi.Error += "; " + ke.Error()
 				s.setPauseInfo(e, pi)
 			}

@@ -26,6 +26,9 @@ import (
 	"github.com/ramify-dev/ramify/internal/store"
 )
 
+// pauseInterruptedByRestart is the pause error of a sandbox whose pause a server restart cut short, running again.
+const pauseInterruptedByRestart = "pause interrupted by a server restart"
+
 // IPAllocator hands out sandbox addresses.
 type IPAllocator interface {
 	Allocate(inUse func(net.IP) bool) (net.IP, error)
@@ -241,7 +244,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 			if err := cfg.Runtime.Recover(ctx, e.handle); err == nil {
 				s.recoverAs(e, StatusRunning)
 				pi := s.pauseInfo(e)
-				pi.Error = "pause interrupted by a server restart"
+				pi.Error = pauseInterruptedByRestart
 				s.setPauseInfo(e, pi)
 			} else if rec.Snapshot != "" {
 				// The snapshot was complete and the sandbox already freed: it is paused.
