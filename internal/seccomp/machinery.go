@@ -55,7 +55,7 @@ func denySegments(numbers map[string]uint32, names []string) []segment {
 }
 
 func machineryInstructions() []bpf.Instruction {
-	return dispatch(denySegments(x8664Numbers, machineryClosed), denySegments(i386Numbers, machineryClosed))
+	return dispatch(denySegments(x8664Numbers(), machineryClosed), denySegments(i386Numbers(), machineryClosed))
 }
 
 // MachineryProgram returns the family init's and agents' filter (see machineryClosed).

@@ -3,6 +3,7 @@
 package seccomp
 
 import (
+	"maps"
 	"testing"
 
 	"golang.org/x/net/bpf"
@@ -22,8 +23,8 @@ var archs = []struct {
 	numbers  map[string]uint32
 	notified map[uint32]op
 }{
-	{"x86_64", auditArchX8664, x8664Numbers, syscallsX8664},
-	{"i386", auditArchI386, i386Numbers, syscallsI386},
+	{"x86_64", auditArchX8664, x8664Numbers(), syscallsX8664},
+	{"i386", auditArchI386, i386Numbers(), syscallsI386},
 }
 
 func TestProgramBuilds(t *testing.T) {
@@ -44,9 +45,10 @@ func TestProgramBuilds(t *testing.T) {
 // Every name of the policy must be a syscall of some architecture (a typo would silently close or not open it),
 // and no name may be both open and closed.
 func TestPolicyNames(t *testing.T) {
+	x86, i386 := x8664Numbers(), i386Numbers()
 	known := func(n string) bool {
-		_, a := x8664Numbers[n]
-		_, b := i386Numbers[n]
+		_, a := x86[n]
+		_, b := i386[n]
 		return a || b
 	}
 	seen := map[string]string{}
@@ -280,7 +282,7 @@ func TestPolicyArguments(t *testing.T) {
 			}
 		}
 	}
-	sc := i386Numbers["socketcall"]
+	sc := i386Numbers()["socketcall"]
 	for call, want := range map[uint64]uint32{1: retE, 2: retA, 3: retA, 8: retA, 16: retA} {
 		if got := runProgram(t, auditArchI386, sc, call, 0); got != want {
 			t.Errorf("i386 socketcall(%d): action %#x, want %#x", call, got, want)
@@ -363,5 +365,19 @@ func TestPolicyCacheable(t *testing.T) {
 			}
 		}
 		t.Logf("%s: %d syscalls allowed whatever their arguments (cached by the kernel)", a.name, cached)
+	}
+}
+
+// TestArgCallNumbers: the supervisor's numbers of the calls it sees for some arguments only are those the syscall
+// tables give argCallOps' names.
+func TestArgCallNumbers(t *testing.T) {
+	for _, a := range []struct {
+		name    string
+		written map[uint32]op
+		numbers map[string]uint32
+	}{{"x86_64", argCallsX8664, x8664Numbers()}, {"i386", argCallsI386, i386Numbers()}} {
+		if want := argCalls(a.numbers); !maps.Equal(a.written, want) {
+			t.Errorf("%s: argCalls %v, the tables say %v", a.name, a.written, want)
+		}
 	}
 }

@@ -83,7 +83,7 @@ var syscallsI386 = map[uint32]op{
 // argCallOps are the calls that reach the supervisor only for some arguments (policy.go's argRules): group-id
 // changes naming a sandbox group (setfsgid takes one gid, as setgid does; on i386 the plain names are the 16-bit
 // calls, the 32 ones the 32-bit), and scheduling calls aimed at another process. Their numbers per architecture
-// come from the syscall tables (argCallsX8664, argCallsI386).
+// are argCallsX8664 and argCallsI386.
 var argCallOps = map[string]op{
 	"setgid": opSetgid, "setgid32": opSetgid, "setfsgid": opSetgid, "setfsgid32": opSetgid,
 	"setregid": opSetregid, "setregid32": opSetregid, "setresgid": opSetresgid, "setresgid32": opSetresgid,
@@ -91,7 +91,22 @@ var argCallOps = map[string]op{
 	"sched_setattr": opSchedPid, "setpriority": opWhichWho, "ioprio_set": opWhichWho,
 }
 
-var argCallsX8664, argCallsI386 = argCalls(x8664Numbers), argCalls(i386Numbers)
+// argCallsX8664 and argCallsI386 are argCallOps by number, as the supervisor looks them up: written out rather than
+// derived from the syscall tables at start (argCalls), which every agent would then build and keep;
+// TestArgCallNumbers checks them against the tables.
+var (
+	argCallsX8664 = map[uint32]op{
+		106: opSetgid, 114: opSetregid, 119: opSetresgid, 123: opSetgid, // setgid, setregid, setresgid, setfsgid
+		141: opWhichWho, 251: opWhichWho, // setpriority, ioprio_set
+		142: opSchedPid, 144: opSchedPid, 203: opSchedPid, 314: opSchedPid, // sched_setparam, _setscheduler, _setaffinity, _setattr
+	}
+	argCallsI386 = map[uint32]op{
+		46: opSetgid, 214: opSetgid, 139: opSetgid, 216: opSetgid, // setgid, setgid32, setfsgid, setfsgid32
+		71: opSetregid, 204: opSetregid, 170: opSetresgid, 210: opSetresgid, // setregid, setregid32, setresgid, setresgid32
+		97: opWhichWho, 289: opWhichWho, // setpriority, ioprio_set
+		154: opSchedPid, 156: opSchedPid, 241: opSchedPid, 351: opSchedPid, // sched_setparam, _setscheduler, _setaffinity, _setattr
+	}
+)
 
 // argCalls maps one architecture's numbers of argCallOps to their operations.
 func argCalls(numbers map[string]uint32) map[uint32]op {
@@ -143,11 +158,11 @@ func instructions() []bpf.Instruction {
 }
 
 func buildInstructions() ([]bpf.Instruction, error) {
-	x86Rules, err := archPolicy(x8664Numbers, syscallsX8664)
+	x86Rules, err := archPolicy(x8664Numbers(), syscallsX8664)
 	if err != nil {
 		return nil, err
 	}
-	i386Rules, err := archPolicy(i386Numbers, syscallsI386)
+	i386Rules, err := archPolicy(i386Numbers(), syscallsI386)
 	if err != nil {
 		return nil, err
 	}
