@@ -68,14 +68,10 @@ func checkRestarted(t *testing.T, ctx context.Context, s *testserver.Server, id 
 	}
 }
 
-func saveKeepsMemory(t *testing.T, s *testserver.Server, setup, write, check string, template bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	id := keptSandbox(t, ctx, s)
-	// The copy writes 400 MiB (within its 512 MiB budget, past the sandbox's 256), then exits: the pause fails
-	// and the sandbox runs on.
-	ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: `import os
-EXIT = ` + map[bool]string{true: "False", false: "True"}[template] + `
+// fillerCode is a session whose save writes 400 MiB into held with write (setup makes held: a memfd, or a path
+// that write's f is opened on), then runs then (exit, wait, pass) before its __reduce__ returns.
+func fillerCode(setup, write, then string) string {
+	return `import os, time
 ` + setup + `
 class Filler:
     def __reduce__(self):
@@ -85,11 +81,27 @@ class Filler:
             ` + write + `
         if f:
             f.close()
-        if EXIT:
-            os._exit(3)
+        ` + then + `
         return (Filler, ())
 filler = Filler()
-1`})
+1`
+}
+
+// memoryUsage is what a cgroup v1 memory directory counts, in bytes (0 if it cannot be read).
+func memoryUsage(dir string) int64 {
+	b, _ := os.ReadFile(dir + "/memory.usage_in_bytes")
+	u, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return u
+}
+
+func saveKeepsMemory(t *testing.T, s *testserver.Server, setup, write, check string, template bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id := keptSandbox(t, ctx, s)
+	// The copy writes 400 MiB (within its 512 MiB budget, past the sandbox's 256), then exits: the pause fails
+	// and the sandbox runs on.
+	ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: fillerCode(setup, write,
+		map[bool]string{true: "pass", false: "os._exit(3)"}[template])})
 	if err != nil || ex.Error != nil {
 		t.Fatalf("setup: %v %+v", err, ex)
 	}
@@ -111,8 +123,7 @@ filler = Filler()
 	if err != nil {
 		t.Fatal(err)
 	}
-	usage, _ := os.ReadFile("/sys/fs/cgroup/memory/ramify/" + s.Owner() + "/" + id + "/memory.usage_in_bytes")
-	u, _ := strconv.ParseInt(strings.TrimSpace(string(usage)), 10, 64)
+	u := memoryUsage("/sys/fs/cgroup/memory/ramify/" + s.Owner() + "/" + id)
 	if ex.Error == nil && ex.Value != nil && *ex.Value == `(400, b'\x01')` && u < 256<<20 {
 		t.Fatalf("the sandbox keeps 400 MiB its save copy wrote while its own cgroup counts %d MiB of its 256", u>>20)
 	}
@@ -137,43 +148,29 @@ func TestSaveBudgetIsNotKeptAcrossARestart(t *testing.T) {
 	defer cancel()
 	id := keptSandbox(t, ctx, s)
 	// The copy writes 400 MiB into the memfd (within its 512 MiB budget, past the sandbox's 256), then waits.
-	ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: `import os, time
-held = os.memfd_create("held")
-class Filler:
-    def __reduce__(self):
-        chunk = b"\x01" * (1 << 20)
-        for i in range(400):
-            os.pwrite(held, chunk, i << 20)
-        time.sleep(120)
-        return (Filler, ())
-filler = Filler()
-1`})
+	ex, err := s.Client.RunCode(ctx, id, client.RunCodeRequest{Code: fillerCode(`held = os.memfd_create("held")`,
+		`os.pwrite(held, chunk, i << 20)`, "time.sleep(120)")})
 	if err != nil || ex.Error != nil {
 		t.Fatalf("setup: %v %+v", err, ex)
 	}
 	memory := "/sys/fs/cgroup/memory/ramify/" + s.Owner()
-	usage := func(dir string) int64 {
-		b, _ := os.ReadFile(dir + "/memory.usage_in_bytes")
-		u, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		return u
-	}
 	save := memory + "/" + id + "-save"
 	if _, _, err := s.Client.Pause(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); usage(save) < 400<<20; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); memoryUsage(save) < 400<<20; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the save copy did not write its 400 MiB (cgroup %s: %d MiB)", save, usage(save)>>20)
+			t.Fatalf("the save copy did not write its 400 MiB (cgroup %s: %d MiB)", save, memoryUsage(save)>>20)
 		}
 	}
 	// The server dies while the copy saves: the 400 MiB stay charged to its cgroup, held by the interpreter.
 	s.Kill()
-	before := usage(memory)
+	before := memoryUsage(memory)
 	s.Restart()
 	if _, err := os.Stat(save); !os.IsNotExist(err) {
 		t.Errorf("the save copy's cgroup after the restart: %v", err)
 	}
-	if after := usage(memory); after > before-300<<20 {
+	if after := memoryUsage(memory); after > before-300<<20 {
 		t.Errorf("the server's cgroups hold %d MiB after the restart, %d MiB before it: the 400 MiB the copy wrote were kept",
 			after>>20, before>>20)
 	}
