@@ -284,9 +284,7 @@ func alignedBuffer(n int) ([]byte, error) {
 	if head > 0 {
 		unix.MunmapPtr(p, head) //nolint:errcheck // only address space
 	}
-	if tail := hugePage - head; tail > 0 {
-		unix.MunmapPtr(unsafe.Add(p, head+uintptr(n)), tail) //nolint:errcheck // only address space
-	}
+	unix.MunmapPtr(unsafe.Add(p, head+uintptr(n)), hugePage-head) //nolint:errcheck // the rest after it: only address space
 	b := unsafe.Slice((*byte)(unsafe.Add(p, head)), n)
 	unix.Madvise(b, unix.MADV_HUGEPAGE) //nolint:errcheck // without transparent huge pages: small pages, as before
 	return b, nil
