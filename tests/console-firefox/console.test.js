@@ -87,8 +87,14 @@ test("the console works in Firefox", { timeout: 5 * 60_000 }, async (t) => {
   await page.waitForSelector(row, { visible: true });
 
   // A fork made through the API, then the family column opens the tree: the parent and both children as SVG nodes.
+  // The list redraws on the fork's events and every few seconds; the parent's row stays the same element, so a
+  // click on it is not lost to a redraw.
+  const before = await page.$(row);
   const { children } = await api("POST", `/v1/sandboxes/${parent.id}/fork`, { n: 2 });
   created.push(...children);
+  for (const id of children) await page.waitForSelector(`tr[data-id="${id}"]`, { visible: true });
+  await page.waitForFunction((id) => document.querySelector(`tr[data-id="${id}"] td.num`).textContent !== "–", {}, children[0]);
+  assert.ok(await before.evaluate((el) => el.isConnected), "the list rebuilt the parent's row on a redraw");
   await page.click(`${row} a[href="#/tree/${parent.family_id}"]`);
   for (const id of [parent.id, ...children]) await page.waitForSelector(node(id), { visible: true });
   const drawn = await page.$$eval("svg.tree g.node", (gs) => gs.map((g) => g.dataset.id).sort());

@@ -39,8 +39,22 @@ function listView() {
       h("td", { class: "mono" }, sb.parent_id ? h("a", { href: "#/sb/" + sb.parent_id, text: short(sb.parent_id) }) : "–"),
       h("td", {}, meta));
   }
+  // draw keeps each sandbox's row and replaces only the cells whose content changed: the list reloads every few
+  // seconds and on every event, and a row rebuilt each time would drop a click, a hover or a selection on it.
+  let rows = new Map(); // id -> tr
   function draw() {
-    body.replaceChildren(...list.map(row));
+    const kept = new Map();
+    const trs = list.map((sb) => {
+      const fresh = row(sb);
+      const old = rows.get(sb.id);
+      if (!old) { kept.set(sb.id, fresh); return fresh; }
+      [...fresh.children].forEach((td, i) => { if (!old.children[i].isEqualNode(td)) old.children[i].replaceWith(td); });
+      kept.set(sb.id, old);
+      return old;
+    });
+    rows = kept;
+    trs.forEach((tr, i) => { if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null); });
+    while (body.children.length > trs.length) body.lastChild.remove();
     note.textContent = list.length ? list.length + " sandbox" + (list.length > 1 ? "es" : "") : "No sandboxes match.";
   }
   async function load() {
