@@ -378,12 +378,16 @@ func TestConsole(t *testing.T) {
 	}
 
 	// The sandbox page's buttons, watched by the tree in the other tab: fork the parent (now the merged
-	// winner's state) in two, pause and resume a new child, delete the paused child (the button asks twice).
+	// winner's state) in three, pause and resume a new child, delete the paused child (the button asks twice).
 	// The fork makes its children's veths, and Chromium may cut the fork's own request for that network change
 	// (as it cuts others'). Here the test cuts it, after the server forked: the console tries it again with its
 	// idempotency key, the server answers with the fork it made, and there is one fork, not two.
+	// The count typed is still there after the page's reload (every 4 s), which redraws the actions only when
+	// what they offer changed.
 	stopCut := cutOnce(t, ctx, console, "/v1/sandboxes/"+parent.ID+"/fork")
-	step(t, ctx, "fork from the UI (its answer cut once)",
+	step(t, ctx, "fork 3 from the UI (its answer cut once)",
+		chromedp.SetValue(`#fork-n`, "3"),
+		chromedp.Sleep(4500*time.Millisecond),
 		chromedp.Click(`#fork`),
 		chromedp.WaitReady(`//div[@id="toast"][starts-with(., "forked: ")]`, chromedp.BySearch))
 	stopCut()
@@ -400,10 +404,10 @@ func TestConsole(t *testing.T) {
 			fresh = append(fresh, sb.ID)
 		}
 	}
-	if len(fresh) != 2 {
-		t.Fatalf("after a fork of 2 from the UI the parent has new children %v", fresh)
+	if len(fresh) != 3 {
+		t.Fatalf("after a fork of 3 from the UI the parent has new children %v", fresh)
 	}
-	step(t, tab, "see the UI's fork live", chromedp.WaitVisible(node(fresh[0])), chromedp.WaitVisible(node(fresh[1])))
+	step(t, tab, "see the UI's fork live", chromedp.WaitVisible(node(fresh[0])), chromedp.WaitVisible(node(fresh[1])), chromedp.WaitVisible(node(fresh[2])))
 	step(t, ctx, "pause and resume from the UI",
 		chromedp.Navigate(srv.URL+"/ui/#/sb/"+fresh[0]),
 		chromedp.WaitVisible(`#pause`),

@@ -155,13 +155,25 @@ function sandboxView(id) {
       if (alive) load();
     } }, attrs), label);
   }
+  // The actions are redrawn only when what they offer changes (the view reloads every few seconds and on events):
+  // a redraw would reset the fork count being typed, the child picked, an armed delete or a click in flight.
+  // The fork count's field is the same element throughout.
+  const n = h("input", { type: "number", min: 1, max: 32, value: 2, id: "fork-n", "aria-label": "children", class: "n" });
+  let drawn = "";
   function drawActions(family) {
     const kids = family.filter((s) => s.parent_id === id && s.status === "running");
-    const n = h("input", { type: "number", min: 1, max: 32, value: 2, id: "fork-n", "aria-label": "children", class: "n" });
-    const pick = h("select", { id: "merge-child", "aria-label": "child to merge" }, ...kids.map((k) => h("option", { value: k.id, text: short(k.id) })));
+    const key = JSON.stringify([sb.status, sb.parent_id, sb.family_id, kids.map((k) => k.id)]);
+    if (key === drawn) return;
+    drawn = key;
+    const picked = actions.querySelector("#merge-child")?.value;
+    const pick = h("select", { id: "merge-child", "aria-label": "child to merge" }, ...kids.map((k) => h("option", { value: k.id, text: short(k.id), selected: k.id === picked })));
     const run = sb.status === "running";
     const del = h("button", { type: "button", class: "danger", id: "delete", onclick: async () => {
-      if (del.dataset.armed !== "1") { del.dataset.armed = "1"; del.textContent = "Really delete?"; return; }
+      if (del.dataset.armed !== "1") {
+        del.dataset.armed = "1"; del.textContent = "Really delete?";
+        setTimeout(() => { del.dataset.armed = ""; del.textContent = "Delete"; }, 5000); // not armed for ever
+        return;
+      }
       try { await api(sbPath(id), { method: "DELETE" }); toast("deleted " + id); location.hash = sb.parent_id ? "#/sb/" + sb.parent_id : "#/"; } catch (ex) { toast(ex.message, true); }
     }, text: "Delete" });
     actions.replaceChildren(
@@ -193,6 +205,7 @@ function sandboxView(id) {
       head.replaceChildren(h("h1", { text: "Sandbox " + id }));
       facts.replaceChildren(h("p", { class: "error", text: e.message }));
       actions.replaceChildren();
+      drawn = "";
       return;
     }
     if (!alive) return;
