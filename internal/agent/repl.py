@@ -1432,26 +1432,23 @@ def _save_session(fd, moved):
 # Variables that numpy, its BLAS or OpenMP read as they are imported (the thread counts among them).
 _IMPORT_ENV = ("OPENBLAS_", "GOTO", "OMP_", "MKL_", "BLIS_", "VECLIB_", "NUMPY_", "NPY_", "NUMEXPR_")
 
-# What _preload imported, to tell later whether an import now would find the same: the import-time variables,
-# where each package's top module was found, and the size and mtime of every file its modules came from.
+# What _preload imported, to tell later whether an import now would find the same: the import-time variables
+# and the packages' names.
 _preloaded = None
+
+# Modules a session's load itself imports (the stored file's hash, the unpickler), imported with the packages a
+# zygote kept for resumes imports ahead: a resume's interpreter imports them anyway.
+_LOAD_IMPORTS = ("hashlib", "pickle")
 
 
 def _preload(modules):
-    """Import modules ahead of a session that will need them (a zygote kept for resumes): nothing of the session
-    (its variables, execution count, cells) changes."""
+    """Import modules ahead of a session that will need them (a zygote kept for resumes), and what loading a
+    session imports: nothing of the session (its variables, execution count, cells) changes."""
     global _preloaded
     import importlib
-    for m in modules:
+    for m in list(modules) + list(_LOAD_IMPORTS):
         importlib.import_module(m)
-    files = {}
-    for name, mod in list(sys.modules.items()):
-        path = getattr(mod, "__file__", None)
-        if path and name.partition(".")[0] in modules:
-            st = os.stat(path)
-            files[path] = (st.st_size, st.st_mtime_ns)
-    _preloaded = {"env": _import_env(), "files": files,
-                  "top": {m: sys.modules[m].__spec__.origin for m in modules}}
+    _preloaded = {"env": _import_env(), "top": list(modules)}
 
 
 def _import_env():
@@ -1460,25 +1457,23 @@ def _import_env():
 
 def _preload_holds():
     """Whether what _preload imported is what the session would import now, with its env, cwd and files (the
-    sandbox it was forked into): the same import-time variables, each package found where it was, every file of
-    it unchanged. If not, the agent starts a fresh interpreter instead."""
+    sandbox it was forked into); if not, the agent starts a fresh interpreter instead. The sandbox's image is the
+    zygote's, and the host looked at the sandbox's own files (its layer) for any that change these imports
+    (namespaces/startup.go) before it forked the zygote. What is left to tell here: the import-time variables,
+    and the working directory, first on sys.path, where a module of a package's name would be found first. Each
+    is a few look-ups: a fork child that looked at every file of numpy spent 10-25 ms of a resume on a VM (its
+    page faults and the sandbox's fresh overlay)."""
     if _preloaded is None:
         return True
     if _import_env() != _preloaded["env"]:
         return False
     import importlib, importlib.machinery
     importlib.invalidate_caches()  # the path finders' listings are of the zygote's directories (its cwd among them)
-    for name, origin in _preloaded["top"].items():
-        spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
-        if spec is None or spec.origin != origin:
-            return False
-    for path, sig in _preloaded["files"].items():
-        try:
-            st = os.stat(path)
-        except OSError:
-            return False
-        if (st.st_size, st.st_mtime_ns) != sig:
-            return False
+    if "" in sys.path:
+        suffixes = importlib.machinery.all_suffixes()
+        for name in _preloaded["top"]:
+            if any(os.path.lexists(name + s) for s in [""] + suffixes):
+                return False
     return True
 
 

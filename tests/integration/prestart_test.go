@@ -343,7 +343,17 @@ func TestResumeFromAZygoteThatImportedNumpy(t *testing.T) {
 	if v := value(t, s, own, "import numpy; (numpy.__file__, getattr(numpy, 'OWN', False))"); v != "('/root/numpy/__init__.py', True)" {
 		t.Fatalf("with its own numpy: %s", v)
 	}
-	for _, sb := range []string{id, plain, two, own} {
+	// One in the standard library's directory, before dist-packages on sys.path: the host sees it in the layer,
+	// and the resume gets no interpreter that imported numpy ahead.
+	shadow := create(t, s, &client.CreateRequest{MemMiB: 1024})
+	value(t, s, shadow, "import numpy as np\na = np.arange(3)\n1")
+	sh(t, s, shadow, "d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"stdlib\"))') && mkdir -p $d/numpy && echo 'OWN = True' > $d/numpy/__init__.py")
+	pauseAndWait(t, s, shadow)
+	resumeAndWait(t, s, shadow)
+	if v := value(t, s, shadow, "import numpy; (numpy.__file__, getattr(numpy, 'OWN', False))"); v != "('/usr/lib/python3.11/numpy/__init__.py', True)" {
+		t.Fatalf("with its own numpy in the standard library's directory: %s", v)
+	}
+	for _, sb := range []string{id, plain, two, own, shadow} {
 		if err := s.Client.Delete(ctx, sb); err != nil {
 			t.Fatal(err)
 		}

@@ -732,7 +732,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 	undo.add(f.kill)
 	var sb *sandbox
 	if zyg != nil && spec.Image == "" && !noZygote {
-		sb, err = r.launchFromZygote(ctx, f, zyg, spec, dir, func() { phase("spawned") })
+		sb, err = r.launchFromZygote(ctx, f, zyg, spec, dir, phase)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("fork a zygote failed; starting the interpreter afresh", "sandbox", spec.ID, "err", err)
 			sb, err = r.launch(ctx, f, spec, dir, nil)

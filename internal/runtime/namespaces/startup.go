@@ -20,12 +20,15 @@ var startupPatterns = []string{
 }
 
 // preloadPatterns match, per package a zygote imports ahead, files of a layer's upper directory that may change
-// what importing it loads: its own copy in a package directory, and for numpy its BLAS and LAPACK (the shared
-// libraries, Debian's alternatives that choose them, the dynamic loader's configuration).
+// what importing it loads: the package's own files, a module or package of its name in a directory before it on
+// sys.path (the standard library's, its zip, its lib-dynload; a site directory), and for numpy its BLAS and
+// LAPACK (the shared libraries, Debian's alternatives that choose them, the dynamic loader's configuration). The
+// interpreter itself checks its import-time variables and its working directory (repl.py _preload_holds).
 var preloadPatterns = map[string][]string{
 	"numpy": {
 		"usr/lib/python3*/*-packages/numpy*", "usr/local/lib/python3*/*-packages/numpy*",
 		"root/.local/lib/python3*/site-packages/numpy*",
+		"usr/lib/python3*.zip", "usr/lib/python3.*/numpy*", "usr/lib/python3.*/lib-dynload/numpy*",
 		"usr/lib/x86_64-linux-gnu/*", "usr/lib/aarch64-linux-gnu/*", "usr/local/lib/*.so*", "lib", "lib64",
 		"etc/alternatives/*", "etc/ld.so.*",
 	},

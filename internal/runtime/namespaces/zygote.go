@@ -74,7 +74,7 @@ func (r *Runtime) endZygote(z *sandbox) {
 // spawned on layer dir to wait for a forked interpreter, z's interpreter forks once into the new sandbox, and
 // the copy gets spec's env and cwd. On error it undoes the spawn. The caller ends z (bgEnd) once the sandbox's
 // agent, or the one of a fresh start after a failure, is in the family.
-func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, spec runtime.Spec, dir string, spawned func()) (_ *sandbox, err error) {
+func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, spec runtime.Spec, dir string, phase func(string)) (_ *sandbox, err error) {
 	var undo cleanup
 	defer func() {
 		if err != nil {
@@ -86,13 +86,14 @@ func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, s
 		return nil, err
 	}
 	undo.add(func() { r.teardown(c.sb) })
-	spawned()
+	phase("spawned")
 	kids := []*forkChild{c}
 	pids, moved, err := r.forkInterpreter(ctx, z.client, kids)
 	defer closeFiles(moved)
 	if err != nil {
 		return nil, err
 	}
+	phase("zygote forked")
 	err = r.moveForked(z, kids, pids, moved, &undo)
 	if c.copyPidfd != nil {
 		c.copyPidfd.Close() // its start below is answered synchronously: nothing to watch
@@ -100,6 +101,7 @@ func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, s
 	if err != nil {
 		return nil, err
 	}
+	phase("interpreter moved")
 	req := startRequest(spec)
 	req.Fresh = true
 	if err := c.sb.client.Start(ctx, req); err != nil {
