@@ -698,7 +698,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		}
 		w.emit(Event{Type: "ok"})
 	case OpFork:
-		pids, err := a.repl.fork(req.Targets, req.files)
+		pids, err := a.repl.fork(req.Targets, req.files, req.Handover)
 		if err != nil {
 			w.emit(replError("fork interpreter", err))
 			return

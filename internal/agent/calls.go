@@ -191,7 +191,19 @@ func (c *Client) RestoreSessionDir(ctx context.Context, dir string) ([]Skipped, 
 // ForkInterpreter forks the sandbox's interpreter once per target; nsFiles are the targets' namespace descriptors
 // (ForkTarget.NS indexes them), which it takes. It answers the forked interpreters' pids, in target order.
 func (c *Client) ForkInterpreter(ctx context.Context, targets []ForkTarget, nsFiles []*os.File) ([]int, error) {
-	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpFork, Targets: targets}, nsFiles, nil)
+	return c.forkInterpreter(ctx, Request{Op: OpFork, Targets: targets}, nsFiles)
+}
+
+// HandOverInterpreter has a zygote's interpreter become target's itself, as a fork child would but unforked (a
+// zygote serves one sandbox): it answers with its own pid, waits for the "moved" pipe like a fork child, and this
+// agent forgets it without ending it. nsFiles are as for ForkInterpreter.
+func (c *Client) HandOverInterpreter(ctx context.Context, target ForkTarget, nsFiles []*os.File) ([]int, error) {
+	return c.forkInterpreter(ctx, Request{Op: OpFork, Targets: []ForkTarget{target}, Handover: true}, nsFiles)
+}
+
+func (c *Client) forkInterpreter(ctx context.Context, req Request, nsFiles []*os.File) ([]int, error) {
+	targets := req.Targets
+	ev, err := c.roundTripWithFiles(ctx, req, nsFiles, nil)
 	if err != nil {
 		return nil, err
 	}

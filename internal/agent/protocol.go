@@ -43,8 +43,10 @@ type Request struct {
 	// run_code and exec: seconds, 0 = no limit
 	TimeoutS float64 `json:"timeout_s,omitempty"`
 
-	// fork_repl: one target per child sandbox
-	Targets []ForkTarget `json:"targets,omitempty"`
+	// fork_repl: one target per child sandbox. Handover (a zygote's, one target): the interpreter itself becomes
+	// the target's, unforked, and this agent forgets it (Client.HandOverInterpreter).
+	Targets  []ForkTarget `json:"targets,omitempty"`
+	Handover bool         `json:"handover,omitempty"`
 
 	// snapshot_repl and restore_repl: Stream means the session travels as a session stream through the pipe
 	// sent with the request (Client.roundTripWithFiles); else restore_repl loads a saved session from Dir, inside the sandbox

@@ -843,18 +843,39 @@ func (p *repl) configure(env map[string]string, cwd string) (holds bool, err err
 }
 
 // fork asks the interpreter to fork once per target; it returns the children's pids (family PID namespace).
-func (p *repl) fork(targets []ForkTarget, files []*os.File) ([]int, error) {
+func (p *repl) fork(targets []ForkTarget, files []*os.File, handover bool) ([]int, error) {
+	if handover && len(targets) != 1 {
+		return nil, fmt.Errorf("a handover has one target, not %d", len(targets))
+	}
 	fds := make([]int, len(files))
 	for i, f := range files {
 		fds[i] = int(f.Fd())
 	}
+	req := map[string]any{"op": "fork", "targets": targets}
+	if handover {
+		req["handover"] = true
+	}
 	m, err := p.tracked(func() (replMsg, error) {
-		return p.callFile(map[string]any{"op": "fork", "targets": targets}, fds...)
+		return p.callFile(req, fds...)
 	})
 	if err != nil && m.Error != nil && m.Error.Name == "BlockingIOError" {
 		return nil, &tasksFullError{"the sandbox's tasks limit (max_procs) is full: its interpreter could not fork (" + m.Error.Value + "); end some of its processes and fork again"}
 	}
+	if err == nil && handover {
+		p.release()
+	}
 	return m.Pids, err
+}
+
+// release forgets the current interpreter without ending it: it has handed itself over to another sandbox's
+// agent (fork with handover).
+func (p *repl) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil {
+		p.conn.Close()
+	}
+	p.conn, p.r, p.pid, p.cmd = nil, nil, 0, nil
 }
 
 // session runs the interpreter's snapshot or restore op, on the session stream sent with req or (restore of an

@@ -246,7 +246,7 @@ func (r *Runtime) spawnAndFork(ctx context.Context, f *family, pc *agent.Client,
 		}
 		r.log.Debug("fork phase", "phase", "children spawned", "ms", msSince(start))
 		crashpoint.Hit(crashpoint.ForkAfterChildren)
-		if pids, moved, err = r.forkInterpreter(ctx, pc, kids); err == nil {
+		if pids, moved, err = r.forkInterpreter(ctx, pc, kids, false); err == nil {
 			r.log.Debug("fork phase", "phase", "interpreter forked", "ms", msSince(start))
 		}
 		return pids, moved, err
@@ -255,7 +255,7 @@ func (r *Runtime) spawnAndFork(ctx context.Context, f *family, pc *agent.Client,
 	forked := make(chan struct{})
 	go func() {
 		defer close(forked)
-		pids, moved, ferr = r.forkInterpreter(ctx, pc, kids)
+		pids, moved, ferr = r.forkInterpreter(ctx, pc, kids, false)
 	}()
 	serr := r.spawnChildren(ctx, f, kids)
 	<-forked
@@ -325,8 +325,9 @@ func (r *Runtime) spawnChildren(ctx context.Context, f *family, kids []*forkChil
 // forkInterpreter forks the interpreter of the parent's agent pc, one copy per child. Each copy gets its child's
 // namespaces and the read end of a pipe on which it waits, until the server has moved it into its child's cgroup
 // (moveForked), before it enters them. It returns the copies' pids (family PID namespace) and the pipes' write
-// ends, which the caller closes (a copy whose pipe closes unwritten exits).
-func (r *Runtime) forkInterpreter(ctx context.Context, pc *agent.Client, kids []*forkChild) ([]int, []*os.File, error) {
+// ends, which the caller closes (a copy whose pipe closes unwritten exits). With handover (a zygote's, one child)
+// the interpreter does the same itself, unforked (agent.Client.HandOverInterpreter), and the pid is its own.
+func (r *Runtime) forkInterpreter(ctx context.Context, pc *agent.Client, kids []*forkChild, handover bool) ([]int, []*os.File, error) {
 	targets := make([]agent.ForkTarget, len(kids))
 	var passed []*os.File // taken (sent and closed) by ForkInterpreter
 	moved := make([]*os.File, len(kids))
@@ -350,7 +351,13 @@ func (r *Runtime) forkInterpreter(ctx context.Context, pc *agent.Client, kids []
 	stall := cmp.Or(r.cfg.InterpreterStall, runtime.DefaultInterpreterStall)
 	ictx, cancel := context.WithTimeoutCause(ctx, stall, errInterpreterStalled)
 	defer cancel()
-	pids, err := pc.ForkInterpreter(ictx, targets, passed)
+	var pids []int
+	var err error
+	if handover {
+		pids, err = pc.HandOverInterpreter(ictx, targets[0], passed)
+	} else {
+		pids, err = pc.ForkInterpreter(ictx, targets, passed)
+	}
 	if err != nil {
 		if errors.Is(context.Cause(ictx), errInterpreterStalled) {
 			// Every later call would wait behind the fork for ever: the agent replaces the interpreter if it is

@@ -12,11 +12,14 @@ import (
 
 // A zygote is a fresh interpreter that a family started ahead keeps ready, in a hidden sandbox of its own on the
 // default image (an empty layer, no network, small limits). A sandbox created in that family (a cold create, a
-// resume) gets a fork of it instead of an interpreter started from nothing: Python's start, its site set-up,
-// the interpreter loop's imports and compilation and its seccomp set-up, ~45-60 ms in a sandbox here, become a
-// fork of a ~10 MB process and its move into the new sandbox, as for a fork child. The copy is then given the
-// sandbox's env and cwd, as a fresh interpreter is (agent.StartRequest.Fresh), and the zygote is ended: a zygote
-// serves one sandbox, so no two sandboxes share anything it held (its hash seed, its random state).
+// resume) gets it instead of an interpreter started from nothing: Python's start, its site set-up, the
+// interpreter loop's imports and compilation and its seccomp set-up, ~45-60 ms in a sandbox here, become the
+// zygote's move into the new sandbox, done as a fork child does it but by the zygote itself, unforked
+// (forkInterpreter's handover): a zygote serves one sandbox and ran nobody's code, so the fork of it that an
+// earlier version made (~20-30 ms for one with numpy imported, on a VM here) kept nothing from it that it does
+// not keep itself. The interpreter is then given the sandbox's env and cwd, as a fresh one is
+// (agent.StartRequest.Fresh), and what is left of the zygote (its agent, cgroup and layer) is removed: no two
+// sandboxes share anything it held (its hash seed, its random state).
 
 // zygoteLimits are a zygote sandbox's cgroup limits: it only starts Python.
 const (
@@ -70,10 +73,11 @@ func (r *Runtime) endZygote(z *sandbox) {
 	}
 }
 
-// launchFromZygote is launch with the interpreter forked from zygote z (both in family f): spec's agent is
-// spawned on layer dir to wait for a forked interpreter, z's interpreter forks once into the new sandbox, and
-// the copy gets spec's env and cwd. On error it undoes the spawn. The caller ends z (bgEnd) once the sandbox's
-// agent, or the one of a fresh start after a failure, is in the family.
+// launchFromZygote is launch with the interpreter of zygote z (both in family f): spec's agent is spawned on
+// layer dir to wait for a forked interpreter, z's interpreter hands itself over into the new sandbox, and gets
+// spec's env and cwd. On error it undoes the spawn (the zygote's interpreter, if it was moved, is killed with
+// the sandbox). The caller ends what is left of z (bgEnd) once the sandbox's agent, or the one of a fresh start
+// after a failure, is in the family.
 func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, spec runtime.Spec, dir string, phase func(string)) (_ *sandbox, err error) {
 	var undo cleanup
 	defer func() {
@@ -88,12 +92,12 @@ func (r *Runtime) launchFromZygote(ctx context.Context, f *family, z *sandbox, s
 	undo.add(func() { r.teardown(c.sb) })
 	phase("spawned")
 	kids := []*forkChild{c}
-	pids, moved, err := r.forkInterpreter(ctx, z.client, kids)
+	pids, moved, err := r.forkInterpreter(ctx, z.client, kids, true)
 	defer closeFiles(moved)
 	if err != nil {
 		return nil, err
 	}
-	phase("zygote forked")
+	phase("zygote handed over")
 	err = r.moveForked(z, kids, pids, moved, &undo)
 	if c.copyPidfd != nil {
 		c.copyPidfd.Close() // its start below is answered synchronously: nothing to watch
