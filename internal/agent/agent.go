@@ -595,7 +595,7 @@ func (a *Agent) handle(ctx context.Context, req Request, w *eventWriter) {
 		forked := a.forked.Load()
 		if (running && !forked) || (forked && req.Fresh) {
 			// A warm sandbox being claimed: its interpreter already runs; give it the sandbox's env and cwd. So
-			// too a fresh interpreter forked from a family's zygote. An interpreter forked from a parent sandbox
+			// too a family's zygote, which moved itself in. An interpreter forked from a parent sandbox
 			// is not told: it keeps its parent's environment and took the child's cwd when it moved in (whether
 			// it attached before this call or after, the same). An env that Python reads only as it starts
 			// (PYTHONPATH, a locale, HOME for the user site) needs an interpreter started with it instead, and

@@ -48,7 +48,7 @@ type StartRequest struct {
 	Env  map[string]string
 	Cwd  string
 	CPUs int // the sandbox's whole vCPUs (see ThreadEnv); 0 leaves the libraries' own defaults
-	// Fresh: the interpreter that attaches (Config.ReplToken) is a fresh one forked from a zygote; it is given
+	// Fresh: the interpreter that attaches (Config.ReplToken) is a fresh one, a zygote's (handed over); it is given
 	// Env and Cwd, which an interpreter forked from a parent sandbox is not (it keeps its parent's).
 	Fresh bool
 }

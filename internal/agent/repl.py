@@ -1490,12 +1490,12 @@ def _import_env():
 
 def _preload_holds():
     """Whether what _preload imported is what the session would import now, with its env, cwd and files (the
-    sandbox it was forked into); if not, the agent starts a fresh interpreter instead. The sandbox's image is the
-    zygote's, and the host looked at the sandbox's own files (its layer) for any that change these imports
-    (namespaces/startup.go) before it forked the zygote. What is left to tell here: the import-time variables,
-    and the working directory, first on sys.path, where a module of a package's name would be found first. Each
-    is a few look-ups: a fork child that looked at every file of numpy spent 10-25 ms of a resume on a VM (its
-    page faults and the sandbox's fresh overlay)."""
+    sandbox this zygote's interpreter moved into); if not, the agent starts a fresh interpreter instead. The
+    sandbox's image is the zygote's, and the host looked at the sandbox's own files (its layer) for any that
+    change these imports (namespaces/startup.go) before it gave it this interpreter. What is left to tell here:
+    the import-time variables, and the working directory, first on sys.path, where a module of a package's name
+    would be found first. Each is a few look-ups: an interpreter that looked at every file of numpy spent 18-52 ms
+    of a resume on a VM here (its page faults and the sandbox's fresh overlay)."""
     if _preloaded is None:
         return True
     if _import_env() != _preloaded["env"]:
