@@ -122,7 +122,11 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Ha
 	idle := cmp.Or(s.cfg.InterpreterStall, runtime.DefaultInterpreterStall)
 	ctx, stalled := context.WithCancelCause(ctx)
 	defer stalled(nil)
-	src := &stallGuard{r: progressOf(ctx).reader(pr), idle: idle, minRate: saveMinRate, stalled: func(slow bool) {
+	capBytes := sessionCap(spec.MemMiB)
+	tooLong := errdefs.New(errdefs.ErrTooLarge, fmt.Sprintf("the session's stream passed %d MiB, four times mem_mib "+
+		"(code in the sandbox writes it without end, an object's __reduce__ say); nothing was stored, and the sandbox "+
+		"keeps running", capBytes>>20))
+	src := &stallGuard{r: progressOf(ctx).reader(pr), idle: idle, minRate: saveMinRate, max: capBytes, tooLong: tooLong, stalled: func(slow bool) {
 		if slow {
 			stalled(fmt.Errorf("%w: under %d KiB/s after %v (code in the sandbox holds it back as it is saved?); "+
 				"the sandbox keeps running", errSessionSlow, saveMinRate>>10, idle))
@@ -290,14 +294,27 @@ var errSessionSlow = errors.New("the interpreter sent its session too slowly")
 // store's or pickler's pace (tens to hundreds of MiB/s), far above a trickle.
 const saveMinRate = 1 << 20
 
+// sessionCapFactor bounds a pause's session stream at this many times the sandbox's mem_mib. A session's stream
+// is about the size of what the interpreter holds (arrays as their bytes; Python objects take less than in
+// memory), and its save copy may use twice mem_mib: four times leaves room. Without a bound, code in the sandbox
+// filled the snapshot store's disk through its own pause: an object whose __reduce__ gives an endless iterator
+// of items (the pickler writes them with no memory growing), or that writes to the stream's pipe itself.
+const sessionCapFactor = 4
+
+// sessionCap is the longest session stream a pause of a sandbox with memMiB of memory stores.
+func sessionCap(memMiB int) int64 { return sessionCapFactor * int64(memMiB) << 20 }
+
 // stallGuard reads r, calling stalled(false) once a read has waited idle for data (time the reader spends
 // between reads, in the store, does not count), and stalled(true) once, after idle, the bytes read average less
-// than minRate a second (0: no minimum). One timer serves every read.
+// than minRate a second (0: no minimum). One timer serves every read. A stream longer than max bytes (0: no
+// bound) ends in tooLong.
 type stallGuard struct {
 	r       io.Reader
 	idle    time.Duration
 	minRate int64
 	stalled func(slow bool)
+	max     int64
+	tooLong error
 	t       *time.Timer
 	began   time.Time
 	total   int64
@@ -305,6 +322,14 @@ type stallGuard struct {
 }
 
 func (g *stallGuard) Read(p []byte) (int, error) {
+	if g.max > 0 {
+		if g.total > g.max {
+			return 0, g.tooLong
+		}
+		if left := g.max - g.total + 1; int64(len(p)) > left { // one byte past max tells a longer stream
+			p = p[:left]
+		}
+	}
 	if g.t == nil {
 		g.began = time.Now()
 		g.t = time.AfterFunc(g.idle, func() { g.stalled(false) })
@@ -314,6 +339,9 @@ func (g *stallGuard) Read(p []byte) (int, error) {
 	n, err := g.r.Read(p)
 	g.t.Stop()
 	g.total += int64(n)
+	if g.max > 0 && g.total > g.max {
+		return 0, g.tooLong
+	}
 	if el := time.Since(g.began); g.minRate > 0 && !g.slow && el > g.idle && float64(g.total) < el.Seconds()*float64(g.minRate) {
 		g.slow = true
 		g.stalled(true)

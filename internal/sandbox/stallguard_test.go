@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"errors"
 	"io"
 	"sync/atomic"
 	"testing"
@@ -46,4 +47,46 @@ func TestStallGuardStopsATrickle(t *testing.T) {
 	if slow, silent := run(&slowReader{n: 1 << 20, every: 80 * time.Millisecond}, 2); silent == 0 {
 		t.Errorf("80 ms of silence under a 50 ms idle wait: slow %d, silent %d; want it stopped as silent", slow, silent)
 	}
+}
+
+// A stream of up to max bytes reads whole; one byte more ends it in tooLong, and every read after that too.
+func TestStallGuardBoundsTheStream(t *testing.T) {
+	tooLong := errors.New("too long")
+	for _, c := range []struct {
+		size, max int64
+		want      error
+	}{
+		{size: 0, max: 10},
+		{size: 10, max: 10},
+		{size: 11, max: 10, want: tooLong},
+		{size: 5 << 20, max: 5 << 20},
+		{size: 5<<20 + 1, max: 5 << 20, want: tooLong},
+		{size: 64 << 20, max: 5 << 20, want: tooLong},
+		{size: 64 << 20, max: 0},
+	} {
+		g := &stallGuard{r: io.LimitReader(zeros{}, c.size), idle: time.Minute, stalled: func(bool) {}, max: c.max, tooLong: tooLong}
+		n, err := io.Copy(io.Discard, g)
+		if err != c.want {
+			t.Errorf("%d bytes under a bound of %d: %v, want %v", c.size, c.max, err, c.want)
+		}
+		if c.want == nil && n != c.size {
+			t.Errorf("%d bytes under a bound of %d: read %d", c.size, c.max, n)
+		}
+		if c.want != nil && n > c.max {
+			t.Errorf("%d bytes under a bound of %d: %d passed on", c.size, c.max, n)
+		}
+		if c.want != nil {
+			if _, err := g.Read(make([]byte, 1)); err != tooLong {
+				t.Errorf("a read after the bound: %v", err)
+			}
+		}
+	}
+}
+
+// zeros reads as an endless stream of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
