@@ -16,11 +16,16 @@ import (
 
 var _ runtime.Stiller = (*Runtime)(nil)
 
+// stillReads is how many times Stillness reads the sandbox's CPU time while its agent runs across the read.
+const stillReads = 5
+
 // Stillness implements runtime.Stiller. The mark is the sandbox's processes (host pids, from its cgroup) and the
 // CPU time its cgroup used less its agent's: any process that ran in the sandbox, even one started and gone
 // between the two marks, used CPU charged to the cgroup; the agent's own work (answering the server's calls) is
-// left out. A process reading the two counters while the agent runs sees them disagree, which only makes two
-// marks differ (children made ahead are then not used), never agree wrongly.
+// left out. The two counters are read with the agent's read on both sides, again while the agent ran in between
+// (up to stillReads times): read as it runs, they disagree, and two marks of a sandbox that did not change
+// differed, so its children made ahead went unused (a server checking its agent's health as a fork came, a
+// loaded host). A disagreement left after that only makes two marks differ, never agree wrongly.
 func (r *Runtime) Stillness(ctx context.Context, h runtime.Handle) (runtime.Stillness, error) {
 	r.mu.Lock()
 	sb := r.sandboxes[h.ID]
@@ -32,13 +37,23 @@ func (r *Runtime) Stillness(ctx context.Context, h runtime.Handle) (runtime.Stil
 	if err != nil {
 		return runtime.Stillness{}, fmt.Errorf("stillness of %s: %w", h.ID, err)
 	}
-	st, err := sb.cg.Stats()
-	if err != nil {
-		return runtime.Stillness{}, fmt.Errorf("stillness of %s: %w", h.ID, err)
-	}
-	agentNs, err := taskNanos(sb.h.AgentPid)
-	if err != nil {
-		return runtime.Stillness{}, fmt.Errorf("stillness of %s: agent: %w", h.ID, err)
+	var cpu, agentNs uint64
+	for range stillReads {
+		before, err := taskNanos(sb.h.AgentPid)
+		if err != nil {
+			return runtime.Stillness{}, fmt.Errorf("stillness of %s: agent: %w", h.ID, err)
+		}
+		st, err := sb.cg.Stats()
+		if err != nil {
+			return runtime.Stillness{}, fmt.Errorf("stillness of %s: %w", h.ID, err)
+		}
+		cpu = st.CPUNanos
+		if agentNs, err = taskNanos(sb.h.AgentPid); err != nil {
+			return runtime.Stillness{}, fmt.Errorf("stillness of %s: agent: %w", h.ID, err)
+		}
+		if agentNs == before {
+			break
+		}
 	}
 	// Linux AIO is the one way the sandbox's memory changes without its processes running: an O_DIRECT read
 	// submitted with io_submit completes into the caller's buffer (and the context's ring) later, in the kernel.
@@ -49,7 +64,7 @@ func (r *Runtime) Stillness(ctx context.Context, h runtime.Handle) (runtime.Stil
 		}
 	}
 	return runtime.Stillness{
-		Mark: fmt.Sprintf("%v %d %v", procs, int64(st.CPUNanos)-int64(agentNs), aio),
+		Mark: fmt.Sprintf("%v %d %v", procs, int64(cpu)-int64(agentNs), aio),
 		Busy: len(procs) > 2 || aio, // its agent and its interpreter, with no AIO context
 	}, nil
 }
