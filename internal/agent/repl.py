@@ -636,11 +636,14 @@ def _fd_kind(fd):
 
 
 def _fds_of(skip):
-    """This process's descriptors above 2 but those in skip, by fd: _fd_kind's answers."""
+    """This process's descriptors but 1, 2 (the child's agent gives it pipes of its own) and those in skip, by fd:
+    _fd_kind's answers. Stdin is among them: the agent that started the interpreter opened it (/dev/null of that
+    agent's file system), and a child kept it as it was, a mount of its parent's (or its zygote's) file system
+    that outlives it."""
     fds = {}
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2 and fd not in skip:
+        if fd not in (1, 2) and fd not in skip:
             k = _fd_kind(fd)
             if k is not None:
                 fds[fd] = k

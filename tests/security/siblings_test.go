@@ -182,7 +182,7 @@ for pid in pids:
 
 // forkHeldPrelude is what a parent holds when it forks, every way a process can hold a kernel object beyond its
 // own memory and its files' paths: descriptors of a directory (also O_PATH), a deleted file, a memfd, a UDP and a
-// TCP socket, a pipe; a MAP_SHARED mapping of a file, anonymous shared memory and a SysV shared memory segment.
+// TCP socket, a pipe, a file as its stdin; a MAP_SHARED mapping of a file, anonymous shared memory and a SysV shared memory segment.
 const forkHeldPrelude = `
 import ctypes, mmap, os, socket, stat, tempfile, threading
 libc = ctypes.CDLL(None, use_errno=True)
@@ -206,6 +206,9 @@ ctypes.memmove(shm, b"parent", 6)
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 tcp = socket.socket()
 rpipe, wpipe = os.pipe()
+with open("/root/stdin", "wb") as f:
+    f.write(b"parent")
+os.dup2(os.open("/root/stdin", os.O_RDWR), 0)  # a file of the parent's as the interpreter's stdin
 # A thread opening sockets as fast as it can while the fork runs: a descriptor opened between the moment the
 # parent lists its descriptors and its fork must not reach a child either.
 opened, busy = [], True  # (socket, its inode): the child's own later sockets may take a closed one's number
@@ -236,6 +239,7 @@ attempt("tmp", lambda: (tmp.seek(0), tmp.write(b"CHILD"), tmp.flush()))
 attempt("memfd", lambda: os.pwrite(mfd, b"CHILD", 0))
 attempt("shm", lambda: ctypes.memmove(shm, b"CHILD", 5))
 attempt("pipe", lambda: os.write(wpipe, b"CHILD"))
+attempt("stdin", lambda: os.pwrite(0, b"CHILD", 0))
 attempt("udp", lambda: udp.sendto(b"x", ("10.255.255.53", 53)))
 attempt("tcp", lambda: tcp.connect(("10.255.255.53", 53)))
 def is_parents(fd, ino):
@@ -254,7 +258,7 @@ import select
 busy = False
 str([os.path.exists("/root/d/evil") or os.path.exists("/root/d/evil2"), bytes(fmap[:6]), bytes(amap[:6]),
      (tmp.seek(0), tmp.read(6))[1], os.pread(mfd, 6, 0), ctypes.string_at(shm, 6),
-     bool(select.select([rpipe], [], [], 0)[0]) and os.read(rpipe, 5) == b"CHILD"])
+     bool(select.select([rpipe], [], [], 0)[0]) and os.read(rpipe, 5) == b"CHILD", os.pread(0, 6, 0)])
 `
 
 // A fork child shares nothing with its parent or its siblings but the state it was forked from: what the parent
@@ -275,19 +279,19 @@ func TestForkChildHoldsNothingOfItsParent(t *testing.T) {
 	}
 	got := s.Value(t, kids[0], forkHeldAttack)
 	for _, want := range []string{"dirfd:wrote", "pathfd:wrote", "fmap:wrote", "amap:wrote", "tmp:wrote", "memfd:wrote",
-		"shm:wrote", "udp:Socket operation on non-socket", "tcp:Socket operation on non-socket", "sockets-left:0"} {
+		"shm:wrote", "stdin:wrote", "udp:Socket operation on non-socket", "tcp:Socket operation on non-socket", "sockets-left:0"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("child's attempts: want %q in %s", want, got)
 		}
 	}
-	untouched := `"[False, b'parent', b'parent', b'parent', b'parent', b'parent', False]"`
+	untouched := `"[False, b'parent', b'parent', b'parent', b'parent', b'parent', False, b'parent']"`
 	for _, id := range []string{parent, kids[1]} {
 		if v := s.Value(t, id, forkHeldState); v != untouched {
 			t.Errorf("%s after its child/sibling wrote through what the parent held: %s, want %s", id, v, untouched)
 		}
 	}
 	// The child wrote into its own copies (the pipe is closed for it: its writes went nowhere).
-	if v := s.Value(t, kids[0], forkHeldState); v != `"[True, b'CHILDt', b'CHILDt', b'CHILDt', b'CHILDt', b'CHILDt', False]"` {
+	if v := s.Value(t, kids[0], forkHeldState); v != `"[True, b'CHILDt', b'CHILDt', b'CHILDt', b'CHILDt', b'CHILDt', False, b'CHILDt']"` {
 		t.Errorf("the child's own copies: %s", v)
 	}
 }

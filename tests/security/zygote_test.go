@@ -68,16 +68,6 @@ func TestZygoteInterpreterKeepsNothingOfTheZygote(t *testing.T) {
 			t.Errorf("the interpreter's cgroup in %q is %s, not the sandbox's", parts[1], parts[2])
 		}
 	}
-	fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
-	for _, fd := range fds {
-		target, err := os.Readlink(fd)
-		if err != nil {
-			continue
-		}
-		if !strings.HasPrefix(target, "socket:") && !strings.HasPrefix(target, "pipe:") && target != "/dev/null" {
-			t.Errorf("the interpreter holds %s -> %s", filepath.Base(fd), target)
-		}
-	}
 	// The zygote's agent, cgroups and layer go once the sandbox runs (a next family's zygote, of another name, may
 	// be starting already).
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -87,6 +77,38 @@ func TestZygoteInterpreterKeepsNothingOfTheZygote(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the zygote %s is left: %+v", zyg, inv)
+		}
+	}
+	// Every file it holds is on a mount of the sandbox's own file system: a descriptor of the zygote's (stdin,
+	// /dev/null as the zygote's agent opened it) is on a mount the sandbox does not have, and reads "/" once the
+	// zygote's file system is gone.
+	mountinfo, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts := map[string]bool{}
+	for _, line := range strings.Split(string(mountinfo), "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			mounts[f[0]] = true
+		}
+	}
+	fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
+	for _, fd := range fds {
+		target, err := os.Readlink(fd)
+		if err != nil || strings.HasPrefix(target, "socket:") || strings.HasPrefix(target, "pipe:") {
+			continue
+		}
+		if target != "/dev/null" {
+			t.Errorf("the interpreter holds %s -> %s", filepath.Base(fd), target)
+		}
+		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, filepath.Base(fd)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			if id, ok := strings.CutPrefix(line, "mnt_id:"); ok && !mounts[strings.TrimSpace(id)] {
+				t.Errorf("the interpreter's fd %s (%s) is on mount %s, not one of the sandbox's", filepath.Base(fd), target, strings.TrimSpace(id))
+			}
 		}
 	}
 	// From inside: its own host name and files, nothing of the zygote's root; its parent is not an agent.
