@@ -174,10 +174,11 @@ func (c *Client) ForkHooks(ctx context.Context) (bool, error) {
 }
 
 // RestoreSession has the interpreter load a session stream from r, which it takes. The answer lists what could
-// not be loaded and, when r is the stored file itself, what the interpreter read of it (nil from a pipe, or
-// from an interpreter that does not say).
-func (c *Client) RestoreSession(ctx context.Context, r *os.File) ([]Skipped, *StreamRead, error) {
-	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpRestore, Stream: true}, []*os.File{r}, nil)
+// not be loaded and, when r is the stored file itself, what the interpreter read of it, checksummed with sum
+// ("crc32c" or "sha256", as the snapshot's manifest has it): nil from a pipe, or from an interpreter that does
+// not say.
+func (c *Client) RestoreSession(ctx context.Context, r *os.File, sum string) ([]Skipped, *StreamRead, error) {
+	ev, err := c.roundTripWithFiles(ctx, Request{Op: OpRestore, Stream: true, Sum: sum}, []*os.File{r}, nil)
 	return ev.Skipped, ev.Read, err
 }
 

@@ -53,6 +53,8 @@ type Request struct {
 	// (snapshots made before session streams).
 	Stream bool   `json:"stream,omitempty"`
 	Dir    string `json:"dir,omitempty"`
+	// restore_repl of a stored file: the checksum its interpreter computes as it reads ("crc32c", "sha256").
+	Sum string `json:"sum,omitempty"`
 	// snapshot_repl: a second descriptor comes with the stream, the read end of a pipe on which the copy the
 	// interpreter forks to save its session waits until the server has moved it into a memory budget of its own
 	// (one byte; end of file: it saves where it is). A "save_copy" event gives the server the copy's pid, in
@@ -167,10 +169,11 @@ type Event struct {
 }
 
 // StreamRead is what an interpreter read of a session stream given as the stored file: every byte of the file,
-// in order, hashed as it went.
+// in order, checksummed as it went in the algorithm asked for (Request.Sum; snapstore.Sum's hex forms).
 type StreamRead struct {
 	Bytes  int64  `json:"bytes"`
-	SHA256 string `json:"sha256"`
+	CRC32C string `json:"crc32c,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 // Skipped names something a pause could not save (a variable, a process) and why.

@@ -896,7 +896,7 @@ func (p *repl) session(op string, req Request, on func(pid int)) (replMsg, error
 		}, int(req.file.Fd()), int(req.files[1].Fd()))
 	}
 	if req.Stream {
-		return p.callFile(map[string]any{"op": op, "stream": true}, int(req.file.Fd()))
+		return p.callFile(map[string]any{"op": op, "stream": true, "sum": req.Sum}, int(req.file.Fd()))
 	}
 	return p.call(map[string]any{"op": op, "dir": req.Dir})
 }

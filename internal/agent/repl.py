@@ -656,18 +656,17 @@ _FILE = struct.Struct("<iIiqI")  # fd, how, flags, offset, length of the path
 _ANSWER = struct.Struct("<iiiI")  # the child's agent socket, fd 1 and 2 piped, errno, length of what follows
 
 
-class _ForkHelper:
-    """The fork child's set-up in one foreign call, ramify_fork_child (internal/agent/forkchild/forkchild.c):
-    each child calls it before it runs any Python code of its own. Done in Python, the same steps (close what
-    the child does not keep, wait for the move, take the group, join the namespaces, make descriptors and shared
-    mappings its own, connect and attach) wrote to ~180 pages of the parent's heap that each child then copied
-    (~0.7 MiB of its own memory, ~215 page faults; the helper: ~0.1 MiB, ~35). Loaded at the first fork from
-    the bytes the agent sent with the loop; the parent packs each child's part (blob) before it forks."""
+_native_lib = None
 
-    def __init__(self):
-        global _fork_helper_so
+
+def _native():
+    """ramify's native helpers (internal/agent/forkchild/forkchild.c: the fork child's set-up, CRC-32C), loaded at
+    their first use from the bytes the agent sent with the loop. Fork children of this process inherit the
+    mapping."""
+    global _fork_helper_so, _native_lib
+    if _native_lib is None:
         if not _fork_helper_so:
-            raise OSError("this build of ramify has no fork child helper for this architecture "
+            raise OSError("this build of ramify has no native helper for this architecture "
                           "(internal/agent/forkchild is built for x86-64)")
         fd = os.memfd_create("ramify-fork-child", os.MFD_CLOEXEC)
         try:
@@ -677,8 +676,46 @@ class _ForkHelper:
             lib = ctypes.CDLL("/proc/self/fd/%d" % fd)
         finally:
             os.close(fd)
-        _fork_helper_so = None  # mapped now; fork children of this process inherit the mapping
-        self.call = lib.ramify_fork_child
+        lib.ramify_crc32c.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
+        lib.ramify_crc32c.restype = ctypes.c_uint32
+        _native_lib, _fork_helper_so = lib, None
+    return _native_lib
+
+
+class _CRC32C:
+    """CRC-32C (Castagnoli) in hashlib's form (update, hexdigest), as a snapshot's parts carry it (snapstore.Sum):
+    the native helper's ramify_crc32c (SSE4.2: ~9 GB/s on the machines we measured, against SHA-256's ~1.7), which
+    releases the GIL as it runs, like hashlib."""
+
+    def __init__(self):
+        self._f = _native().ramify_crc32c
+        self.crc = 0
+
+    def update(self, data):
+        n = data.nbytes if isinstance(data, memoryview) else len(data)
+        if not n:
+            return
+        if not isinstance(data, bytes):
+            try:
+                data = (ctypes.c_char * n).from_buffer(data)
+            except TypeError:  # a read-only buffer
+                data = bytes(data)
+        self.crc = self._f(self.crc, data, n)
+
+    def hexdigest(self):
+        return "%08x" % self.crc
+
+
+class _ForkHelper:
+    """The fork child's set-up in one foreign call, ramify_fork_child (internal/agent/forkchild/forkchild.c):
+    each child calls it before it runs any Python code of its own. Done in Python, the same steps (close what
+    the child does not keep, wait for the move, take the group, join the namespaces, make descriptors and shared
+    mappings its own, connect and attach) wrote to ~180 pages of the parent's heap that each child then copied
+    (~0.7 MiB of its own memory, ~215 page faults; the helper: ~0.1 MiB, ~35). Loaded at the first fork from
+    the bytes the agent sent with the loop; the parent packs each child's part (blob) before it forks."""
+
+    def __init__(self):
+        self.call = _native().ramify_fork_child
         self.call.argtypes = (ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t)
         self.call.restype = ctypes.c_int
         # The answer's buffer, read in the child as a bytearray (no ctypes but the call itself).
@@ -883,31 +920,36 @@ class _StreamOut:
 
 class _StreamIn:
     """The read side of a session stream, from a pipe or (faster) from the stored file itself. A stored file is
-    hashed (SHA-256) as it is read, every byte in order (digest()): the server checks it against the snapshot's
-    manifest instead of reading the file a second time beside this read (1 GiB: ~2 s for the two reads side by
-    side on the machines we measured, ~0.5 s for this one alone)."""
+    checksummed as it is read, every byte in order (digest()), with alg, the checksum the snapshot's manifest
+    names ("crc32c"; "sha256" for snapshots of earlier versions): the server checks it against the manifest
+    instead of reading the file a second time beside this read (1 GiB: ~2 s for the two reads side by side on the
+    machines we measured)."""
 
-    def __init__(self, fd):
+    def __init__(self, fd, alg="crc32c"):
         self.fd, self.file = fd, stat.S_ISREG(os.fstat(fd).st_mode)
         self.off = 0  # stream offset of the next byte to hand out
         self.ahead = bytearray()  # bytes read ahead of self.off
-        self.sha = None
-        if self.file:
+        self.sum, self.alg = None, alg
+        if self.file and alg == "sha256":
             import hashlib
-            self.sha = hashlib.sha256()
+            self.sum = hashlib.sha256()
+        elif self.file:
+            if alg != "crc32c":
+                raise ValueError("session stream: unknown checksum %r" % alg)
+            self.sum = _CRC32C()
         self.hashed = 0  # bytes hashed: the file's [0, hashed), all read (into self.ahead or handed out)
 
     def _pread(self, buf, pos):
         """Read file bytes at pos into buf (a memoryview) and hash them; pos is where the hash has got to."""
         k = os.preadv(self.fd, [buf], pos)
-        self.sha.update(buf[:k])
+        self.sum.update(buf[:k])
         self.hashed += k
         return k
 
     def _next(self, n):
         """Read and hash up to n bytes of the file from where the hash has got to."""
         data = os.pread(self.fd, n, self.hashed)
-        self.sha.update(data)
+        self.sum.update(data)
         self.hashed += len(data)
         return data
 
@@ -950,7 +992,7 @@ class _StreamIn:
                 mv[:got] = a[:got]
             del self.ahead[:got]
         if self.file and n - got >= _BIG:
-            got = _read_parallel(self.fd, mv, got, n, self.off, self.sha)  # the file's [off, off+got) is hashed
+            got = _read_parallel(self.fd, mv, got, n, self.off, self.sum)  # the file's [off, off+got) is hashed
             self.hashed = self.off + got
         self._fill(mv, got, n)
         return n
@@ -982,13 +1024,13 @@ class _StreamIn:
             n -= k
 
     def digest(self):
-        """For a stored file: {"bytes": its size, "sha256": hex} once the rest of it (nothing, for a whole stream)
-        is read and hashed; None for a pipe."""
+        """For a stored file: {"bytes": its size, alg: hex checksum} once the rest of it (nothing, for a whole
+        stream) is read and checksummed; None for a pipe."""
         if not self.file:
             return None
         while self._next(1 << 20):
             pass
-        return {"bytes": self.hashed, "sha256": self.sha.hexdigest()}
+        return {"bytes": self.hashed, self.alg: self.sum.hexdigest()}
 
     def buffer(self, n):
         """Read n bytes into a buffer of their own (a large one: fresh huge-page memory)."""
@@ -1039,7 +1081,7 @@ class _StreamIn:
         except OSError:
             return got
         try:
-            got = _read_parallel(self.fd, mv, got, end, self.off, self.sha)
+            got = _read_parallel(self.fd, mv, got, end, self.off, self.sum)
         finally:
             fcntl.fcntl(self.fd, fcntl.F_SETFL, flags)
         self.hashed = self.off + got
@@ -1050,7 +1092,7 @@ _READ_PIECE = 8 << 20  # one direct read
 _READS_IN_FLIGHT = 4  # several requests at once read faster than one (1 GiB: ~0.5 s against 0.6-1.6 s here)
 
 
-def _read_parallel(fd, mv, lo, hi, base, sha):
+def _read_parallel(fd, mv, lo, hi, base, h):
     """Read file bytes [base+lo, base+hi) into mv[lo:hi], _READ_PIECE at a time, with up to _READS_IN_FLIGHT
     reads in flight on threads of their own, and hash them in order on this one, as they come (the reads and
     the hash release the GIL). It returns how far it read and hashed: hi, or the start of a piece whose read
@@ -1106,7 +1148,7 @@ def _read_parallel(fd, mv, lo, hi, base, sha):
             reached, err = o, result[i]
             stop.append(1)
             break
-        sha.update(mv[o:min(hi, o + _READ_PIECE)])
+        h.update(mv[o:min(hi, o + _READ_PIECE)])
     for exited in threads:
         exited.acquire()
     if isinstance(err, EOFError):
@@ -1472,9 +1514,10 @@ _IMPORT_ENV = ("OPENBLAS_", "GOTO", "OMP_", "MKL_", "BLIS_", "VECLIB_", "NUMPY_"
 # and the packages' names.
 _preloaded = None
 
-# Modules a session's load itself imports (the stored file's hash, the unpickler), imported with the packages a
-# zygote kept for resumes imports ahead: a resume's interpreter imports them anyway.
-_LOAD_IMPORTS = ("hashlib", "pickle")
+# Modules a session's load itself imports (the unpickler), imported with the packages a zygote kept for resumes
+# imports ahead: a resume's interpreter imports them anyway. (The stored file's checksum, CRC-32C, is the native
+# helper's, which a zygote has loaded for its handover; hashlib, ~3.6 MiB of OpenSSL, only for an older snapshot.)
+_LOAD_IMPORTS = ("pickle",)
 
 
 def _preload(modules):
@@ -1513,12 +1556,12 @@ def _preload_holds():
     return True
 
 
-def _restore_stream(fd):
+def _restore_stream(fd, alg="crc32c"):
     """Load a session stream from fd (a pipe or the stored file) into the session; return what failed to load,
-    and for a stored file its size and SHA-256 as read (_StreamIn.digest)."""
+    and for a stored file its size and checksum (alg) as read (_StreamIn.digest)."""
     failed, digest, meta = [], None, None
     try:
-        f = _StreamIn(fd)
+        f = _StreamIn(fd, alg)
         if f.read(len(_MAGIC)) != _MAGIC:
             raise ValueError("not a session stream")
         hdr = f.header()
@@ -1850,7 +1893,7 @@ def _serve():
                 _preload(req.get("modules") or [])
                 resp = {"type": "result"}
             elif op == "restore" and req.get("stream"):
-                skipped, digest = _restore_stream(_rfile.take_fd())
+                skipped, digest = _restore_stream(_rfile.take_fd(), req.get("sum") or "sha256")
                 resp = {"type": "result", "skipped": skipped}
                 if digest:
                     resp["read"] = digest

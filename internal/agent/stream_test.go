@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strings"
@@ -59,15 +62,16 @@ def _read_parallel(*args):
     parallel[0] += 1
     return _real_read_parallel(*args)
 
-for big, extra in ((3 * _READ_PIECE + 12345, b""), (_BIG, b""), (5 * _READ_PIECE, b"tail")):
+for big, extra, alg in ((3 * _READ_PIECE + 12345, b"", "crc32c"), (_BIG, b"", "crc32c"), (5 * _READ_PIECE, b"tail", "crc32c"),
+                        (3 * _READ_PIECE + 12345, b"x", "sha256")):
     path = os.path.join(d, "s")
     values = write(path, big, extra)
-    failed, digest = _restore_stream(os.open(path, os.O_RDONLY))
+    failed, digest = _restore_stream(os.open(path, os.O_RDONLY), alg)
     with open(path, "rb") as f:
         data = f.read()
-    want = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    want = {"bytes": len(data), alg: crc32c_of(data) if alg == "crc32c" else hashlib.sha256(data).hexdigest()}
     assert failed == [], failed
-    assert digest == want, (big, digest, want)
+    assert digest == want, (big, alg, digest, want)
     check(values)
     # From a pipe: the same values, no digest (the server hashes what it sends).
     r, w = os.pipe()
@@ -97,7 +101,7 @@ for allowed in (0, 1):
     failed, digest = _restore_stream(os.open(path, os.O_RDONLY))
     with open(path, "rb") as f:
         data = f.read()
-    assert failed == [] and digest == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, (allowed, digest)
+    assert failed == [] and digest == {"bytes": len(data), "crc32c": crc32c_of(data)}, (allowed, digest)
     check(values)
 _thread.start_new_thread = real_start
 assert parallel[0] >= 5 or not direct, "the large buffers were not read in pieces side by side (%d)" % parallel[0]
@@ -213,7 +217,7 @@ del _ns["Gone"]
 failed, digest = _restore_stream(os.open(path, os.O_RDONLY))
 with open(path, "rb") as f:
     data = f.read()
-assert digest == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, digest
+assert digest == {"bytes": len(data), "crc32c": crc32c_of(data)}, digest
 check(failed)
 assert streamed[0] == 9, streamed[0]  # all but small and after
 r, w = os.pipe()
@@ -251,7 +255,25 @@ print("ok")
 
 // runReplScript runs script with the host's python3 after repl.py's definitions (all of it but its last line,
 // main()), with TEST_TMP naming a temporary directory of the test's; the script prints "ok" when all held.
+// crc32cOf is the CRC-32C of data in one call of the native helper (TestNativeCRC32C checks it against Go's), to
+// check that the reader checksums every byte of the file in order.
+const crc32cOf = `
+def crc32c_of(data):
+    h = _CRC32C()
+    h.update(bytes(data))
+    return h.hexdigest()
+`
+
 func runReplScript(t *testing.T, script string) {
+	t.Helper()
+	if out := runReplScriptOutput(t, script); strings.TrimSpace(out) != "ok" {
+		t.Fatal(out)
+	}
+}
+
+// runReplScriptOutput runs script after repl.py's definitions (its loop left out), with the native helper as the
+// bootstrap hands it over, and returns what it printed.
+func runReplScriptOutput(t *testing.T, script string) string {
 	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
@@ -261,10 +283,65 @@ func runReplScript(t *testing.T, script string) {
 	if loop == replSource {
 		t.Fatal("repl.py no longer ends with main()")
 	}
-	c := exec.Command(py, "-c", loop+script)
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/helper.so", forkChildHelper, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	helper := "_ramify_fork_helper = open(" + `"` + dir + `/helper.so", "rb").read()` + "\n"
+	c := exec.Command(py, "-c", helper+loop+crc32cOf+script)
 	c.Env = append(os.Environ(), "TEST_TMP="+t.TempDir())
 	out, err := c.CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "ok" {
+	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// TestNativeCRC32C: the native helper's CRC-32C (repl.py _CRC32C, forkchild.c ramify_crc32c) is Go's
+// hash/crc32 Castagnoli, which the snapshot store computes, for every length and alignment around its 8-byte
+// steps, from bytes, bytearrays and memoryviews, in one update or many.
+func TestNativeCRC32C(t *testing.T) {
+	data := make([]byte, 1<<20+77)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	tab := crc32.MakeTable(crc32.Castagnoli)
+	var want strings.Builder
+	type cut struct{ off, n int }
+	var cuts []cut
+	for off := range 9 {
+		for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 63, 4096 + 3, 1 << 20} {
+			cuts = append(cuts, cut{off, n})
+			fmt.Fprintf(&want, "%08x\n", crc32.Checksum(data[off:off+n], tab))
+		}
+	}
+	fmt.Fprintf(&want, "%08x\n", crc32.Checksum(data, tab))
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/data", data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var spec strings.Builder
+	for _, c := range cuts {
+		fmt.Fprintf(&spec, "(%d, %d), ", c.off, c.n)
+	}
+	out := runReplScriptOutput(t, `
+data = open("`+dir+`/data", "rb").read()
+kinds = [bytes, bytearray, lambda b: memoryview(bytearray(b))]
+for i, (off, n) in enumerate([`+spec.String()+`]):
+    sums = set()
+    for kind in kinds:
+        h = _CRC32C()
+        h.update(kind(data[off:off + n]))
+        sums.add(h.hexdigest())
+    assert len(sums) == 1, (off, n, sums)
+    print(sums.pop())
+h = _CRC32C()
+for k in range(0, len(data), 1000):
+    h.update(memoryview(data)[k:k + 1000])
+print(h.hexdigest())
+`)
+	if out != want.String() {
+		t.Fatalf("native CRC-32C:\n%s\nGo's:\n%s", out, want.String())
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ramify-dev/ramify/internal/runtime/fake"
+	"github.com/ramify-dev/ramify/internal/snapstore"
 )
 
 // cutStore is a snapshot store whose reads fail after cut bytes, as a transfer from a store that went away does.
@@ -45,7 +46,7 @@ func TestCutTransferIsNotCorrupt(t *testing.T) {
 	tw.Write(data)                                                                                            //nolint:errcheck
 	tw.Close()                                                                                                //nolint:errcheck
 	sum := sha256.Sum256(tb.Bytes())
-	m := Manifest{Parts: map[string]Part{"layer.tar": {Size: int64(tb.Len()), SHA256: hex.EncodeToString(sum[:])}}}
+	m := Manifest{Parts: map[string]Part{"layer.tar": {Size: int64(tb.Len()), Sum: snapstore.Sum{SHA256: hex.EncodeToString(sum[:])}}}}
 	snaps := fake.NewSnapshots()
 	if _, err := snaps.Put(context.Background(), "p/layer.tar", bytes.NewReader(tb.Bytes())); err != nil {
 		t.Fatal(err)
@@ -55,7 +56,7 @@ func TestCutTransferIsNotCorrupt(t *testing.T) {
 	if !errors.Is(err, errCut) || strings.Contains(err.Error(), "corrupt") || !strings.Contains(err.Error(), "kept") {
 		t.Fatalf("a cut transfer: %v; want the read's error, saying the snapshot is kept", err)
 	}
-	m.Parts["layer.tar"] = Part{Size: int64(tb.Len()), SHA256: strings.Repeat("0", 64)}
+	m.Parts["layer.tar"] = Part{Size: int64(tb.Len()), Sum: snapstore.Sum{CRC32C: "00000000"}}
 	s.cfg.Snapshots = snaps
 	if err := s.extractPart(context.Background(), "p/", "layer.tar", m, t.TempDir()); err == nil || !strings.Contains(err.Error(), "corrupt") {
 		t.Fatalf("a part unlike its manifest: %v, want corrupt", err)

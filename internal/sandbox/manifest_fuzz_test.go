@@ -64,13 +64,19 @@ func fuzzLayer() []byte {
 	return buf.Bytes()
 }
 
-func manifestFor(layer []byte) []byte {
-	sum := sha256.Sum256(layer)
+// manifestFor is a manifest whose layer.tar is layer, with its CRC-32C, or (older) its SHA-256.
+func manifestFor(layer []byte, older bool) []byte {
+	part := func(b []byte) Part {
+		if older {
+			sum := sha256.Sum256(b)
+			return Part{Size: int64(len(b)), Sum: snapstore.Sum{SHA256: hex.EncodeToString(sum[:])}}
+		}
+		h := snapstore.NewCRC32C()
+		h.Write(b)
+		return Part{Size: int64(len(b)), Sum: snapstore.Sum{}.Of(h)}
+	}
 	b, _ := json.Marshal(Manifest{Version: 1, Sandbox: "sbx_" + strings.Repeat("a", 32), CreatedAt: time.Unix(1700000000, 0).UTC(),
-		Spec: json.RawMessage(`{"vcpu":1}`), Parts: map[string]Part{
-			"layer.tar":   {Size: int64(len(layer)), SHA256: hex.EncodeToString(sum[:])},
-			"session.bin": {Size: 0, SHA256: hex.EncodeToString(sha256.New().Sum(nil))},
-		}})
+		Spec: json.RawMessage(`{"vcpu":1}`), Parts: map[string]Part{"layer.tar": part(layer), "session.bin": part(nil)}})
 	return b
 }
 
@@ -91,14 +97,17 @@ func realDevices(layer []byte) bool {
 
 func FuzzSnapshotManifest(f *testing.F) {
 	layer := fuzzLayer()
-	good := manifestFor(layer)
-	f.Add(good, layer)
-	f.Add(good, layer[:len(layer)-700])
-	f.Add(good, append(append([]byte(nil), layer...), 0))
-	f.Add(manifestFor(nil), []byte{})
+	for _, older := range []bool{false, true} {
+		good := manifestFor(layer, older)
+		f.Add(good, layer)
+		f.Add(good, layer[:len(layer)-700])
+		f.Add(good, append(append([]byte(nil), layer...), 0))
+		f.Add(manifestFor(nil, older), []byte{})
+	}
 	for _, m := range []string{
 		``, `{}`, `null`, `{"version":2}`, `{"version":1}`, `{"version":1,"parts":null}`, `{"version":"1"}`,
 		`{"version":1,"parts":{"layer.tar":{"size":-1,"sha256":"zz"}}}`, `{"version":1,"parts":{"layer.tar":{}}}`,
+		`{"version":1,"parts":{"layer.tar":{"size":0,"crc32c":"00000000","sha256":"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"}}}`,
 		`{"version":1,"not_saved":[{"name":"x"}],"extra":{"a":1e308}}`, `[1]`, `{"version":1e400}`,
 		`{"version":1,"parts":{"../../layer.tar":{"size":1}}}`, "\xef\xbb\xbf{}", strings.Repeat(`{"a":`, 10000),
 	} {
@@ -135,7 +144,10 @@ func FuzzSnapshotManifest(f *testing.F) {
 		err = s.extractPart(ctx, "snap/", "layer.tar", m, dir)
 		want, listed := m.Parts["layer.tar"]
 		sum := sha256.Sum256(layer)
-		matches := listed && want.Size == int64(len(layer)) && want.SHA256 == hex.EncodeToString(sum[:])
+		crc := snapstore.NewCRC32C()
+		crc.Write(layer)
+		matches := listed && want.Size == int64(len(layer)) &&
+			(want.Sum == snapstore.Sum{SHA256: hex.EncodeToString(sum[:])} || want.Sum == snapstore.Sum{}.Of(crc))
 		if err == nil && !matches {
 			t.Fatalf("accepted a layer of %d bytes that the manifest does not describe (%+v)", len(layer), want)
 		}

@@ -3,8 +3,6 @@ package sandbox
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,7 +28,8 @@ import (
 //	               without dill when it names nothing of dill's), large numpy arrays as raw out-of-band buffers,
 //	               plus cwd, env, execution count
 //	layer.tar      the sandbox's writable layer (its overlay upper directory)
-//	manifest.json  the sandbox's spec, what could not be saved, and the size and SHA-256 of the other two
+//	manifest.json  the sandbox's spec, what could not be saved, and the size and checksum of the other two
+//	               (CRC-32C; SHA-256 in snapshots of versions before it, which resume checks as such)
 //
 // The session goes from the interpreter's memory through a pipe straight into the store: nothing of it touches
 // the sandbox's disk. The manifest is written last: a snapshot without one is incomplete and never resumed. A
@@ -41,10 +40,11 @@ import (
 // sessionDir is where, inside the sandbox, an older snapshot's session.tar is unpacked for the interpreter.
 const sessionDir = "/.ramify-session"
 
-// Part is one object of a snapshot.
+// Part is one object of a snapshot: its size and checksum (snapstore.Sum: "crc32c", or "sha256" in older
+// manifests).
 type Part struct {
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
+	Size int64 `json:"size"`
+	snapstore.Sum
 }
 
 // Manifest describes a snapshot.
@@ -198,7 +198,7 @@ func (s *Service) saveSession(ctx context.Context, c *agent.Client, h runtime.Ha
 	if p.err != nil {
 		return savedSession{}, fmt.Errorf("write session.bin: %w", p.err)
 	}
-	return savedSession{part: Part{Size: p.obj.Size, SHA256: p.obj.SHA256}, notSaved: skipped, preload: preload}, nil
+	return savedSession{part: Part{Size: p.obj.Size, Sum: p.obj.Sum}, notSaved: skipped, preload: preload}, nil
 }
 
 // saveBudget is how a save's copy of the interpreter gets a memory budget of its own (runtime.SaveCopier).
@@ -355,8 +355,9 @@ type fileOpener interface {
 }
 
 // loadSession has the interpreter load the snapshot's session.bin, checked against the manifest's size and
-// SHA-256; a mismatch fails the load (the caller then discards the sandbox). From a local store the interpreter
-// gets the file itself (read-only), reads it with direct I/O and hashes it as it reads (agent.StreamRead): one
+// checksum; a mismatch fails the load (the caller then discards the sandbox). From a local store the interpreter
+// gets the file itself (read-only), reads it with direct I/O and checksums it as it reads, in the manifest's
+// algorithm (agent.StreamRead): one
 // read of the file, not two side by side; when it cannot say what it read (it failed part way, or is older),
 // the server reads and hashes the file itself, so that a corrupt part is told from another failure. From any
 // other store the part streams through a pipe, hashed on the way.
@@ -368,12 +369,12 @@ func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix strin
 		if err != nil {
 			return nil, fmt.Errorf("snapshot part session.bin is missing: %w", err)
 		}
-		skipped, read, err := c.RestoreSession(ctx, f)
+		skipped, read, err := c.RestoreSession(ctx, f, want.Algorithm())
 		if err == nil {
 			progressOf(ctx).add(want.Size) // read by the interpreter itself
 		}
 		if err == nil && read != nil {
-			return skipped, checkSum("session.bin", read.Bytes, read.SHA256, want)
+			return skipped, checkSum("session.bin", read.Bytes, snapstore.Sum{CRC32C: read.CRC32C, SHA256: read.SHA256}, want)
 		}
 		if cerr := s.checkStored(ctx, prefix, "session.bin", want); cerr != nil {
 			return skipped, cerr // the cause, when the interpreter choked on a corrupt stream
@@ -392,7 +393,7 @@ func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix strin
 	done := make(chan error, 1)
 	go func() {
 		defer rc.Close()
-		h := sha256.New()
+		h := want.NewHash()
 		n, werr := copyHashed(pw, progressOf(ctx).reader(rc), h)
 		pw.Close()
 		if werr != nil && !errors.Is(werr, errReaderGone) {
@@ -409,21 +410,21 @@ func (s *Service) loadSession(ctx context.Context, c *agent.Client, prefix strin
 		}
 		done <- nil
 	}()
-	skipped, _, err := c.RestoreSession(ctx, give)
+	skipped, _, err := c.RestoreSession(ctx, give, want.Algorithm())
 	if cerr := <-done; cerr != nil {
 		return skipped, cerr // the cause, when the interpreter choked on a corrupt stream
 	}
 	return skipped, err
 }
 
-// checkStored reads part name of the snapshot at prefix and checks its size and SHA-256 against want.
+// checkStored reads part name of the snapshot at prefix and checks its size and checksum against want.
 func (s *Service) checkStored(ctx context.Context, prefix, name string, want Part) error {
 	rc, err := s.cfg.Snapshots.Get(ctx, prefix+name)
 	if err != nil {
 		return fmt.Errorf("snapshot part %s is missing: %w", name, err)
 	}
 	defer rc.Close()
-	h := sha256.New()
+	h := want.NewHash()
 	n, err := copyHashed(io.Discard, rc, h)
 	if err != nil {
 		return fmt.Errorf("snapshot part %s: %w", name, err)
@@ -434,7 +435,8 @@ func (s *Service) checkStored(ctx context.Context, prefix, name string, want Par
 var errReaderGone = errors.New("the interpreter stopped reading")
 
 // copyHashed copies r to w and through h, in 1 MiB pieces; h hashes in a goroutine of its own, a few pieces
-// behind the copy (SHA-256 of 1 GiB is ~0.75 s of a core: the interpreter reading w no longer waits for it).
+// behind the copy (the SHA-256 of an older snapshot's 1 GiB is ~0.75 s of a core: the interpreter reading w does
+// not wait for it).
 // When w fails (the interpreter stopped reading) it goes on reading r into h, so that the caller can still tell
 // a corrupt part from a refused one.
 func copyHashed(w io.Writer, r io.Reader, h io.Writer) (int64, error) {
@@ -497,7 +499,7 @@ func (s *Service) putTar(ctx context.Context, key, dir string, skip func(string)
 	if err != nil {
 		return Part{}, err
 	}
-	return Part{Size: obj.Size, SHA256: obj.SHA256}, nil
+	return Part{Size: obj.Size, Sum: obj.Sum}, nil
 }
 
 func (s *Service) readManifest(ctx context.Context, prefix string) (Manifest, error) {
@@ -520,7 +522,7 @@ func (s *Service) readManifest(ctx context.Context, prefix string) (Manifest, er
 	return m, nil
 }
 
-// extractPart streams a part into dir, checking its size and SHA-256 against the manifest.
+// extractPart streams a part into dir, checking its size and checksum against the manifest.
 func (s *Service) extractPart(ctx context.Context, prefix, name string, m Manifest, dir string) error {
 	want, ok := m.Parts[name]
 	if !ok {
@@ -531,7 +533,7 @@ func (s *Service) extractPart(ctx context.Context, prefix, name string, m Manife
 		return fmt.Errorf("snapshot part %s is missing: %w", name, err)
 	}
 	defer rc.Close()
-	h := sha256.New()
+	h := want.NewHash()
 	cr := &countingReader{r: io.TeeReader(progressOf(ctx).reader(rc), h)}
 	_, xerr := layertar.Extract(cr, dir)
 	// Read the rest (tar padding after the end marker counts too; after a failed extract, it tells a corrupt
@@ -549,15 +551,15 @@ func (s *Service) extractPart(ctx context.Context, prefix, name string, m Manife
 	return nil
 }
 
-// checkPart compares n bytes read with SHA-256 state h against what the manifest says of part name.
+// checkPart compares n bytes read with hash h (want.NewHash's) against what the manifest says of part name.
 func checkPart(name string, n int64, h hash.Hash, want Part) error {
-	return checkSum(name, n, hex.EncodeToString(h.Sum(nil)), want)
+	return checkSum(name, n, want.Of(h), want)
 }
 
-// checkSum is checkPart for a part read as n bytes with hex SHA-256 sum.
-func checkSum(name string, n int64, sum string, want Part) error {
-	if n != want.Size || sum != want.SHA256 {
-		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot part %s is corrupt: %d bytes with sha256 %s, manifest says %d bytes with sha256 %s", name, n, sum, want.Size, want.SHA256))
+// checkSum is checkPart for a part read as n bytes with checksum sum.
+func checkSum(name string, n int64, sum snapstore.Sum, want Part) error {
+	if n != want.Size || sum != want.Sum {
+		return errdefs.New(errdefs.ErrInvalid, fmt.Sprintf("snapshot part %s is corrupt: %d bytes with %v, manifest says %d bytes with %v", name, n, sum, want.Size, want.Sum))
 	}
 	return nil
 }

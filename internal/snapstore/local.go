@@ -2,8 +2,6 @@ package snapstore
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -27,9 +25,10 @@ import (
 //	<dir>/tmp/            objects being written, renamed into objects/ once complete and fsynced
 //	<dir>/sha256/<key>    checksum records, only on file systems without user xattrs
 //
-// An object's SHA-256 is kept in its "user.ramify.sha256" xattr, set before the rename that publishes it, so
-// object and checksum appear together. Where the file system has no user xattrs, a sidecar file under
-// sha256/ holds "<hex> <inode>" and counts only while the inode matches (a crash between the two renames
+// An object's checksum (Sum) is kept in an xattr, "user.ramify.crc32c" (or "user.ramify.sha256", for objects of
+// versions before CRC-32C), set before the rename that publishes it, so object and checksum appear together.
+// Where the file system has no user xattrs, a sidecar file under sha256/ (named for the checksum it first held)
+// holds "crc32c:<hex> <inode>" (or "<sha256 hex> <inode>") and counts only while the inode matches (a crash between the two renames
 // then leaves the checksum unknown, never wrong). Every path is resolved through an os.Root at dir, so keys
 // (already validated) cannot reach outside it. Because keys map onto directories, a key cannot be both an
 // object and a "directory" of others: Put("a/b") while "a" exists fails with errdefs.ErrConflict (S3 has no
@@ -43,6 +42,7 @@ const (
 	objectsDir  = "objects"
 	tmpDir      = "tmp"
 	sidecarDir  = "sha256"
+	crc32cXattr = "user.ramify.crc32c"
 	sha256Xattr = "user.ramify.sha256"
 )
 
@@ -80,20 +80,20 @@ func (l *Local) Close() error { return l.root.Close() }
 
 func objPath(key string) string { return objectsDir + "/" + key }
 
-// Put writes r to a temporary file, fsyncs it, records its SHA-256, renames it over the key and fsyncs the
+// Put writes r to a temporary file, fsyncs it, records its CRC-32C, renames it over the key and fsyncs the
 // directories.
 func (l *Local) Put(ctx context.Context, key string, r io.Reader) (Object, error) {
 	if err := ValidateKey(key); err != nil {
 		return Object{}, err
 	}
-	return l.publish(ctx, key, func(f *os.File) (int64, string, error) {
+	return l.publish(ctx, key, func(f *os.File) (int64, Sum, error) {
 		return fillDirect(ctx, f, r)
 	})
 }
 
-// publish creates a temporary file, lets fill write it (returning size and hex SHA-256), and publishes it
-// as key atomically.
-func (l *Local) publish(ctx context.Context, key string, fill func(*os.File) (int64, string, error)) (obj Object, err error) {
+// publish creates a temporary file, lets fill write it (returning size and checksum), and publishes it as key
+// atomically.
+func (l *Local) publish(ctx context.Context, key string, fill func(*os.File) (int64, Sum, error)) (obj Object, err error) {
 	tmp := tmpDir + "/" + randomName()
 	f, err := l.root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -119,7 +119,7 @@ func (l *Local) publish(ctx context.Context, key string, fill func(*os.File) (in
 	}
 	crashpoint.Hit(crashpoint.SnapshotBeforePublish)
 	useSidecar := false
-	if err := unix.Fsetxattr(int(f.Fd()), sha256Xattr, []byte(sum), 0); err != nil {
+	if err := setSum(f, sum); err != nil {
 		if !errors.Is(err, unix.ENOTSUP) {
 			return Object{}, fmt.Errorf("put %s: setxattr: %w", key, err)
 		}
@@ -136,13 +136,21 @@ func (l *Local) publish(ctx context.Context, key string, fill func(*os.File) (in
 	if err := l.commit(tmp, key, sum, st.Ino, useSidecar); err != nil {
 		return Object{}, err
 	}
-	return Object{Key: key, Size: size, SHA256: sum}, nil
+	return Object{Key: key, Size: size, Sum: sum}, nil
 }
 
-// commit publishes the written and fsynced temporary file tmp (inode ino, hex SHA-256 sum) as key: renamed
+// setSum records sum in f's xattr.
+func setSum(f *os.File, sum Sum) error {
+	if sum.CRC32C != "" {
+		return unix.Fsetxattr(int(f.Fd()), crc32cXattr, []byte(sum.CRC32C), 0)
+	}
+	return unix.Fsetxattr(int(f.Fd()), sha256Xattr, []byte(sum.SHA256), 0)
+}
+
+// commit publishes the written and fsynced temporary file tmp (inode ino, checksum sum) as key: renamed
 // over it, its directory fsynced, and, if useSidecar, its checksum recorded beside it. On failure the caller
 // removes tmp.
-func (l *Local) commit(tmp, key, sum string, ino uint64, useSidecar bool) error {
+func (l *Local) commit(tmp, key string, sum Sum, ino uint64, useSidecar bool) error {
 	if useSidecar {
 		// The old record goes first: a crash before the new one is written leaves the checksum unknown.
 		if err := l.root.Remove(sidecarDir + "/" + key); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -193,9 +201,13 @@ func (l *Local) syncDirs(dir string) error {
 	}
 }
 
-func (l *Local) writeSidecar(key, sum string, ino uint64) error {
+func (l *Local) writeSidecar(key string, sum Sum, ino uint64) error {
+	rec := sum.SHA256
+	if sum.CRC32C != "" {
+		rec = "crc32c:" + sum.CRC32C
+	}
 	tmp := tmpDir + "/" + randomName()
-	if err := l.root.WriteFile(tmp, fmt.Appendf(nil, "%s %d\n", sum, ino), 0o600); err != nil {
+	if err := l.root.WriteFile(tmp, fmt.Appendf(nil, "%s %d\n", rec, ino), 0o600); err != nil {
 		return err
 	}
 	dst := sidecarDir + "/" + key
@@ -222,32 +234,41 @@ func (l *Local) renameInto(tmp, dst string) error {
 	}
 }
 
-// checksum returns the recorded SHA-256 of the open object f (at key), or "" if unknown.
-func (l *Local) checksum(f *os.File, key string) (string, error) {
+// checksum returns the recorded checksum of the open object f (at key): none if unknown.
+func (l *Local) checksum(f *os.File, key string) (Sum, error) {
 	buf := make([]byte, 128)
-	n, err := unix.Fgetxattr(int(f.Fd()), sha256Xattr, buf)
+	n, err := unix.Fgetxattr(int(f.Fd()), crc32cXattr, buf)
+	if err == nil {
+		return Sum{CRC32C: string(buf[:n])}, nil
+	}
+	if errors.Is(err, unix.ENODATA) {
+		n, err = unix.Fgetxattr(int(f.Fd()), sha256Xattr, buf)
+	}
 	switch {
 	case err == nil:
-		return string(buf[:n]), nil
+		return Sum{SHA256: string(buf[:n])}, nil
 	case errors.Is(err, unix.ENODATA):
-		return "", nil
+		return Sum{}, nil
 	case !errors.Is(err, unix.ENOTSUP):
-		return "", fmt.Errorf("getxattr %s: %w", key, err)
+		return Sum{}, fmt.Errorf("getxattr %s: %w", key, err)
 	}
 	b, err := l.root.ReadFile(sidecarDir + "/" + key)
 	if err != nil {
-		return "", nil
+		return Sum{}, nil
 	}
-	var sum string
+	var rec string
 	var ino uint64
-	if _, err := fmt.Sscanf(string(b), "%s %d", &sum, &ino); err != nil {
-		return "", nil
+	if _, err := fmt.Sscanf(string(b), "%s %d", &rec, &ino); err != nil {
+		return Sum{}, nil
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Ino != ino {
-		return "", nil
+		return Sum{}, nil
 	}
-	return sum, nil
+	if crc, ok := strings.CutPrefix(rec, "crc32c:"); ok {
+		return Sum{CRC32C: crc}, nil
+	}
+	return Sum{SHA256: rec}, nil
 }
 
 // open opens the object at key for reading, mapping absence to errdefs.ErrNotFound.
@@ -296,7 +317,7 @@ func (l *Local) OpenFile(ctx context.Context, key string) (*os.File, error) {
 	return f, err
 }
 
-// Stat returns the object's size and recorded SHA-256.
+// Stat returns the object's size and recorded checksum.
 func (l *Local) Stat(ctx context.Context, key string) (Object, error) {
 	if err := ctx.Err(); err != nil {
 		return Object{}, err
@@ -310,7 +331,7 @@ func (l *Local) Stat(ctx context.Context, key string) (Object, error) {
 	if err != nil {
 		return Object{}, err
 	}
-	return Object{Key: key, Size: info.Size(), SHA256: sum}, nil
+	return Object{Key: key, Size: info.Size(), Sum: sum}, nil
 }
 
 // Copy reflinks src to a temporary file (FICLONE: O(1) on btrfs and XFS), or copies it where the file
@@ -329,23 +350,23 @@ func (l *Local) Copy(ctx context.Context, src, dst string) error {
 	if err != nil {
 		return err
 	}
-	if sum != "" {
+	if sum.Known() {
 		if err := l.link(src, dst, sum, in); err == nil {
 			return nil
 		} else if !errors.Is(err, errNoLink) {
 			return fmt.Errorf("copy %s to %s: %w", src, dst, err)
 		}
 	}
-	_, err = l.publish(ctx, dst, func(out *os.File) (int64, string, error) {
+	_, err = l.publish(ctx, dst, func(out *os.File) (int64, Sum, error) {
 		if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err == nil {
-			if sum != "" {
+			if sum.Known() {
 				return info.Size(), sum, nil
 			}
-			h := sha256.New()
+			h := NewCRC32C()
 			n, err := io.Copy(h, ctxReader{ctx, in})
-			return n, hex.EncodeToString(h.Sum(nil)), err
+			return n, Sum{}.Of(h), err
 		}
-		if sum != "" {
+		if sum.Known() {
 			// *os.File to *os.File: copy_file_range, which may share extents itself.
 			n, err := io.Copy(out, in)
 			if err == nil && n != info.Size() {
@@ -353,9 +374,9 @@ func (l *Local) Copy(ctx context.Context, src, dst string) error {
 			}
 			return n, sum, err
 		}
-		h := sha256.New()
+		h := NewCRC32C()
 		n, err := io.CopyBuffer(io.MultiWriter(out, h), ctxReader{ctx, in}, make([]byte, 1<<20))
-		return n, hex.EncodeToString(h.Sum(nil)), err
+		return n, Sum{}.Of(h), err
 	})
 	if err != nil {
 		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
@@ -366,13 +387,13 @@ func (l *Local) Copy(ctx context.Context, src, dst string) error {
 // errNoLink says the store's file system makes no hard links (Copy then copies).
 var errNoLink = errors.New("no hard links here")
 
-// link publishes the object src (open as in, its hex SHA-256 sum known) as dst by a hard link to its file:
+// link publishes the object src (open as in, its checksum sum known) as dst by a hard link to its file:
 // objects never change once published (a Put over a key renames a new file over it; a Delete unlinks), so two
 // keys may share one, and a copy of a 1 GiB session (a fork of a paused sandbox) takes no time and no space
 // where the file system shares no extents (ext4: copy_file_range copied it, ~2.6 s here). The checksum goes
 // with the file (its xattr) or is recorded for dst's key (the sidecar names the inode). errNoLink where links
 // cannot be made, or src's key no longer names the file opened.
-func (l *Local) link(src, dst, sum string, in *os.File) error {
+func (l *Local) link(src, dst string, sum Sum, in *os.File) error {
 	if err := ValidateKey(dst); err != nil {
 		return err
 	}
@@ -398,7 +419,10 @@ func (l *Local) link(src, dst, sum string, in *os.File) error {
 		_ = l.root.Remove(tmp)
 		return errNoLink
 	}
-	_, xerr := unix.Fgetxattr(int(in.Fd()), sha256Xattr, make([]byte, 128))
+	_, xerr := unix.Fgetxattr(int(in.Fd()), crc32cXattr, make([]byte, 128))
+	if xerr != nil {
+		_, xerr = unix.Fgetxattr(int(in.Fd()), sha256Xattr, make([]byte, 128))
+	}
 	if err := l.commit(tmp, dst, sum, st.Ino, xerr != nil); err != nil {
 		_ = l.root.Remove(tmp)
 		return err

@@ -3,8 +3,6 @@ package snapstore
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -41,8 +39,8 @@ type S3Config struct {
 // Put streams straight to the object's key with a multipart upload (s3Parallel parts of s3PartSize in flight,
 // hence objects up to s3PartSize*10000 = 160 GiB), hashing on the way. S3 makes the object visible only when the
 // upload completes, and a failed upload is aborted, so an object is never seen torn and a failed Put leaves the
-// previous one intact. The SHA-256 is known only at the end of the stream, when S3 no longer takes metadata, so
-// Stat and List report it only for objects that carry it (x-amz-meta-sha256, as written by older versions, which
+// previous one intact. The checksum (CRC-32C) is known only at the end of the stream, when S3 no longer takes
+// metadata, so Stat and List report one only for objects that carry it (x-amz-meta-sha256, as written by older versions, which
 // published each object by a server-side copy: that copy cost as much as the upload); the snapshot manifest holds
 // every part's checksum. Uploads left incomplete by a crash are aborted by NewS3 once a day old.
 type S3 struct {
@@ -154,7 +152,7 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader) (Object, error) {
 	if err := ValidateKey(key); err != nil {
 		return Object{}, err
 	}
-	h := sha256.New()
+	h := NewCRC32C()
 	cr := &countingReader{r: ctxReader{ctx, r}, h: h}
 	first := partBuffers.Get().(*[]byte)
 	defer partBuffers.Put(first)
@@ -171,7 +169,7 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader) (Object, error) {
 	if err != nil {
 		return Object{}, fmt.Errorf("put %s: %w", key, err)
 	}
-	return Object{Key: key, Size: cr.n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+	return Object{Key: key, Size: cr.n, Sum: Sum{}.Of(h)}, nil
 }
 
 // putOne stores data, at most a part, in a single request.
@@ -237,7 +235,7 @@ func (s *S3) Stat(ctx context.Context, key string) (Object, error) {
 	if err != nil {
 		return Object{}, mapErr("stat", key, err)
 	}
-	return Object{Key: key, Size: info.Size, SHA256: metaSHA256(info)}, nil
+	return Object{Key: key, Size: info.Size, Sum: Sum{SHA256: metaSHA256(info)}}, nil
 }
 
 func metaSHA256(info minio.ObjectInfo) string {
@@ -342,7 +340,7 @@ func (s *S3) List(ctx context.Context, prefix string) ([]Object, error) {
 				}
 				return
 			}
-			out[i].Size, out[i].SHA256 = info.Size, metaSHA256(info)
+			out[i].Size, out[i].Sum = info.Size, Sum{SHA256: metaSHA256(info)}
 		}()
 	}
 	wg.Wait()

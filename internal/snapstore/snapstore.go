@@ -2,7 +2,7 @@
 // by slash-separated keys, either a directory under the data directory (Local) or an S3-compatible object
 // store (S3). Both stream objects of any size without buffering them whole, make each Put and Copy atomic (an
 // object is visible only complete, never torn, and an interrupted write leaves the previous object intact),
-// and record the SHA-256 of every object's bytes so that a restore can verify what it reads.
+// and record a checksum of every object's bytes (Sum) so that a restore can verify what it reads.
 package snapstore
 
 import (
@@ -23,9 +23,10 @@ type Object struct {
 	Key string
 	// Size is the object's length in bytes.
 	Size int64
-	// SHA256 is the hex SHA-256 of the object's bytes, or "" where it is not known (objects written by
-	// something other than this package, or a Local store whose checksum record was lost in a crash).
-	SHA256 string
+	// Sum is the checksum of the object's bytes: CRC-32C for what Put wrote, SHA-256 for objects of earlier
+	// versions, neither where it is not known (objects written by something other than this package, or a
+	// Local store whose checksum record was lost in a crash).
+	Sum
 }
 
 // Store is a snapshot store. Keys are slash-separated relative paths ("sandboxes/abc/upper.tar"); see
@@ -34,12 +35,12 @@ type Store interface {
 	// Name describes the store: "local:<dir>" or "s3://bucket/prefix".
 	Name() string
 	// Put stores the bytes of r under key, replacing any object there. It streams (memory use does not grow
-	// with the object's size), computes the SHA-256 while writing and is atomic: the object becomes visible
+	// with the object's size), computes the CRC-32C while writing and is atomic: the object becomes visible
 	// only once complete, and if r fails or ctx ends the previous object, if any, is left intact.
 	Put(ctx context.Context, key string, r io.Reader) (Object, error)
 	// Get opens the object for reading; the caller closes it. errdefs.ErrNotFound when absent.
 	Get(ctx context.Context, key string) (io.ReadCloser, error)
-	// Stat describes the object (Size always, SHA256 when known). errdefs.ErrNotFound when absent.
+	// Stat describes the object (Size always, Sum when known). errdefs.ErrNotFound when absent.
 	Stat(ctx context.Context, key string) (Object, error)
 	// Copy makes dst a byte-identical copy of src (server-side or reflinked where possible), atomically
 	// like Put. errdefs.ErrNotFound when src is absent.

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -18,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ramify-dev/ramify/internal/errdefs"
 )
@@ -39,9 +42,16 @@ func randBytes(seed uint64, n int) []byte {
 	return b
 }
 
-func hexSHA(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
+// hexCRC is the CRC-32C of b, as Sum.CRC32C holds it, computed here bit by bit (not with hash/crc32, as the store).
+func hexCRC(b []byte) string {
+	c := ^uint32(0)
+	for _, x := range b {
+		c ^= uint32(x)
+		for range 8 {
+			c = c>>1 ^ 0x82f63b78&-(c&1)
+		}
+	}
+	return fmt.Sprintf("%08x", ^c)
 }
 
 // hashingReader hashes what the store consumes: the expected checksum, computed independently of the store.
@@ -124,7 +134,7 @@ func heapLimit(s Store) uint64 {
 	return 16 << 20
 }
 
-// sumOK reports whether got is what Stat or List may report for an object whose SHA-256 is want: want itself,
+// sumOK reports whether got is what Stat or List may report for an object whose CRC-32C is want: want itself,
 // or nothing for S3, which keeps no checksum of objects it cannot label at creation.
 func sumOK(s Store, got, want string) bool {
 	return got == want || got == "" && strings.HasPrefix(s.Name(), "s3://")
@@ -136,8 +146,8 @@ func put(t *testing.T, s Store, key string, data []byte) Object {
 	if err != nil {
 		t.Fatalf("put %s: %v", key, err)
 	}
-	if o.Key != key || o.Size != int64(len(data)) || o.SHA256 != hexSHA(data) {
-		t.Fatalf("put %s returned %+v, want size %d sha %s", key, o, len(data), hexSHA(data))
+	if o.Key != key || o.Size != int64(len(data)) || o.CRC32C != hexCRC(data) {
+		t.Fatalf("put %s returned %+v, want size %d sha %s", key, o, len(data), hexCRC(data))
 	}
 	return o
 }
@@ -191,7 +201,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatalf("got %q", got)
 		}
 		o, err := s.Stat(ctx, "sandboxes/sb1/upper.tar")
-		if err != nil || o.Size != int64(len(data)) || !sumOK(s, o.SHA256, hexSHA(data)) || o.Key != "sandboxes/sb1/upper.tar" {
+		if err != nil || o.Size != int64(len(data)) || !sumOK(s, o.CRC32C, hexCRC(data)) || o.Key != "sandboxes/sb1/upper.tar" {
 			t.Fatalf("stat = %+v, %v", o, err)
 		}
 		put(t, s, "empty", nil)
@@ -209,7 +219,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 
 	t.Run("BigStreamed", func(t *testing.T) {
 		s := newStore(t)
-		hr := &hashingReader{r: randReader(7, bigObject), h: sha256.New()}
+		hr := &hashingReader{r: randReader(7, bigObject), h: crc32.New(crc32.MakeTable(crc32.Castagnoli))}
 		var o Object
 		var err error
 		start := time.Now()
@@ -219,13 +229,13 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatal(err)
 		}
 		want := hex.EncodeToString(hr.h.Sum(nil))
-		if o.Size != bigObject || hr.n != bigObject || o.SHA256 != want {
+		if o.Size != bigObject || hr.n != bigObject || o.CRC32C != want {
 			t.Fatalf("put = %+v, want size %d sha %s", o, bigObject, want)
 		}
 		if peak > heapLimit(s) {
 			t.Errorf("put: peak heap growth %d MB for a %d MB object, want <= %d MB", peak>>20, bigObject>>20, heapLimit(s)>>20)
 		}
-		h := sha256.New()
+		h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 		var n int64
 		start = time.Now()
 		gpeak := heapPeak(func() {
@@ -247,7 +257,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Errorf("get: peak heap growth %d MB, want <= %d MB", gpeak>>20, heapLimit(s)>>20)
 		}
 		st, err := s.Stat(ctx, "big/object")
-		if err != nil || st.Size != bigObject || !sumOK(s, st.SHA256, want) {
+		if err != nil || st.Size != bigObject || !sumOK(s, st.CRC32C, want) {
 			t.Fatalf("stat = %+v, %v", st, err)
 		}
 		t.Logf("%s: %d MB put in %v (heap +%d MB), get in %v (heap +%d MB)", s.Name(), bigObject>>20,
@@ -279,7 +289,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatalf("got %q", got)
 		}
 		o, err := s.Stat(ctx, "k")
-		if err != nil || o.Size != 6 || !sumOK(s, o.SHA256, hexSHA([]byte("second"))) {
+		if err != nil || o.Size != 6 || !sumOK(s, o.CRC32C, hexCRC([]byte("second"))) {
 			t.Fatalf("stat = %+v, %v", o, err)
 		}
 	})
@@ -295,7 +305,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatal("copy is not byte-identical")
 		}
 		o, err := s.Stat(ctx, "snap/b/upper.tar")
-		if err != nil || o.Size != int64(len(data)) || !sumOK(s, o.SHA256, hexSHA(data)) {
+		if err != nil || o.Size != int64(len(data)) || !sumOK(s, o.CRC32C, hexCRC(data)) {
 			t.Fatalf("stat copy = %+v, %v", o, err)
 		}
 		// Copy over an existing object, and the source stays.
@@ -320,7 +330,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 		if got := get(t, s, "snap/b/upper.tar"); !bytes.Equal(got, data) {
 			t.Fatal("deleting the source changed its copy")
 		}
-		if o, err := s.Stat(ctx, "snap/b/upper.tar"); err != nil || !sumOK(s, o.SHA256, hexSHA(data)) {
+		if o, err := s.Stat(ctx, "snap/b/upper.tar"); err != nil || !sumOK(s, o.CRC32C, hexCRC(data)) {
 			t.Fatalf("stat copy after its source went = %+v, %v", o, err)
 		}
 		noLeftovers(t, s)
@@ -345,7 +355,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 				t.Fatalf("list %q = %v, want %v", prefix, got, want)
 			}
 			for _, o := range objs {
-				if o.Size < 1 || len(o.SHA256) != 64 && !sumOK(s, o.SHA256, "(none)") {
+				if o.Size < 1 || len(o.CRC32C) != 8 && !sumOK(s, o.CRC32C, "(none)") {
 					t.Fatalf("list %q: %+v", prefix, o)
 				}
 			}
@@ -357,7 +367,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 		check("nothing/")
 		check("snap/1/a/")
 		objs, _ := s.List(ctx, "zz")
-		if len(objs) != 1 || objs[0].Size != 5 || !sumOK(s, objs[0].SHA256, hexSHA([]byte("xxxxx"))) {
+		if len(objs) != 1 || objs[0].Size != 5 || !sumOK(s, objs[0].CRC32C, hexCRC([]byte("xxxxx"))) {
 			t.Fatalf("list zz = %+v", objs)
 		}
 		if err := s.Delete(ctx, "snap/1/"); err != nil {
@@ -394,7 +404,7 @@ func runStoreSuite(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatalf("previous object damaged: %q", got)
 		}
 		o, err := s.Stat(ctx, "k")
-		if err != nil || !sumOK(s, o.SHA256, hexSHA([]byte("original"))) || o.Size != 8 {
+		if err != nil || !sumOK(s, o.CRC32C, hexCRC([]byte("original"))) || o.Size != 8 {
 			t.Fatalf("stat = %+v, %v", o, err)
 		}
 		_, err = s.Put(ctx, "new", &failingReader{r: randReader(5, 1<<30), n: 1 << 20})
@@ -488,7 +498,7 @@ func TestS3PartBoundaries(t *testing.T) {
 		data := randBytes(uint64(20+i), size)
 		key := fmt.Sprintf("edge/%d", size)
 		o := put(t, s, key, data)
-		if o.Size != int64(size) || o.SHA256 != hexSHA(data) {
+		if o.Size != int64(size) || o.CRC32C != hexCRC(data) {
 			t.Fatalf("put %d bytes = %+v", size, o)
 		}
 		if got := get(t, s, key); !bytes.Equal(got, data) {
@@ -540,7 +550,7 @@ func TestLocalSpecifics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2.Close()
-	if o, err := l2.Stat(ctx, "a"); err != nil || o.SHA256 != hexSHA([]byte("x")) {
+	if o, err := l2.Stat(ctx, "a"); err != nil || o.CRC32C != hexCRC([]byte("x")) {
 		t.Errorf("after reopen: %+v, %v", o, err)
 	}
 }
@@ -605,10 +615,47 @@ func TestLocalCopyLinks(t *testing.T) {
 	if !os.SameFile(a, b) {
 		t.Fatal("the copy is a file of its own, not a link to its source's")
 	}
-	if o, err := l.Stat(ctx, "s/2/session.bin"); err != nil || o.SHA256 != hexSHA(data) || o.Size != int64(len(data)) {
+	if o, err := l.Stat(ctx, "s/2/session.bin"); err != nil || o.CRC32C != hexCRC(data) || o.Size != int64(len(data)) {
 		t.Fatalf("stat of the copy = %+v, %v", o, err)
 	}
 	noLeftovers(t, l)
+}
+
+// An object an earlier version wrote carries SHA-256 (its xattr user.ramify.sha256), not CRC-32C: Stat reports it
+// as that, and a Copy (linked, or copied byte by byte where no link can be made) carries it over.
+func TestLocalKeepsOlderChecksums(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocal(t)
+	data := randBytes(12, 3<<20)
+	put(t, l, "old/session.bin", data)
+	file := filepath.Join(l.dir, objectsDir, "old", "session.bin")
+	if err := unix.Removexattr(file, crc32cXattr); err != nil {
+		t.Fatal(err)
+	}
+	old := fmt.Sprintf("%x", sha256.Sum256(data))
+	if err := unix.Setxattr(file, sha256Xattr, []byte(old), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"old/session.bin", "copy/session.bin"} {
+		if key != "old/session.bin" {
+			if err := l.Copy(ctx, "old/session.bin", key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if o, err := l.Stat(ctx, key); err != nil || o.Sum != (Sum{SHA256: old}) {
+			t.Fatalf("stat %s = %+v, %v; want sha256 %s", key, o, err, old)
+		}
+	}
+	// Its Sum checks bytes in its own algorithm.
+	sum := Sum{SHA256: old}
+	h := sum.NewHash()
+	h.Write(data)
+	if got := sum.Of(h); got != sum || sum.Algorithm() != "sha256" {
+		t.Fatalf("sha256 sum of the data: %v (%s), want %v", got, sum.Algorithm(), sum)
+	}
+	if c := (Sum{CRC32C: hexCRC(data)}); c.Algorithm() != "crc32c" || func() Sum { h := c.NewHash(); h.Write(data); return c.Of(h) }() != c {
+		t.Fatalf("crc32c sum of the data does not match %v", c)
+	}
 }
 
 // The local store reads large objects ahead with direct I/O: every byte comes back in order whatever the size

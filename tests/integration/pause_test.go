@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -227,6 +228,82 @@ func TestResumeWithCorruptOrMissingSnapshot(t *testing.T) {
 	resumeAndWait(t, s, id)
 	if v := value(t, s, id, "v, int(big.sum())"); v != fmt.Sprintf("('precious', %d)", (1<<20)*((1<<20)-1)/2) {
 		t.Fatalf("after repaired resume: %s", v)
+	}
+}
+
+// A snapshot an earlier version made names its parts' SHA-256, not their CRC-32C: it resumes, its interpreter
+// checking the session file as it reads it in that algorithm, and a corrupt part of it is told as corrupt. The
+// next pause writes CRC-32C.
+func TestResumeOfAnOlderSnapshot(t *testing.T) {
+	s := testserver.Start(t)
+	ctx := ctxT(t)
+	id := create(t, s, nil)
+	value(t, s, id, "import numpy as np\nv = 'precious'\nbig = np.arange(1 << 21)\n1")
+	sh(t, s, id, "echo kept > /root/f.txt")
+	pauseAndWait(t, s, id)
+	manifests, _ := filepath.Glob(filepath.Join(s.DataDir, "snapshots", "objects", id, "*", "manifest.json"))
+	if len(manifests) != 1 {
+		t.Fatalf("manifests: %v", manifests)
+	}
+	b, err := os.ReadFile(manifests[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	parts := m["parts"].(map[string]any)
+	for name, p := range parts {
+		part := p.(map[string]any)
+		if c, _ := part["crc32c"].(string); len(c) != 8 || part["sha256"] != nil {
+			t.Fatalf("part %s of a new snapshot: %v, want a crc32c only", name, part)
+		}
+		data, err := os.ReadFile(filepath.Join(filepath.Dir(manifests[0]), name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		delete(part, "crc32c")
+		part["sha256"] = sha(data)
+	}
+	older, _ := json.MarshalIndent(m, "", "  ")
+	if err := os.WriteFile(manifests[0], older, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Corrupt under the older manifest: the interpreter's SHA-256 of what it read tells it.
+	session := filepath.Join(filepath.Dir(manifests[0]), "session.bin")
+	orig, err := os.ReadFile(session)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := append([]byte(nil), orig...)
+	bad[len(bad)/2] ^= 0xff
+	os.WriteFile(session, bad, 0o600)
+	s.Client.Resume(ctx, id)
+	sb, err := s.Client.WaitStatus(ctx, id, "running")
+	var se *client.StatusError
+	if !errors.As(err, &se) || !strings.Contains(sb.Error, "corrupt") || !strings.Contains(sb.Error, "sha256") {
+		t.Fatalf("resume of an older snapshot with session.bin corrupt: %+v %v", sb, err)
+	}
+	os.WriteFile(session, orig, 0o600)
+	resumeAndWait(t, s, id)
+	if v := value(t, s, id, "v, int(big.sum())"); v != fmt.Sprintf("('precious', %d)", (1<<21)*((1<<21)-1)/2) {
+		t.Fatalf("after the resume of an older snapshot: %s", v)
+	}
+	if r := sh(t, s, id, "cat /root/f.txt"); r.Stdout != "kept\n" {
+		t.Fatalf("file: %q", r.Stdout)
+	}
+	pauseAndWait(t, s, id)
+	manifests, _ = filepath.Glob(filepath.Join(s.DataDir, "snapshots", "objects", id, "*", "manifest.json"))
+	if len(manifests) != 1 {
+		t.Fatalf("manifests after the next pause: %v", manifests)
+	}
+	if b, _ := os.ReadFile(manifests[0]); !strings.Contains(string(b), `"crc32c"`) || strings.Contains(string(b), `"sha256"`) {
+		t.Fatalf("the next pause's manifest: %s", b)
+	}
+	resumeAndWait(t, s, id)
+	if v := value(t, s, id, "v"); v != "'precious'" {
+		t.Fatalf("after the next resume: %s", v)
 	}
 }
 

@@ -3,8 +3,6 @@ package fake
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"sort"
@@ -73,8 +71,9 @@ func (s *Snapshots) Put(ctx context.Context, key string, r io.Reader) (snapstore
 }
 
 func describe(key string, b []byte) snapstore.Object {
-	sum := sha256.Sum256(b)
-	return snapstore.Object{Key: key, Size: int64(len(b)), SHA256: hex.EncodeToString(sum[:])}
+	h := snapstore.NewCRC32C()
+	h.Write(b)
+	return snapstore.Object{Key: key, Size: int64(len(b)), Sum: snapstore.Sum{}.Of(h)}
 }
 
 func (s *Snapshots) get(key string) ([]byte, error) {
