@@ -706,10 +706,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Hand
 			}
 			return runtime.Handle{}, fmt.Errorf("populate layer: %w", err)
 		}
+		phase("files restored")
 		// On disk before the create answers: the caller drops the snapshot the files came from once the
 		// sandbox runs, and a host crash or a file system error (the layers' btrfs turned read-only) after
-		// that lost them with it, the sandbox listed running with no files.
-		if err := syncDir(filepath.Join(dir, "upper")); err != nil {
+		// that lost them with it, the sandbox listed running with no files. Only these files: syncfs waited
+		// for every neighbour's buffered writes too (1-1.4 s for a small resume beside 1.5 GB of them).
+		if err := layer.SyncTree(filepath.Join(dir, "upper")); err != nil {
 			return runtime.Handle{}, fmt.Errorf("populate layer: sync: %w", err)
 		}
 	} else if err := r.limitLayer(spec.ID, spec.DiskMiB); err != nil {
@@ -1034,16 +1036,6 @@ func (r *Runtime) movesFast() func() {
 		return w.KeepMovesFast()
 	}
 	return func() {}
-}
-
-// syncDir writes out the file system holding dir (syncfs: on btrfs, one transaction commit).
-func syncDir(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	return unix.Syncfs(fd)
 }
 
 // populateCap is the cap of spec's layer while its Populate runs (0: none).
