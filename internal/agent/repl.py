@@ -1893,7 +1893,7 @@ def _serve():
                 _preload(req.get("modules") or [])
                 resp = {"type": "result"}
             elif op == "restore" and req.get("stream"):
-                skipped, digest = _restore_stream(_rfile.take_fd(), req.get("sum") or "sha256")
+                skipped, digest = _restore_stream(_rfile.take_fd(), req.get("sum") or "crc32c")
                 resp = {"type": "result", "skipped": skipped}
                 if digest:
                     resp["read"] = digest

@@ -253,8 +253,6 @@ print("ok")
 `)
 }
 
-// runReplScript runs script with the host's python3 after repl.py's definitions (all of it but its last line,
-// main()), with TEST_TMP naming a temporary directory of the test's; the script prints "ok" when all held.
 // crc32cOf is the CRC-32C of data in one call of the native helper (TestNativeCRC32C checks it against Go's), to
 // check that the reader checksums every byte of the file in order.
 const crc32cOf = `
@@ -264,6 +262,8 @@ def crc32c_of(data):
     return h.hexdigest()
 `
 
+// runReplScript runs script with the host's python3 after repl.py's definitions (all of it but its last line,
+// main()), with TEST_TMP naming a temporary directory of the test's; the script prints "ok" when all held.
 func runReplScript(t *testing.T, script string) {
 	t.Helper()
 	if out := runReplScriptOutput(t, script); strings.TrimSpace(out) != "ok" {

@@ -139,6 +139,23 @@ func (l *Local) publish(ctx context.Context, key string, fill func(*os.File) (in
 	return Object{Key: key, Size: size, Sum: sum}, nil
 }
 
+// xattrSum returns the checksum f's xattr records, crc32c's or else sha256's: the error of the last lookup when
+// neither is there (ENODATA; ENOTSUP where the file system keeps no user xattrs).
+func xattrSum(f *os.File) (Sum, error) {
+	buf := make([]byte, 128)
+	n, err := unix.Fgetxattr(int(f.Fd()), crc32cXattr, buf)
+	if err == nil {
+		return Sum{CRC32C: string(buf[:n])}, nil
+	}
+	if !errors.Is(err, unix.ENODATA) {
+		return Sum{}, err
+	}
+	if n, err = unix.Fgetxattr(int(f.Fd()), sha256Xattr, buf); err != nil {
+		return Sum{}, err
+	}
+	return Sum{SHA256: string(buf[:n])}, nil
+}
+
 // setSum records sum in f's xattr.
 func setSum(f *os.File, sum Sum) error {
 	if sum.CRC32C != "" {
@@ -236,17 +253,10 @@ func (l *Local) renameInto(tmp, dst string) error {
 
 // checksum returns the recorded checksum of the open object f (at key): none if unknown.
 func (l *Local) checksum(f *os.File, key string) (Sum, error) {
-	buf := make([]byte, 128)
-	n, err := unix.Fgetxattr(int(f.Fd()), crc32cXattr, buf)
-	if err == nil {
-		return Sum{CRC32C: string(buf[:n])}, nil
-	}
-	if errors.Is(err, unix.ENODATA) {
-		n, err = unix.Fgetxattr(int(f.Fd()), sha256Xattr, buf)
-	}
+	sum, err := xattrSum(f)
 	switch {
 	case err == nil:
-		return Sum{SHA256: string(buf[:n])}, nil
+		return sum, nil
 	case errors.Is(err, unix.ENODATA):
 		return Sum{}, nil
 	case !errors.Is(err, unix.ENOTSUP):
@@ -419,10 +429,7 @@ func (l *Local) link(src, dst string, sum Sum, in *os.File) error {
 		_ = l.root.Remove(tmp)
 		return errNoLink
 	}
-	_, xerr := unix.Fgetxattr(int(in.Fd()), crc32cXattr, make([]byte, 128))
-	if xerr != nil {
-		_, xerr = unix.Fgetxattr(int(in.Fd()), sha256Xattr, make([]byte, 128))
-	}
+	_, xerr := xattrSum(in)
 	if err := l.commit(tmp, dst, sum, st.Ino, xerr != nil); err != nil {
 		_ = l.root.Remove(tmp)
 		return err

@@ -30,10 +30,18 @@ func NewCRC32C() hash.Hash { return crc32.New(castagnoli) }
 // Known reports whether s holds a checksum.
 func (s Sum) Known() bool { return s.CRC32C != "" || s.SHA256 != "" }
 
-// NewHash returns a hash of s's algorithm, to check bytes against s with s.Of: SHA-256 for a Sum that has only
-// that, CRC-32C otherwise.
-func (s Sum) NewHash() hash.Hash {
+// Algorithm names s's algorithm as repl.py's session reader takes it: "sha256" for a Sum that has only that,
+// "crc32c" otherwise (the checksum Put computes, and what an unknown Sum is checked against).
+func (s Sum) Algorithm() string {
 	if s.CRC32C == "" && s.SHA256 != "" {
+		return "sha256"
+	}
+	return "crc32c"
+}
+
+// NewHash returns a hash of s's algorithm, to check bytes against s with s.Of.
+func (s Sum) NewHash() hash.Hash {
+	if s.Algorithm() == "sha256" {
 		return sha256.New()
 	}
 	return NewCRC32C()
@@ -42,18 +50,10 @@ func (s Sum) NewHash() hash.Hash {
 // Of returns the Sum of what h (from s.NewHash) hashed, in s's algorithm.
 func (s Sum) Of(h hash.Hash) Sum {
 	sum := hex.EncodeToString(h.Sum(nil))
-	if s.CRC32C == "" && s.SHA256 != "" {
+	if s.Algorithm() == "sha256" {
 		return Sum{SHA256: sum}
 	}
 	return Sum{CRC32C: sum}
-}
-
-// Algorithm names s's algorithm as repl.py's session reader takes it: "crc32c" or "sha256" (as NewHash picks).
-func (s Sum) Algorithm() string {
-	if s.CRC32C == "" && s.SHA256 != "" {
-		return "sha256"
-	}
-	return "crc32c"
 }
 
 // String is the checksum as "crc32c <hex>" or "sha256 <hex>", or "no checksum".
