@@ -93,6 +93,9 @@ func listen(t *testing.T, ctx context.Context, cl *consoleLog) {
 			// whenever the server adds a sandbox's veth; the console retries its GETs, and the error is the host's.
 			if strings.Contains(ev.Entry.Text, "net::ERR_NETWORK_CHANGED") {
 				t.Logf("ignored: %s %s", ev.Entry.Text, ev.Entry.URL)
+				cl.mu.Lock()
+				cl.changes++
+				cl.mu.Unlock()
 				return
 			}
 			if cl.wasCut(ev.Entry.URL) {
@@ -110,9 +113,10 @@ func listen(t *testing.T, ctx context.Context, cl *consoleLog) {
 }
 
 type consoleLog struct {
-	mu    sync.Mutex
-	lines []string
-	cut   map[string]bool // URLs whose answers the test cut (cutOnce)
+	mu      sync.Mutex
+	lines   []string
+	cut     map[string]bool // URLs whose answers the test cut (cutOnce)
+	changes int             // requests Chromium aborted for a network change (net::ERR_NETWORK_CHANGED)
 }
 
 func (c *consoleLog) wasCut(url string) bool { c.mu.Lock(); defer c.mu.Unlock(); return c.cut[url] }
@@ -162,6 +166,28 @@ func cutOnce(t *testing.T, ctx context.Context, cl *consoleLog, suffix string) (
 }
 
 func (c *consoleLog) add(s string) { c.mu.Lock(); c.lines = append(c.lines, s); c.mu.Unlock() }
+
+// mark is where the log stands: how many lines it holds and how many network changes it has seen.
+func (c *consoleLog) mark() (lines, changes int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.lines), c.changes
+}
+
+// dropSince removes and returns the lines logged since mark's lines, if a network change was seen since mark's
+// changes: they are what a page does once the network cut its own scripts (e.g. "keyCache is not defined" when
+// core.js never arrived), not the console's errors. Otherwise it leaves the log as it is and returns nil.
+func (c *consoleLog) dropSince(lines, changes int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.changes == changes {
+		return nil
+	}
+	dropped := append([]string(nil), c.lines[lines:]...)
+	c.lines = c.lines[:lines]
+	return dropped
+}
+
 func (c *consoleLog) all() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -197,27 +223,33 @@ func shot(t *testing.T, dir, name string) chromedp.Action {
 	})
 }
 
-// step runs actions, each step given a minute (a real server's fork or pause takes well under that).
 // load opens url and waits for ready. Chromium aborts loads in flight when the host's network interfaces change
 // (net::ERR_NETWORK_CHANGED), as they do whenever any server on the host (other packages' tests run at the same
 // time) adds a sandbox's veth: a page whose own scripts were cut that way never becomes ready, so the load is
 // retried from a blank page (a navigation that changes only the URL's fragment would not reload it).
-func load(t *testing.T, ctx context.Context, url, ready string) {
+func load(t *testing.T, ctx context.Context, cl *consoleLog, url, ready string) {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
+		lines, changes := cl.mark()
 		lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		err := chromedp.Run(lctx, chromedp.Navigate("about:blank"), chromedp.Navigate(url), chromedp.WaitVisible(ready))
 		cancel()
 		if err == nil {
 			return
 		}
+		// The errors of a load the network broke are not the console's; those of a load that failed without a
+		// network change stay in the log, and fail the test at its end even if a later attempt succeeds.
+		for _, l := range cl.dropSince(lines, changes) {
+			t.Logf("load %s, attempt %d, cut by a network change: %s", url, attempt, l)
+		}
 		if attempt == 5 {
-			t.Fatalf("load %s: %v", url, err)
+			t.Fatalf("load %s: %v\nconsole:\n  %s", url, err, strings.Join(cl.all(), "\n  "))
 		}
 		t.Logf("load %s, attempt %d: %v; again", url, attempt, err)
 	}
 }
 
+// step runs actions, each step given a minute (a real server's fork or pause takes well under that).
 func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action) {
 	t.Helper()
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -263,7 +295,7 @@ func TestConsole(t *testing.T) {
 	dir := artifacts(t)
 
 	// Sign in with the form; the list shows the sandbox with its metadata.
-	load(t, ctx, srv.URL+"/ui/", `#signin #key`)
+	load(t, ctx, console, srv.URL+"/ui/", `#signin #key`)
 	step(t, ctx, "sign in",
 		chromedp.SendKeys(`#key`, srv.Key),
 		chromedp.Click(`#signin button[type=submit]`),
@@ -351,7 +383,7 @@ func TestConsole(t *testing.T) {
 	tab, closeTab := chromedp.NewContext(ctx)
 	defer closeTab()
 	listen(t, tab, console)
-	load(t, tab, srv.URL+"/ui/#key="+srv.Key, fmt.Sprintf(`tr[data-id=%q]`, parent.ID)) // signed in by the link
+	load(t, tab, console, srv.URL+"/ui/#key="+srv.Key, fmt.Sprintf(`tr[data-id=%q]`, parent.ID)) // signed in by the link
 	step(t, tab, "open the tree in the tab signed in by link",
 		chromedp.Navigate(srv.URL+"/ui/#/tree/"+parent.FamilyID),
 		chromedp.WaitVisible(node(kids[0])),
@@ -451,7 +483,7 @@ func TestConsoleKeepsSandboxOutputInert(t *testing.T) {
 		" '<script>top.__pwned = 4</script><circle r=\"5\"/></svg>'))\n" +
 		"display(Markdown('<script>top.__pwned = 5</script>**md**'))\n" +
 		"'attacked'"
-	load(t, ctx, srv.URL+"/ui/#key="+srv.Key, `#live.on`)
+	load(t, ctx, console, srv.URL+"/ui/#key="+srv.Key, `#live.on`)
 	step(t, ctx, "open the sandbox",
 		chromedp.Navigate(srv.URL+"/ui/#/sb/"+sb.ID),
 		chromedp.WaitVisible(`#code`))
