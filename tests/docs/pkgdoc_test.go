@@ -1,4 +1,5 @@
-// Package docs checks the documentation that is meant to stay true: every package says what it owns.
+// Package docs checks the documentation that is meant to stay true: every package says what it owns, and the
+// README's examples (curl, CLI, Python SDK) run as written against a real server.
 package docs
 
 import (
