@@ -873,9 +873,12 @@ _SKIP_NAMES = {"__builtins__", "__name__", "__loader__", "__spec__", "__package_
 #                 standard unpickler loads it as dill's would, without importing dill (~30 ms of a resume)
 #   X json        drop what came since V: it could not be saved, or ({"retry": true}) it is saved again, from V
 #   M json        cwd, env, execution count          Z         the end               _ bytes   padding
+#   U code chars  a large str's characters as CPython holds them (code 0: ASCII, 1: Latin-1, 2: UCS-2, 4: UCS-4),
+#                 what the variable's pickle's k-th persistent id (k from 0) stands for: see _BigStrs
 # Large numpy arrays (also inside data frames) travel as out-of-band buffers: written straight from the array's
-# memory and read straight into the restored array's, never copied into a pickle. Padding puts every large
-# buffer at a 4 KiB-aligned offset, so that a reader given the stored file can read it with direct I/O.
+# memory and read straight into the restored array's, never copied into a pickle; large strs likewise (U).
+# Padding puts every large buffer at a 4 KiB-aligned offset, so that a reader given the stored file can read it
+# with direct I/O.
 # The loader unpickles a variable whose pickle passes _LOAD_WHOLE as it streams, without ever holding that pickle
 # whole (the pickler writes each B record before the P chunk whose NEXT_BUFFER opcode takes it); see _PickleIn.
 _MAGIC = b"RMFYSES1"
@@ -903,12 +906,13 @@ class _StreamOut:
         if len(self.pending) >= 1 << 20:
             self.flush()
 
-    def direct(self, kind, mv):
+    def direct(self, kind, mv, prefix=b""):
         if mv.nbytes >= _BIG:
-            pad = -(self.off + 2 * _HDR.size) % _ALIGN
+            pad = -(self.off + 2 * _HDR.size + len(prefix)) % _ALIGN
             self.record(b"_", bytes(pad))
-        self.pending += _HDR.pack(kind, mv.nbytes)
-        self.off += _HDR.size + mv.nbytes
+        self.pending += _HDR.pack(kind, len(prefix) + mv.nbytes)
+        self.pending += prefix
+        self.off += _HDR.size + len(prefix) + mv.nbytes
         self.flush()
         _write_all(self.fd, mv)
 
@@ -1031,6 +1035,16 @@ class _StreamIn:
         while self._next(1 << 20):
             pass
         return {"bytes": self.hashed, self.alg: self.sum.hexdigest()}
+
+    def string(self, n):
+        """Read a U record's payload of n bytes: the str it holds, its characters read straight into it."""
+        code = self.read(1)[0]
+        kind = code or 1
+        if kind not in (1, 2, 4) or (n - 1) % kind:
+            raise ValueError("session stream: a string record of code %d and %d bytes" % (code, n - 1))
+        s, chars = _new_str((n - 1) // kind, code)
+        self.readinto(chars)
+        return s
 
     def buffer(self, n):
         """Read n bytes into a buffer of their own (a large one: fresh huge-page memory)."""
@@ -1224,6 +1238,109 @@ def _dill():
     return dill
 
 
+# A str of this many characters or more is saved as a U record beside its variable's pickle (_BigStrs).
+_BIG_STR = 1 << 20
+
+
+def _str_layout():
+    """Where a compact str's characters start from its address (its id) on this interpreter, for ASCII strs and
+    for the others, and where its state (kind, compact, ascii bits) is; () if this interpreter's strs are not laid
+    out as that assumes, checked on strs of each kind. sys.getsizeof of a fresh str is the offset of its
+    characters plus those and their terminating NUL."""
+    global _STR_LAYOUT
+    if _STR_LAYOUT is None:
+        _STR_LAYOUT = ()
+        probes = [(chr(97) * 3, 1, True), (chr(0xE9) * 3, 1, False), (chr(0x100) * 3, 2, False), (chr(0x10000) * 3, 4, False)]
+        offs = {(ascii, sys.getsizeof(p) - 4 * kind) for p, kind, ascii in probes}
+        if len(offs) == 2:
+            layout = (dict(offs)[True], dict(offs)[False], 4 * ctypes.sizeof(ctypes.c_ssize_t))
+            _STR_LAYOUT = layout  # for _str_kind
+            if not all(_str_kind(p) == (kind, ascii) for p, kind, ascii in probes):
+                _STR_LAYOUT = ()
+    return _STR_LAYOUT
+
+
+_STR_LAYOUT = None
+_STR_CODECS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
+
+
+def _str_kind(s):
+    """(bytes per character, ASCII) from s's state, or None for a str that is not compact (the state's bits as
+    CPython 3.3-3.13 lay them out: interned 2, kind 3, compact 1, ascii 1)."""
+    state = ctypes.c_uint32.from_address(id(s) + _STR_LAYOUT[2]).value
+    if not (state >> 5) & 1:
+        return None
+    return (state >> 2) & 7, bool((state >> 6) & 1)
+
+
+def _memory(addr, n, writable):
+    """A memoryview of n bytes at addr (format B), which does not own them."""
+    f = ctypes.pythonapi.PyMemoryView_FromMemory
+    f.argtypes, f.restype = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int), ctypes.py_object
+    return f(addr, n, 0x200 if writable else 0x100)  # PyBUF_WRITE, PyBUF_READ
+
+
+def _str_chars(s):
+    """(code, a read-only memoryview of s's characters where CPython holds them) for a large str, code as in a U
+    record; None if s is not a compact str laid out as this interpreter's are (its first and last characters and
+    its terminating NUL are checked where the layout says they are), and then it is pickled as any str."""
+    layout = _str_layout()
+    kind = layout and _str_kind(s)
+    if not kind or kind[0] not in _STR_CODECS or kind[1] != s.isascii():
+        return None
+    kind, ascii = kind
+    n = len(s)
+    k = min(n, 64)
+    addr = id(s) + layout[0 if ascii else 1]
+    codec = _STR_CODECS[kind]
+    try:
+        if (ctypes.string_at(addr, k * kind) != s[:k].encode(codec, "surrogatepass")
+                or ctypes.string_at(addr + (n - k) * kind, (k + 1) * kind) != s[n - k:].encode(codec, "surrogatepass") + bytes(kind)):
+            return None
+    except UnicodeEncodeError:
+        return None
+    return (0 if ascii else kind), _memory(addr, n * kind, False)
+
+
+def _new_str(n, code):
+    """A new str of n characters of a U record's code, and a writable memoryview of its characters, to be filled
+    before the str is used (it is no str until then: its hash is not computed yet, and nothing else holds it)."""
+    layout = _str_layout()
+    if not layout:
+        raise ValueError("session stream: this interpreter's strs are not laid out as the stream's loader knows")
+    f = ctypes.pythonapi.PyUnicode_New
+    f.argtypes, f.restype = (ctypes.c_ssize_t, ctypes.c_uint32), ctypes.py_object
+    s = f(n, {0: 0x7F, 1: 0xFF, 2: 0xFFFF, 4: 0x10FFFF}[code])
+    return s, _memory(id(s) + layout[0 if code == 0 else 1], n * (code or 1), True)
+
+
+class _BigStrs:
+    """The large strs of one variable's pickle, each written once as a U record straight from its memory, and
+    pickled as a persistent id (its number in the variable) in its place. Pickled as a str, it would be encoded to
+    UTF-8 in one piece as it is saved, and decoded from a buffer of that size as it loads: twice its size in
+    memory each way, and a resume of a str holding over half a sandbox's memory was killed on every try. The
+    loader makes the str and reads its characters into it (_StreamIn.string)."""
+
+    def __init__(self, out):
+        self.out, self.ids = out, {}
+
+    def pid(self, obj):
+        """The persistent id of obj, a large str (written now, the first time it is met), or None if it cannot be
+        written so."""
+        seen = self.ids.get(id(obj))
+        if seen is not None:
+            return seen[0]
+        chars = _str_chars(obj)
+        if chars is None:
+            return None
+        code, mv = chars
+        k = len(self.ids)
+        self.ids[id(obj)] = k, obj  # held: a str an object's __reduce__ made could go, and its id be another's
+        with mv:
+            self.out.direct(b"U", mv, bytes((code,)))
+        return k
+
+
 def _session_pickler(needs):
     """dill's pickler as the session is saved with it; needs is told of the packages the stream needs imported to
     load (only numpy is looked for): a resume may then be given an interpreter that imported them ahead (see
@@ -1233,6 +1350,12 @@ def _session_pickler(needs):
     is_installed = getattr(dill._dill, "_is_builtin_module", None)
 
     class Pickler(dill.Pickler):
+        big_strs = None  # the variable's _BigStrs
+
+        def persistent_id(self, obj):
+            if type(obj) is str and len(obj) >= _BIG_STR and self.big_strs is not None:
+                return self.big_strs.pid(obj)
+            return None
 
         # Three kinds of object are saved otherwise than dill saves them, each so that it loads as dill's save
         # would and its pickle needs no dill to load (a resume then need not import dill, ~30 ms):
@@ -1297,9 +1420,13 @@ def _plain_pickler(needs):
     import importlib, pickle
 
     class Plain(pickle.Pickler):
+        big_strs = None  # the variable's _BigStrs
+
         def persistent_id(self, obj):
             if obj is _ns:
                 raise _NeedsDill("the session's namespace")
+            if type(obj) is str and len(obj) >= _BIG_STR and self.big_strs is not None:  # called for every object
+                return self.big_strs.pid(obj)
             return None
 
         def reducer_override(self, obj):
@@ -1370,7 +1497,9 @@ def _snapshot_stream(fd, picklers=None):
             chunks = _PickleChunks(out)
             if not _dill_at_top(value):
                 try:
-                    Plain(chunks, protocol=5, buffer_callback=oob).dump(value)
+                    p = Plain(chunks, protocol=5, buffer_callback=oob)
+                    p.big_strs = _BigStrs(out)
+                    p.dump(value)
                     out.record(b"E" if chunks.dill else b"S")
                     continue
                 except OSError:
@@ -1382,7 +1511,9 @@ def _snapshot_stream(fd, picklers=None):
             try:
                 if Pickler is None:
                     Pickler = make_dill()
-                Pickler(chunks, protocol=5, buffer_callback=oob).dump(value)
+                p = Pickler(chunks, protocol=5, buffer_callback=oob)
+                p.big_strs = _BigStrs(out)
+                p.dump(value)
             except OSError:
                 raise  # the stream itself failed: the pause fails
             except Exception as e:  # an object that does not serialize: listed, never silently dropped
@@ -1575,7 +1706,7 @@ def _restore_stream(fd, alg="crc32c"):
             elif kind == b"Z":
                 f.skip(n)
                 break
-            elif kind in b"_PBESX":  # outside a variable (no writer puts them there): passed over
+            elif kind in b"_PBESXU":  # outside a variable (no writer puts them there): passed over
                 f.skip(n)
             else:
                 raise ValueError("session stream: unknown record %r" % kind)
@@ -1603,16 +1734,18 @@ def _load_variable(f, name, failed):
     came since V is dropped (the pause could not save it, or saves it again from a new V: a large pickle dropped
     so has been unpickled part way as it streamed, and is thrown away). Return the header of a record that ended
     the variable early (V, M, Z), if one did: the stream goes on from there."""
-    chunks, bufs, size = [], [], 0
+    chunks, bufs, strs, size = [], [], [], 0
     while True:
         kind, n = f.header()
         if kind == b"P":
             if size + n > _LOAD_WHOLE:
-                return _load_streaming(f, name, failed, chunks, bufs, n)
+                return _load_streaming(f, name, failed, chunks, bufs, strs, n)
             chunks.append(f.read(n))
             size += n
         elif kind == b"B":
             bufs.append(f.buffer(n))
+        elif kind == b"U":
+            strs.append(f.string(n))
         elif kind == b"_":
             f.skip(n)
         elif kind in (b"E", b"S"):
@@ -1623,7 +1756,9 @@ def _load_variable(f, name, failed):
                 else:
                     import pickle
                     unpickler = pickle.Unpickler
-                _ns[name] = unpickler(io.BytesIO(b"".join(chunks)), buffers=bufs).load()
+                u = unpickler(io.BytesIO(b"".join(chunks)), buffers=bufs)
+                u.persistent_load = _str_loader(strs)
+                _ns[name] = u.load()
             except Exception as e:
                 _var_failed(failed, name, e)
             return None
@@ -1635,12 +1770,21 @@ def _load_variable(f, name, failed):
             return kind, n
 
 
-def _load_streaming(f, name, failed, chunks, bufs, left):
-    """Load a variable with a large pickle as it streams: its collected chunks and buffers, then the rest of its
-    records (the first of them a P record of left bytes, its header read) as the unpickler reads them. Its E or S
-    record comes last, so dill's unpickler loads it (it loads a standard pickle as the standard one would)."""
-    r = _PickleIn(f, chunks, bufs, left)
-    del chunks[:], bufs[:]  # the reader's now: each chunk is freed once read
+def _str_loader(strs):
+    """The unpickler's persistent_load for a variable whose large strs are strs (so far: it may grow)."""
+    def load(pid):
+        if type(pid) is not int or not 0 <= pid < len(strs):
+            raise ValueError("the variable's pickle names a string the stream does not hold: %r" % (pid,))
+        return strs[pid]
+    return load
+
+
+def _load_streaming(f, name, failed, chunks, bufs, strs, left):
+    """Load a variable with a large pickle as it streams: its collected chunks, buffers and strs, then the rest of
+    its records (the first of them a P record of left bytes, its header read) as the unpickler reads them. Its E
+    or S record comes last, so dill's unpickler loads it (it loads a standard pickle as the standard one would)."""
+    r = _PickleIn(f, chunks, bufs, strs, left)
+    del chunks[:], bufs[:], strs[:]  # the reader's now: each chunk is freed once read
     value, err = None, None
     try:
         try:
@@ -1648,7 +1792,9 @@ def _load_streaming(f, name, failed, chunks, bufs, left):
         except ImportError:
             import pickle
             unpickler = pickle.Unpickler
-        value = unpickler(r, buffers=r.buffers()).load()
+        u = unpickler(r, buffers=r.buffers())
+        u.persistent_load = _str_loader(r.strs)
+        value = u.load()
     except Exception as e:
         if r.broken is not None:
             raise r.broken  # the stream itself failed (cut short, a read error): the whole load fails
@@ -1675,15 +1821,17 @@ class _PickleIn:
     already, then the variable's further P records straight from the session stream as it asks for them. The
     C unpickler reads a large bytes or bytearray payload with readinto, into the object it builds: the payload
     goes from the stream into that object with no copy between. The B records passed on the way are queued for
-    its buffers; the pickler writes each before the P chunk with its NEXT_BUFFER opcode."""
+    its buffers, the U records' strs made for its persistent ids; the pickler writes each before the P chunk with
+    its NEXT_BUFFER or BINPERSID opcode."""
 
-    def __init__(self, f, chunks, bufs, left):
+    def __init__(self, f, chunks, bufs, strs, left):
         from collections import deque
         self.f = f
         self.chunks = deque(chunks)  # pickle bytes read from the stream, not yet handed out
         self.pos = 0  # of chunks[0]: how much is handed out
         self.left = left  # bytes of the current P record not yet read from the stream
         self.bufs = deque(bufs)
+        self.strs = list(strs)  # the variable's large strs, in order: its persistent ids number them
         self.end = None  # (kind, length) of the record that ended the variable's P and B records, once read
         self.broken = None  # an error of the stream itself, which fails the whole load, not just this variable
 
@@ -1703,6 +1851,8 @@ class _PickleIn:
             self.left = n
         elif kind == b"B":
             self.bufs.append(self._io(self.f.buffer, n))
+        elif kind == b"U":
+            self.strs.append(self._io(self.f.string, n))
         elif kind == b"_":
             self._io(self.f.skip, n)
         else:
@@ -1800,8 +1950,8 @@ class _PickleIn:
             kind, n = self.f.header()
             if kind == b"P":
                 self.left = n
-            elif kind in (b"B", b"_"):
-                left = left or kind == b"B"
+            elif kind in (b"B", b"U", b"_"):
+                left = left or kind in (b"B", b"U")
                 self.f.skip(n)
             else:
                 self.end = kind, n

@@ -74,13 +74,7 @@ for big, extra, alg in ((3 * _READ_PIECE + 12345, b"", "crc32c"), (_BIG, b"", "c
     assert digest == want, (big, alg, digest, want)
     check(values)
     # From a pipe: the same values, no digest (the server hashes what it sends).
-    r, w = os.pipe()
-    if os.fork() == 0:
-        os.close(r)
-        _write_all(w, data)
-        os._exit(0)
-    os.close(w)
-    failed, digest = _restore_stream(r)
+    failed, digest = _restore_stream(pipe_of(data))
     os.wait()
     assert failed == [] and digest is None, (failed, digest)
     check(values)
@@ -220,13 +214,7 @@ with open(path, "rb") as f:
 assert digest == {"bytes": len(data), "crc32c": crc32c_of(data)}, digest
 check(failed)
 assert streamed[0] == 9, streamed[0]  # all but small and after
-r, w = os.pipe()
-if os.fork() == 0:
-    os.close(r)
-    _write_all(w, data)
-    os._exit(0)
-os.close(w)
-failed, digest = _restore_stream(r)
+failed, digest = _restore_stream(pipe_of(data))
 os.wait()
 assert digest is None
 check(failed)
@@ -252,6 +240,134 @@ assert grew < (64 << 20) * 1.25, "restoring 64 MiB took %d MiB more memory" % (g
 print("ok")
 `)
 }
+
+// TestSessionStreamKeepsLargeStringsInPlace runs repl.py's session stream writer and reader with the host's
+// python3 on large strs of every kind CPython has (ASCII, Latin-1, UCS-2 with a lone surrogate, UCS-4, one of
+// NULs but for a character in its middle, which looks the same at its ends in every kind), alone, one
+// object twice in a list, inside a container whose pickle streams, and in a variable saved again by dill after
+// the plain pickler gave up part way: each is written as one U record straight from its memory (the one in
+// the list once), and loads equal to what was saved, of the same kind, hashing alike, the shared one as one
+// object, from the file and from a pipe. A 64 Mi-character str costs its save next to nothing and its restore
+// about its size, where encoding and decoding it took twice.
+func TestSessionStreamKeepsLargeStringsInPlace(t *testing.T) {
+	runReplScript(t, `
+import random, tempfile
+TMP = os.environ["TEST_TMP"]
+try:
+    _dill()
+    have_dill = True
+except ImportError:
+    have_dill = False
+rnd = random.Random(5)
+base = "".join(rnd.choice("abcdefgh \n") for _ in range(4096)) * 300  # 1.2 M characters
+values = {
+    "ascii": base,
+    "latin": "\xe9" + base,
+    "ucs2": base + "\u0100\ud800",  # a lone surrogate too
+    "ucs4": "\U0001F600" + base,
+    "nuls": "\0" * (1 << 21) + "\u0100" + "\0" * (1 << 21),  # its head and tail alike in every kind
+    "shared": [base[1:] + "x"] * 2,
+    "container": {"big": "\u0101" + base, "many": [str(i) for i in range(400000)]},
+    "small": "short",
+}
+if have_dill:
+    exec("def f():\n    return 41", _ns)
+    values["withfunc"] = ("\xe8" + base, _ns["f"])  # the plain pickler writes the str, then stops at f
+_ns.update(values)
+
+def records(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:len(_MAGIC)] == _MAGIC
+    i, kinds = len(_MAGIC), []
+    while i < len(data):
+        kind, n = _HDR.unpack_from(data, i)
+        kinds.append((kind, data[i + _HDR.size:i + _HDR.size + 1] if kind == b"U" else n))
+        i += _HDR.size + n
+    return data, kinds
+
+d = tempfile.mkdtemp(dir=TMP)
+path = os.path.join(d, "s")
+skipped, _ = _snapshot_stream(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+assert skipped == [], skipped
+data, kinds = records(path)
+codes = sorted(c[0] for k, c in kinds if k == b"U")
+want = [0, 0, 1, 2, 2, 2, 4] + ([1, 1] if have_dill else [])  # withfunc's str twice: its first attempt is dropped
+assert codes == sorted(want), codes
+for name in values:
+    del _ns[name]
+_ns.pop("f", None)
+
+def check():
+    for name, v in values.items():
+        got = _ns.pop(name)
+        if name == "withfunc":
+            assert got[0] == v[0] and got[1]() == 41, name
+            continue
+        assert got == v, name
+
+for piped in (False, True):  # from the stored file, and from a pipe as from S3
+    failed, _ = _restore_stream(pipe_of(data) if piped else os.open(path, os.O_RDONLY))
+    assert failed == [], failed
+    got = {name: _ns[name] for name in values}
+    for name in ("ascii", "latin", "ucs2", "ucs4", "nuls"):
+        s = got[name]
+        assert type(s) is str and s == values[name], name
+        assert sys.getsizeof(s) == sys.getsizeof(values[name]), name  # the same kind
+        assert {s: 1}.get(values[name]) == 1 and hash(s) == hash(values[name]), name
+        assert s.isascii() == values[name].isascii(), name
+    assert got["shared"][0] is got["shared"][1], "one str saved twice in a list loaded as two"
+    assert got["container"]["big"] == values["container"]["big"]
+    check()
+    if piped:
+        os.wait()
+
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) << 10 for l in f if l.startswith("VmHWM"))
+
+def in_child(fn):
+    rd, wr = os.pipe()
+    if os.fork() == 0:
+        os.write(wr, repr(fn()).encode())
+        os._exit(0)
+    os.close(wr)
+    os.wait()
+    return eval(os.read(rd, 1000))
+
+# Memory: a str of 64 Mi characters, saved and restored each in a fresh child.
+_ns["text"] = "\xe9" * (64 << 20)
+def save():
+    before = hwm()
+    _snapshot_stream(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    return hwm() - before
+grew = in_child(save)
+assert grew < (64 << 20) * 0.25, "saving a 64 MiB str took %d MiB more memory" % (grew >> 20)
+del _ns["text"]
+def restore():
+    before = hwm()
+    failed, _ = _restore_stream(os.open(path, os.O_RDONLY))
+    grew = hwm() - before
+    return failed, _ns["text"] == "\xe9" * (64 << 20), grew
+failed, same, grew = in_child(restore)
+assert failed == [] and same, failed
+assert grew < (64 << 20) * 1.25, "restoring a 64 MiB str took %d MiB more memory" % (grew >> 20)
+print("ok")
+`)
+}
+
+// pipeOf gives a pipe's read end that a forked child fills with data, as the server streams a snapshot from S3;
+// the script waits for the child once it has read it.
+const pipeOf = `
+def pipe_of(data):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.close(r)
+        _write_all(w, data)
+        os._exit(0)
+    os.close(w)
+    return r
+`
 
 // crc32cOf is the CRC-32C of data in one call of the native helper (TestNativeCRC32C checks it against Go's), to
 // check that the reader checksums every byte of the file in order.
@@ -288,7 +404,7 @@ func runReplScriptOutput(t *testing.T, script string) string {
 		t.Fatal(err)
 	}
 	helper := "_ramify_fork_helper = open(" + `"` + dir + `/helper.so", "rb").read()` + "\n"
-	c := exec.Command(py, "-c", helper+loop+crc32cOf+script)
+	c := exec.Command(py, "-c", helper+loop+crc32cOf+pipeOf+script)
 	c.Env = append(os.Environ(), "TEST_TMP="+t.TempDir())
 	out, err := c.CombinedOutput()
 	if err != nil {
