@@ -1494,12 +1494,15 @@ def _snapshot_stream(fd, picklers=None):
                     out.direct(b"B", m)
                 return False
 
+            def dump(cls, chunks):
+                p = cls(chunks, protocol=5, buffer_callback=oob)
+                p.big_strs = _BigStrs(out)  # each attempt its own: a dropped one's U records go with it
+                p.dump(value)
+
             chunks = _PickleChunks(out)
             if not _dill_at_top(value):
                 try:
-                    p = Plain(chunks, protocol=5, buffer_callback=oob)
-                    p.big_strs = _BigStrs(out)
-                    p.dump(value)
+                    dump(Plain, chunks)
                     out.record(b"E" if chunks.dill else b"S")
                     continue
                 except OSError:
@@ -1511,9 +1514,7 @@ def _snapshot_stream(fd, picklers=None):
             try:
                 if Pickler is None:
                     Pickler = make_dill()
-                p = Pickler(chunks, protocol=5, buffer_callback=oob)
-                p.big_strs = _BigStrs(out)
-                p.dump(value)
+                dump(Pickler, chunks)
             except OSError:
                 raise  # the stream itself failed: the pause fails
             except Exception as e:  # an object that does not serialize: listed, never silently dropped
